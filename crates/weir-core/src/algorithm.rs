@@ -1,0 +1,96 @@
+//! The contract between an algorithm (parameters + a pure decision step) and where its state
+//! lives (a [`crate::cell::StateCell`] for one limiter, a shard of a [`crate::keyed::KeyedLimiter`]
+//! for many keys).
+
+use std::time::Duration;
+
+use crate::cell::StateCell;
+use crate::clock::{duration_to_nanos, Nanos};
+use crate::decision::Decision;
+use crate::error::ConfigError;
+
+/// A rate-limiting algorithm: immutable parameters and a pure step over a state.
+///
+/// `decide` must not panic for any `n` or `now`, must consume nothing when it denies, and
+/// treats a `now` earlier than what the state has seen as "no time has passed".
+pub trait Algorithm: Send + Sync + 'static {
+    /// Per-limiter (per-key) state.
+    type State: Clone + Send + Sync + 'static;
+    /// Where a single limiter keeps `State` (lock-free word or mutex).
+    type Cell: StateCell<Self::State>;
+
+    /// The state of a fresh, idle limiter created at `now`.
+    fn initial_state(&self, now: Nanos) -> Self::State;
+
+    /// Decides a request for `n` units at `now` (n = 0 peeks: it answers whether one unit would
+    /// pass and consumes nothing), updating `state` when units are consumed.
+    fn decide(&self, state: &mut Self::State, n: u64, now: Nanos) -> Decision;
+
+    /// True when `state` behaves exactly like a fresh limiter's at `now` (so dropping it loses
+    /// nothing): the keyed store evicts such keys first.
+    fn is_idle(&self, state: &Self::State, now: Nanos) -> bool;
+
+    /// The configured quota (units per window), as reported in [`Decision::limit`].
+    fn limit(&self) -> u64;
+
+    /// The window the quota is measured over.
+    fn window(&self) -> Duration;
+}
+
+/// "N units per window", validated. Shared by every rate algorithm's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    limit: u64,
+    window_ns: Nanos,
+}
+
+impl Quota {
+    /// `limit` units per `window`.
+    pub fn new(limit: u64, window: Duration) -> Result<Self, ConfigError> {
+        if limit == 0 {
+            return Err(ConfigError::ZeroLimit);
+        }
+        if window.is_zero() {
+            return Err(ConfigError::ZeroWindow);
+        }
+        if window.as_nanos() > u128::from(u64::MAX / 4) {
+            return Err(ConfigError::WindowTooLong);
+        }
+        Ok(Self {
+            limit,
+            window_ns: duration_to_nanos(window),
+        })
+    }
+
+    /// `limit` units per second.
+    pub fn per_second(limit: u64) -> Result<Self, ConfigError> {
+        Self::new(limit, Duration::from_secs(1))
+    }
+
+    /// The number of units per window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window length in nanoseconds.
+    pub fn window_nanos(&self) -> Nanos {
+        self.window_ns
+    }
+
+    /// The window length.
+    pub fn window(&self) -> Duration {
+        Duration::from_nanos(self.window_ns)
+    }
+
+    /// Nanoseconds per unit, rounded up so the admitted rate never exceeds the quota (the error is
+    /// below one nanosecond per unit). At least 1.
+    pub fn emission_interval(&self) -> Nanos {
+        self.window_ns.div_ceil(self.limit).max(1)
+    }
+}
+
+/// Units a request asks the algorithm to check: a peek (`n = 0`) checks one unit.
+#[inline]
+pub(crate) fn units_to_check(n: u64) -> u64 {
+    n.max(1)
+}

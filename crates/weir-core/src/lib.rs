@@ -1,0 +1,63 @@
+//! # weir-core
+//!
+//! Weir's pure flow-control logic: no I/O, no async runtime (an optional `tokio` feature adds
+//! sleeping helpers). Every algorithm reads time from a [`Clock`] and answers with the same
+//! [`Decision`], so servers, middleware and the simulator never special-case one.
+//!
+//! - Rate algorithms ([`Algorithm`]): [`FixedWindow`], [`SlidingWindow`] (bucketed),
+//!   [`SlidingLog`] (exact), [`SlidingCounter`], [`Gcra`], [`TokenBucket`] (Guava
+//!   SmoothBursty), [`WarmupTokenBucket`] (Guava SmoothWarmingUp), [`Pacing`] (leaky bucket as a
+//!   queue).
+//! - [`Limiter`]: one algorithm + its state (lock-free CAS for one-word states) + a clock.
+//! - [`KeyedLimiter`]: a limiter per key with a hard cap on keys and O(1) eviction.
+//! - [`ConcurrencyLimiter`]: a bulkhead with an optional FIFO queue and RAII permits.
+//!
+//! ```
+//! use std::time::Duration;
+//! use weir_core::{Gcra, Limiter, ManualClock, Quota};
+//!
+//! let clock = ManualClock::new(0);
+//! let gcra = Gcra::new(Quota::new(10, Duration::from_secs(1)).unwrap(), 2).unwrap();
+//! let limiter = Limiter::with_clock(gcra, &clock);
+//! assert!(limiter.acquire(1).allowed);
+//! assert!(limiter.acquire(1).allowed);
+//! let denied = limiter.acquire(1);
+//! assert!(!denied.allowed);
+//! assert_eq!(denied.retry_after, Some(Duration::from_millis(100)));
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod algorithm;
+pub mod cell;
+pub mod clock;
+pub mod concurrency;
+pub mod decision;
+pub mod error;
+pub mod fixed_window;
+pub mod gcra;
+pub mod keyed;
+pub mod limiter;
+pub mod pacing;
+pub mod sliding_counter;
+pub mod sliding_log;
+pub mod sliding_window;
+mod sync;
+pub mod token_bucket;
+pub mod warmup;
+
+pub use algorithm::{Algorithm, Quota};
+pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, SystemClock};
+pub use concurrency::{ConcurrencyLimiter, Permit};
+pub use decision::Decision;
+pub use error::ConfigError;
+pub use fixed_window::FixedWindow;
+pub use gcra::Gcra;
+pub use keyed::KeyedLimiter;
+pub use limiter::Limiter;
+pub use pacing::Pacing;
+pub use sliding_counter::SlidingCounter;
+pub use sliding_log::SlidingLog;
+pub use sliding_window::SlidingWindow;
+pub use token_bucket::TokenBucket;
+pub use warmup::WarmupTokenBucket;

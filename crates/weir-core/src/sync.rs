@@ -1,0 +1,7 @@
+//! Atomics used on the lock-free paths, swapped for loom's under `--cfg loom` so the CAS paths can
+//! be model-checked (`scripts/test` runs `tests/loom.rs`).
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
