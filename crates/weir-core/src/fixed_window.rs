@@ -6,9 +6,10 @@
 //! property tests check that this worst case is reached and never exceeded). Use GCRA or the
 //! sliding log when that matters.
 //!
-//! State: one `u64` = (window index modulo 2^k, count) with just enough bits for the count, so it
-//! updates by CAS. An idle period of exactly a multiple of 2^k windows (k ≥ 32 for limits below
-//! 2^32: 136 years of 1 s windows) would alias to the old window; the chance is negligible.
+//! State: one `u64` = (window index modulo 2^32, count in 32 bits), updated by CAS. The layout
+//! does not depend on the limit, so a limit changed at runtime keeps the count. A key idle for
+//! exactly a multiple of 2^32 windows (136 years of 1 s windows, 50 days of 1 ms windows) would
+//! alias to its old window; the chance is negligible.
 
 use std::time::Duration;
 
@@ -38,8 +39,10 @@ impl FixedWindow {
                 max: MAX_FIXED_WINDOW_LIMIT,
             });
         }
-        let count_bits = 64 - quota.limit().leading_zeros();
-        Ok(Self { quota, count_bits })
+        Ok(Self {
+            quota,
+            count_bits: 32,
+        })
     }
 
     #[inline]
@@ -89,17 +92,17 @@ impl Algorithm for FixedWindow {
         let need = units_to_check(n);
         if need > limit {
             let reset = if count > 0 { until_end } else { 0 };
-            return Decision::never(limit, limit - count, reset);
+            return Decision::never(limit, limit.saturating_sub(count), reset);
         }
         if count + need > limit {
-            return Decision::deny(limit, limit - count, until_end, until_end);
+            return Decision::deny(limit, limit.saturating_sub(count), until_end, until_end);
         }
         let count = count + n;
         if n > 0 {
             *state = self.pack((now / w) & self.index_mask(), count);
         }
         let reset = if count > 0 { until_end } else { 0 };
-        Decision::allow(limit, limit - count, reset, 0)
+        Decision::allow(limit, limit.saturating_sub(count), reset, 0)
     }
 
     fn is_idle(&self, state: &u64, now: Nanos) -> bool {

@@ -31,6 +31,9 @@ pub const EVICTION_SCAN: usize = 16;
 /// Shards used for large key caps (a power of two, several per core).
 const MAX_SHARDS: usize = 64;
 
+/// Fewest keys per shard when the cap allows (small caps use one shard, so the cap is exact).
+const MIN_PER_SHARD: usize = 64;
+
 type Hasher = foldhash::fast::RandomState;
 
 /// Parameters shared by a shard: the default algorithm and per-key overrides.
@@ -86,9 +89,9 @@ where
         if max_keys == 0 {
             return Err(ConfigError::ZeroMaxKeys);
         }
-        // Largest power of two ≤ max_keys, at most MAX_SHARDS, so the per-shard caps sum to
-        // at most max_keys.
-        let shards = (1usize << max_keys.ilog2()).min(MAX_SHARDS);
+        // A power of two with at least MIN_PER_SHARD keys each where possible, at most
+        // MAX_SHARDS; per-shard caps sum to at most max_keys.
+        let shards = (1usize << (max_keys / MIN_PER_SHARD).max(1).ilog2()).min(MAX_SHARDS);
         let per_shard = (max_keys / shards).min(u32::MAX as usize);
         let config = Arc::new(Config {
             default: algorithm,
@@ -167,7 +170,7 @@ where
         };
         if shard.slots.len() < self.per_shard {
             if shard.slots.len() == shard.slots.capacity() {
-                let want = (shard.slots.len() * 2).clamp(8, self.per_shard);
+                let want = (shard.slots.len() * 2).max(8).min(self.per_shard);
                 shard.slots.reserve_exact(want - shard.slots.len());
             }
             let i = shard.slots.len() as u32;

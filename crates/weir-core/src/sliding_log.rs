@@ -101,7 +101,7 @@ impl Algorithm for SlidingLog {
         };
         let need = units_to_check(n);
         if need > limit {
-            return Decision::never(limit, limit - live, reset(state));
+            return Decision::never(limit, limit.saturating_sub(live), reset(state));
         }
         if live + need > limit {
             // The oldest entries must expire until `live + need − limit` units are gone.
@@ -111,7 +111,7 @@ impl Algorithm for SlidingLog {
                 .entries
                 .get(k)
                 .map_or(0, |e| e.at.saturating_add(w).saturating_sub(now));
-            return Decision::deny(limit, limit - live, retry, reset(state));
+            return Decision::deny(limit, limit.saturating_sub(live), retry, reset(state));
         }
         if n > 0 {
             state.total += n;
@@ -124,7 +124,7 @@ impl Algorithm for SlidingLog {
             }
         }
         let live = state.total - state.expired;
-        Decision::allow(limit, limit - live, reset(state), 0)
+        Decision::allow(limit, limit.saturating_sub(live), reset(state), 0)
     }
 
     fn is_idle(&self, state: &SlidingLogState, now: Nanos) -> bool {

@@ -150,7 +150,7 @@ impl Algorithm for SlidingWindow {
             sum += n;
             newest = Some(cur);
         }
-        Decision::allow(limit, limit - sum, reset_at(newest), 0)
+        Decision::allow(limit, limit.saturating_sub(sum), reset_at(newest), 0)
     }
 
     fn is_idle(&self, state: &SlidingWindowState, now: Nanos) -> bool {

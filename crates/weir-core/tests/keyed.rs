@@ -1,0 +1,116 @@
+//! Keyed limiter: per-key state, hard cap with idle-first eviction, overrides, runtime changes.
+
+use std::time::Duration;
+
+use weir_core::{FixedWindow, Gcra, KeyedLimiter, ManualClock, Quota, SlidingLog};
+
+fn gcra(limit: u64) -> Gcra {
+    Gcra::from_quota(Quota::new(limit, Duration::from_secs(1)).unwrap()).unwrap()
+}
+
+#[test]
+fn keys_are_independent() {
+    let clock = ManualClock::new(0);
+    let keyed = KeyedLimiter::<String, _, _>::with_clock(gcra(2), 100, &clock).unwrap();
+    assert!(keyed.acquire("a", 2).allowed);
+    assert!(!keyed.acquire("a", 1).allowed);
+    assert!(keyed.acquire("b", 2).allowed);
+    assert_eq!(keyed.len(), 2);
+}
+
+#[test]
+fn cap_is_never_exceeded_and_evictions_are_counted() {
+    let clock = ManualClock::new(0);
+    let keyed = KeyedLimiter::<u64, _, _>::with_clock(gcra(10), 1000, &clock).unwrap();
+    for k in 0..50_000u64 {
+        assert!(keyed.acquire(&k, 1).allowed);
+        assert!(keyed.len() <= 1000);
+    }
+    assert!(keyed.len() <= keyed.capacity());
+    assert!(keyed.capacity() <= 1000 && keyed.capacity() >= 900);
+    assert_eq!(keyed.evictions() as usize + keyed.len(), 50_000);
+}
+
+#[test]
+fn idle_keys_are_evicted_before_busy_ones() {
+    let clock = ManualClock::new(0);
+    // One shard of 16 keys so the sweep sees every key.
+    let keyed = KeyedLimiter::<u64, _, _>::with_clock(gcra(1), 16, &clock).unwrap();
+    assert_eq!(keyed.capacity(), 16);
+    // 16 busy keys exhaust their quota now.
+    for k in 0..16u64 {
+        assert!(keyed.acquire(&k, 1).allowed);
+    }
+    // Let all but key 3 recover (GCRA: 1 s per unit), then make key 3 busy again.
+    clock.advance(Duration::from_secs(2));
+    assert!(keyed.acquire(&3, 1).allowed);
+    // A newcomer evicts an idle key, never key 3, whose state matters.
+    for k in 100..110u64 {
+        assert!(keyed.acquire(&k, 1).allowed);
+    }
+    assert!(!keyed.acquire(&3, 1).allowed, "key 3 lost its state");
+}
+
+#[test]
+fn denied_or_peeking_newcomers_take_no_slot() {
+    let clock = ManualClock::new(0);
+    let keyed = KeyedLimiter::<u64, _, _>::with_clock(gcra(1), 4, &clock).unwrap();
+    for k in 0..1000u64 {
+        let _ = keyed.acquire(&k, 0); // peek
+        let _ = keyed.acquire(&k, 5); // never
+    }
+    assert_eq!(keyed.len(), 0);
+    assert_eq!(keyed.evictions(), 0);
+}
+
+#[test]
+fn overrides_and_runtime_changes_keep_state() {
+    let clock = ManualClock::new(0);
+    let q = |n| Quota::new(n, Duration::from_secs(10)).unwrap();
+    let keyed =
+        KeyedLimiter::<String, _, _>::with_clock(FixedWindow::new(q(3)).unwrap(), 64, &clock)
+            .unwrap();
+    keyed.set_override("vip".to_string(), FixedWindow::new(q(10)).unwrap());
+    for _ in 0..3 {
+        assert!(keyed.acquire("user", 1).allowed);
+    }
+    assert!(!keyed.acquire("user", 1).allowed);
+    for _ in 0..10 {
+        assert!(keyed.acquire("vip", 1).allowed);
+    }
+    assert!(!keyed.acquire("vip", 1).allowed);
+    // Raise the default: "user" keeps its count of 3 and gets 2 more, not 5.
+    keyed.set_algorithm(FixedWindow::new(q(5)).unwrap());
+    assert!(keyed.acquire("user", 2).allowed);
+    let d = keyed.acquire("user", 1);
+    assert!(!d.allowed);
+    assert_eq!(d.limit, 5);
+    keyed.remove_override("vip");
+    assert!(!keyed.acquire("vip", 1).allowed); // count 10 ≥ default 5
+}
+
+#[test]
+fn works_with_any_algorithm_and_many_threads() {
+    let clock = std::sync::Arc::new(ManualClock::new(0));
+    let keyed = std::sync::Arc::new(
+        KeyedLimiter::<u64, _, _>::with_clock(
+            SlidingLog::new(Quota::new(5, Duration::from_secs(1)).unwrap()).unwrap(),
+            10_000,
+            clock.clone(),
+        )
+        .unwrap(),
+    );
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let keyed = keyed.clone();
+            std::thread::spawn(move || {
+                (0..100u64)
+                    .flat_map(|k| (0..10).map(move |_| k))
+                    .filter(|k| keyed.acquire(k, 1).allowed)
+                    .count()
+            })
+        })
+        .collect();
+    let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(admitted, 100 * 5);
+}
