@@ -40,7 +40,7 @@ impl SlidingCounter {
     #[inline]
     fn rolled(&self, s: SlidingCounterState, now: Nanos) -> SlidingCounterState {
         let index = now / self.quota.window_nanos();
-        if index == s.index || index < s.index {
+        if index <= s.index {
             // Same window (or a clock that read earlier: treat as no time passed).
             s
         } else if index == s.index + 1 {

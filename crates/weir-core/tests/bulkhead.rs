@@ -31,7 +31,9 @@ fn blocking_queue_is_fifo_bounded_and_times_out() {
     let spawn = |id: u32| {
         let (limiter, order) = (limiter.clone(), order.clone());
         std::thread::spawn(move || {
-            let permit = limiter.acquire_blocking(1, Duration::from_secs(20)).unwrap();
+            let permit = limiter
+                .acquire_blocking(1, Duration::from_secs(20))
+                .unwrap();
             order.lock().push(id);
             std::thread::sleep(Duration::from_millis(5));
             drop(permit);
@@ -53,7 +55,9 @@ fn blocking_queue_is_fifo_bounded_and_times_out() {
     assert_eq!(*order.lock(), vec![1, 2]);
     // A timeout leaves the queue empty.
     let held = limiter.try_acquire(1).unwrap();
-    assert!(limiter.acquire_blocking(1, Duration::from_millis(20)).is_err());
+    assert!(limiter
+        .acquire_blocking(1, Duration::from_millis(20))
+        .is_err());
     assert_eq!(limiter.queued(), 0);
     drop(held);
     assert_eq!(limiter.in_flight(), 0);

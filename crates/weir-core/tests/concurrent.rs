@@ -101,7 +101,10 @@ fn pacing_slots_are_unique_under_contention() {
             })
         })
         .collect();
-    let mut waits: Vec<u128> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let mut waits: Vec<u128> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
     waits.sort_unstable();
     assert_eq!(waits.len(), THREADS * 500);
     for pair in waits.windows(2) {

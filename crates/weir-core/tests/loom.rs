@@ -23,9 +23,7 @@ fn two_by_two<A: weir_core::Algorithm>(make: fn() -> A, expect: usize) {
         let limiter = Arc::new(Limiter::with_clock(make(), clock));
         let other = {
             let limiter = limiter.clone();
-            thread::spawn(move || {
-                (0..2).filter(|_| limiter.acquire(1).allowed).count()
-            })
+            thread::spawn(move || (0..2).filter(|_| limiter.acquire(1).allowed).count())
         };
         let mine = (0..2).filter(|_| limiter.acquire(1).allowed).count();
         assert_eq!(mine + other.join().unwrap(), expect);

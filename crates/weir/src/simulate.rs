@@ -1,0 +1,401 @@
+//! `weir simulate`: runs a trace of requests through an algorithm on virtual time.
+//!
+//! Input: CSV lines `t_ms,key,cost` (t_ms relative and non-decreasing, may have a decimal
+//! fraction; cost a non-negative integer; an optional header line `t_ms,key,cost`; blank lines
+//! and lines starting with `#` are skipped). Each key has its own limiter. The whole input is
+//! validated before anything is printed, so a bad line yields one error and no partial output.
+//!
+//! Output: a CSV line per event on stdout; a summary on stderr with the most units admitted in
+//! any window-length span per key (counted when they proceed, i.e. at t + wait).
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io::{self, BufRead, Write};
+use std::time::Duration;
+
+use weir_core::{
+    Algorithm, ConfigError, FixedWindow, Gcra, Nanos, Pacing, Quota, SlidingCounter, SlidingLog,
+    SlidingWindow, TokenBucket, WarmupTokenBucket,
+};
+
+use crate::duration::{format_ms, scaled_decimal};
+
+/// The algorithms `--algorithm` accepts.
+pub const ALGORITHMS: [&str; 8] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "sliding_counter",
+    "gcra",
+    "token_bucket",
+    "warmup_token_bucket",
+    "pacing",
+];
+
+/// Longest key accepted in a trace.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// What to simulate.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Algorithm name (one of [`ALGORITHMS`]).
+    pub algorithm: String,
+    /// Units per window.
+    pub limit: u64,
+    /// The window.
+    pub window: Duration,
+    /// Units admitted at once (gcra, token_bucket); default = limit.
+    pub burst: Option<u64>,
+    /// Sub-windows (sliding_window); default 10.
+    pub buckets: Option<u32>,
+    /// Warm-up period (warmup_token_bucket); default 10 s.
+    pub warmup: Option<Duration>,
+    /// Longest wait an admitted request may be given (token buckets, pacing); default 0.
+    pub max_wait: Option<Duration>,
+}
+
+/// Why a simulation could not run. Every variant is a usage or input error (exit code 2).
+#[derive(Debug)]
+pub enum SimError {
+    /// A bad option or option combination.
+    Usage(String),
+    /// A bad input line.
+    Input {
+        /// Where the input came from.
+        source: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The input could not be read.
+    Read(String),
+}
+
+impl fmt::Display for SimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SimError::Usage(m) | SimError::Read(m) => f.write_str(m),
+            SimError::Input {
+                source,
+                line,
+                message,
+            } => write!(f, "{source} line {line}: {message}"),
+        }
+    }
+}
+
+fn usage(e: ConfigError) -> SimError {
+    SimError::Usage(e.to_string())
+}
+
+/// One parsed request.
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    t: Nanos,
+    key: u32,
+    cost: u64,
+}
+
+/// A parsed, validated trace.
+#[derive(Debug, Default)]
+pub struct Trace {
+    keys: Vec<String>,
+    events: Vec<Event>,
+}
+
+/// Reads and validates a whole trace.
+pub fn parse_trace(reader: impl BufRead, source: &str) -> Result<Trace, SimError> {
+    let mut trace = Trace::default();
+    let mut ids: HashMap<String, u32> = HashMap::new();
+    let mut previous: Option<(Nanos, String)> = None;
+    let mut seen_data = false;
+    for (i, line) in reader.lines().enumerate() {
+        let line_no = i + 1;
+        let err = |message: String| SimError::Input {
+            source: source.to_string(),
+            line: line_no,
+            message,
+        };
+        let line = line.map_err(|e| match e.kind() {
+            io::ErrorKind::InvalidData => err("not valid UTF-8".into()),
+            _ => SimError::Read(format!("{source}: {e}")),
+        })?;
+        let text = line.trim();
+        if text.is_empty() || text.starts_with('#') {
+            continue;
+        }
+        if !seen_data && text.replace(' ', "") == "t_ms,key,cost" {
+            seen_data = true;
+            continue;
+        }
+        seen_data = true;
+        let fields: Vec<&str> = text.split(',').map(str::trim).collect();
+        if fields.len() != 3 {
+            return Err(err(format!(
+                "expected 3 fields t_ms,key,cost, found {}: '{}'",
+                fields.len(),
+                truncate(text)
+            )));
+        }
+        let t = scaled_decimal(fields[0], 1_000_000)
+            .and_then(|ns| u64::try_from(ns).ok())
+            .ok_or_else(|| {
+                err(format!(
+                    "t_ms '{}' is not a non-negative number of milliseconds",
+                    truncate(fields[0])
+                ))
+            })?;
+        if let Some((prev, ref prev_text)) = previous {
+            if t < prev {
+                return Err(err(format!(
+                    "time goes backwards: t_ms {} is before the previous line's {}",
+                    fields[0], prev_text
+                )));
+            }
+        }
+        let key = fields[1];
+        if key.len() > MAX_KEY_LEN {
+            return Err(err(format!("key is longer than {MAX_KEY_LEN} bytes")));
+        }
+        let cost: u64 = fields[2].parse().map_err(|_| {
+            err(format!(
+                "cost '{}' is not a non-negative integer",
+                truncate(fields[2])
+            ))
+        })?;
+        let next_id = ids.len();
+        let id = *ids.entry(key.to_string()).or_insert_with(|| {
+            trace.keys.push(key.to_string());
+            next_id as u32
+        });
+        trace.events.push(Event { t, key: id, cost });
+        previous = Some((t, fields[0].to_string()));
+    }
+    Ok(trace)
+}
+
+fn truncate(s: &str) -> String {
+    if s.len() <= 60 {
+        s.to_string()
+    } else {
+        let cut = (0..=60).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+        format!("{}…", &s[..cut])
+    }
+}
+
+/// Totals printed on stderr.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// Events in the trace.
+    pub events: u64,
+    /// Admitted events.
+    pub allowed: u64,
+    /// Denied events.
+    pub denied: u64,
+    /// Per key (in first-seen order): the most units admitted in any window-length span.
+    pub max_in_window: Vec<(String, u64)>,
+}
+
+/// Validates the settings and runs the trace, writing the CSV to `out`.
+pub fn simulate(
+    settings: &Settings,
+    trace: &Trace,
+    out: &mut dyn Write,
+) -> Result<Summary, SimError> {
+    let s = settings;
+    let only = |given: bool, option: &str, algorithms: &[&str]| {
+        if given && !algorithms.contains(&s.algorithm.as_str()) {
+            Err(SimError::Usage(format!(
+                "{option} does not apply to {} (only to {})",
+                s.algorithm,
+                algorithms.join(", ")
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    if !ALGORITHMS.contains(&s.algorithm.as_str()) {
+        return Err(SimError::Usage(format!(
+            "unknown algorithm '{}' (expected one of: {})",
+            s.algorithm,
+            ALGORITHMS.join(", ")
+        )));
+    }
+    only(s.burst.is_some(), "--burst", &["gcra", "token_bucket"])?;
+    only(s.buckets.is_some(), "--buckets", &["sliding_window"])?;
+    only(s.warmup.is_some(), "--warmup", &["warmup_token_bucket"])?;
+    only(
+        s.max_wait.is_some(),
+        "--max-wait",
+        &["token_bucket", "warmup_token_bucket", "pacing"],
+    )?;
+    let quota = Quota::new(s.limit, s.window).map_err(usage)?;
+    let burst = s.burst.unwrap_or(s.limit);
+    let max_wait = s.max_wait.unwrap_or(Duration::ZERO);
+    match s.algorithm.as_str() {
+        "fixed_window" => run(&FixedWindow::new(quota).map_err(usage)?, trace, out),
+        "sliding_window" => run(
+            &SlidingWindow::new(
+                quota,
+                s.buckets
+                    .unwrap_or(weir_core::sliding_window::DEFAULT_BUCKETS),
+            )
+            .map_err(usage)?,
+            trace,
+            out,
+        ),
+        "sliding_log" => run(&SlidingLog::new(quota).map_err(usage)?, trace, out),
+        "sliding_counter" => run(&SlidingCounter::new(quota).map_err(usage)?, trace, out),
+        "gcra" => run(&Gcra::new(quota, burst).map_err(usage)?, trace, out),
+        "token_bucket" => run(
+            &TokenBucket::new(quota, burst)
+                .map_err(usage)?
+                .with_max_wait(max_wait),
+            trace,
+            out,
+        ),
+        "warmup_token_bucket" => run(
+            &WarmupTokenBucket::new(quota, s.warmup.unwrap_or(Duration::from_secs(10)))
+                .map_err(usage)?
+                .with_max_wait(max_wait),
+            trace,
+            out,
+        ),
+        _ => run(&Pacing::new(quota, max_wait).map_err(usage)?, trace, out),
+    }
+}
+
+/// Tracks the most units admitted in any half-open span of one window for one key.
+#[derive(Debug, Default)]
+struct SpanMax {
+    recent: VecDeque<(Nanos, u64)>,
+    sum: u64,
+    best: u64,
+}
+
+impl SpanMax {
+    /// Records `n` units proceeding at `t` (non-decreasing per key).
+    fn record(&mut self, t: Nanos, n: u64, window: Nanos) {
+        self.recent.push_back((t, n));
+        self.sum += n;
+        while let Some(&(t0, n0)) = self.recent.front() {
+            if t - t0 < window {
+                break;
+            }
+            self.sum -= n0;
+            self.recent.pop_front();
+        }
+        self.best = self.best.max(self.sum);
+    }
+}
+
+fn run<A: Algorithm>(alg: &A, trace: &Trace, out: &mut dyn Write) -> Result<Summary, SimError> {
+    let window = weir_core::clock::duration_to_nanos(alg.window());
+    let mut states: Vec<Option<A::State>> = vec![None; trace.keys.len()];
+    let mut spans: Vec<SpanMax> = (0..trace.keys.len()).map(|_| SpanMax::default()).collect();
+    let mut summary = Summary {
+        events: 0,
+        allowed: 0,
+        denied: 0,
+        max_in_window: Vec::new(),
+    };
+    let mut write = |line: fmt::Arguments<'_>| -> bool {
+        // A closed pipe (e.g. `| head`) ends the output quietly; the summary still prints.
+        out.write_fmt(line).is_ok()
+    };
+    let mut writing = write(format_args!(
+        "t_ms,key,cost,allowed,remaining,retry_after_ms,wait_ms\n"
+    ));
+    for e in &trace.events {
+        let key = e.key as usize;
+        let state = states[key].get_or_insert_with(|| alg.initial_state(e.t));
+        let d = alg.decide(state, e.cost, e.t);
+        summary.events += 1;
+        if d.allowed {
+            summary.allowed += 1;
+            let proceed =
+                e.t.saturating_add(weir_core::clock::duration_to_nanos(d.wait));
+            if e.cost > 0 {
+                spans[key].record(proceed, e.cost, window);
+            }
+        } else {
+            summary.denied += 1;
+        }
+        if writing {
+            let retry = d
+                .retry_after
+                .map(|r| format_ms(r.as_nanos()))
+                .unwrap_or_default();
+            writing = write(format_args!(
+                "{},{},{},{},{},{},{}\n",
+                format_ms(u128::from(e.t)),
+                trace.keys[key],
+                e.cost,
+                d.allowed,
+                d.remaining,
+                retry,
+                format_ms(d.wait.as_nanos()),
+            ));
+        }
+    }
+    let _ = out.flush();
+    summary.max_in_window = trace
+        .keys
+        .iter()
+        .zip(&spans)
+        .map(|(k, s)| (k.clone(), s.best))
+        .collect();
+    Ok(summary)
+}
+
+/// Writes the summary for humans.
+pub fn write_summary(
+    settings: &Settings,
+    summary: &Summary,
+    err: &mut dyn Write,
+) -> io::Result<()> {
+    writeln!(
+        err,
+        "events: {}  allowed: {}  denied: {}  ({} {} per {})",
+        summary.events,
+        summary.allowed,
+        summary.denied,
+        settings.algorithm,
+        settings.limit,
+        humantime(settings.window)
+    )?;
+    writeln!(
+        err,
+        "most units admitted in any {} span, per key:",
+        humantime(settings.window)
+    )?;
+    let mut keys = summary.max_in_window.clone();
+    keys.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    const SHOWN: usize = 20;
+    for (key, max) in keys.iter().take(SHOWN) {
+        let key = if key.is_empty() { "(empty key)" } else { key };
+        writeln!(err, "  {key}: {max}")?;
+    }
+    if keys.len() > SHOWN {
+        writeln!(err, "  … and {} more keys", keys.len() - SHOWN)?;
+    }
+    Ok(())
+}
+
+fn humantime(d: Duration) -> String {
+    let ns = d.as_nanos();
+    for (unit, scale) in [
+        ("d", 86_400_000_000_000u128),
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+    ] {
+        if ns >= scale && ns % scale == 0 {
+            return format!("{}{unit}", ns / scale);
+        }
+    }
+    format!("{ns}ns")
+}

@@ -1,0 +1,229 @@
+//! `weir simulate` through the real binary: output format, summary, and bad input.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn weir(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("weir starts");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn sim(alg: &str, extra: &[&str], input: &str) -> Output {
+    let mut args = vec![
+        "simulate",
+        "--algorithm",
+        alg,
+        "--limit",
+        "2",
+        "--window",
+        "1s",
+        "--input",
+        "-",
+    ];
+    args.extend_from_slice(extra);
+    weir(&args, input)
+}
+
+#[test]
+fn gcra_csv_output_is_exact() {
+    let out = sim(
+        "gcra",
+        &[],
+        "t_ms,key,cost\n0,a,1\n0,a,1\n0,a,1\n250,a,1\n500,a,0\n0600,b,3\n",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        stdout,
+        "t_ms,key,cost,allowed,remaining,retry_after_ms,wait_ms\n\
+         0,a,1,true,1,0,0\n\
+         0,a,1,true,0,0,0\n\
+         0,a,1,false,0,500,0\n\
+         250,a,1,false,0,250,0\n\
+         500,a,0,true,1,0,0\n\
+         600,b,3,false,2,,0\n"
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("events: 6  allowed: 3  denied: 3"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("  a: 2"), "{stderr}");
+}
+
+#[test]
+fn pacing_reports_waits() {
+    let out = sim(
+        "pacing",
+        &["--max-wait", "600ms"],
+        "0,k,1\n0,k,1\n0,k,1\n0,k,1\n",
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    // 2 per second = one every 500 ms; a queue of 600 ms holds one more.
+    assert_eq!(lines[1], "0,k,1,true,1,0,0");
+    assert_eq!(lines[2], "0,k,1,true,0,0,500");
+    assert_eq!(lines[3], "0,k,1,false,0,400,0");
+    assert_eq!(lines.len(), 5);
+}
+
+#[test]
+fn the_bundled_trace_shows_the_fixed_window_boundary_burst() {
+    let out = weir(
+        &[
+            "simulate",
+            "--algorithm",
+            "fixed_window",
+            "--limit",
+            "10",
+            "--window",
+            "1s",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("alice: 19"), "{stderr}");
+    let out = weir(
+        &[
+            "simulate",
+            "--algorithm",
+            "sliding_log",
+            "--limit",
+            "10",
+            "--window",
+            "1s",
+        ],
+        "",
+    );
+    assert!(String::from_utf8(out.stderr).unwrap().contains("alice: 10"));
+}
+
+fn assert_usage_error(out: &Output, needle: &str) {
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "partial output: {:?}", out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(needle),
+        "stderr {stderr:?} lacks {needle:?}"
+    );
+    assert_eq!(
+        stderr.lines().filter(|l| l.contains("error")).count(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_input_names_the_line_and_prints_nothing_else() {
+    let ok = "0,a,1\n1,a,1\n";
+    assert_usage_error(
+        &sim("gcra", &[], &format!("{ok}0,a,1\n")),
+        "line 3: time goes backwards",
+    );
+    assert_usage_error(
+        &sim("gcra", &[], &format!("{ok}2,a\n")),
+        "line 3: expected 3 fields",
+    );
+    assert_usage_error(
+        &sim("gcra", &[], &format!("{ok}2,a,-1\n")),
+        "line 3: cost '-1'",
+    );
+    assert_usage_error(
+        &sim("gcra", &[], &format!("{ok}x,a,1\n")),
+        "line 3: t_ms 'x'",
+    );
+    assert_usage_error(
+        &sim("gcra", &[], &format!("{ok}2,a,1.5\n")),
+        "line 3: cost '1.5'",
+    );
+    let long_key = "k".repeat(2000);
+    assert_usage_error(
+        &sim("gcra", &[], &format!("1,{long_key},1\n")),
+        "line 1: key is longer",
+    );
+}
+
+#[test]
+fn bad_options_are_usage_errors() {
+    assert_usage_error(&sim("nope", &[], "0,a,1\n"), "unknown algorithm 'nope'");
+    assert_usage_error(
+        &sim("gcra", &["--buckets", "4"], "0,a,1\n"),
+        "--buckets does not apply",
+    );
+    let out = weir(
+        &[
+            "simulate",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "0",
+            "--window",
+            "1s",
+            "--input",
+            "-",
+        ],
+        "0,a,1\n",
+    );
+    assert_usage_error(&out, "limit must be at least 1");
+    let out = weir(
+        &[
+            "simulate",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "0s",
+            "--input",
+            "-",
+        ],
+        "0,a,1\n",
+    );
+    assert_usage_error(&out, "window must be longer than zero");
+    let out = weir(
+        &[
+            "simulate",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "1x",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let out = weir(
+        &[
+            "simulate",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
+            "--input",
+            "/nonexistent/trace.csv",
+        ],
+        "",
+    );
+    assert_usage_error(&out, "cannot read /nonexistent/trace.csv");
+}
