@@ -19,12 +19,28 @@ pub trait Algorithm: Send + Sync + 'static {
     /// Where a single limiter keeps `State` (lock-free word or mutex).
     type Cell: StateCell<Self::State>;
 
+    /// What [`Algorithm::step`] hands to [`Algorithm::finish`]: the little a lock-free update
+    /// must know inside its compare-and-swap window. Algorithms without a CAS path use
+    /// [`Decision`] itself.
+    type Verdict: Copy;
+
     /// The state of a fresh, idle limiter created at `now`.
     fn initial_state(&self, now: Nanos) -> Self::State;
 
+    /// The part of a decision that reads and updates the state: as little work as possible, so
+    /// that concurrent CAS updates rarely collide.
+    fn step(&self, state: &mut Self::State, n: u64, now: Nanos) -> Self::Verdict;
+
+    /// Completes the decision after the state update (computes remaining, reset, retry).
+    fn finish(&self, verdict: Self::Verdict, n: u64, now: Nanos) -> Decision;
+
     /// Decides a request for `n` units at `now` (n = 0 peeks: it answers whether one unit would
     /// pass and consumes nothing), updating `state` when units are consumed.
-    fn decide(&self, state: &mut Self::State, n: u64, now: Nanos) -> Decision;
+    #[inline]
+    fn decide(&self, state: &mut Self::State, n: u64, now: Nanos) -> Decision {
+        let verdict = self.step(state, n, now);
+        self.finish(verdict, n, now)
+    }
 
     /// True when `state` behaves exactly like a fresh limiter's at `now` (so dropping it loses
     /// nothing): the keyed store evicts such keys first.
@@ -35,6 +51,17 @@ pub trait Algorithm: Send + Sync + 'static {
 
     /// The window the quota is measured over.
     fn window(&self) -> Duration;
+}
+
+/// How a decision came out, for algorithms whose verdict carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted.
+    Allowed,
+    /// Denied; would pass later.
+    Denied,
+    /// Denied; can never pass.
+    Never,
 }
 
 /// "N units per window", validated. Shared by every rate algorithm's configuration.

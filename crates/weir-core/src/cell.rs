@@ -4,7 +4,6 @@
 
 use parking_lot::Mutex;
 
-use crate::decision::Decision;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Storage for an algorithm's state that applies a decision step atomically.
@@ -13,7 +12,7 @@ pub trait StateCell<S>: Send + Sync {
     fn new(state: S) -> Self;
     /// Runs `step` on the current state and stores the result atomically. `step` may run more
     /// than once (CAS retry); it must be a pure function of the state it is given.
-    fn update<F: FnMut(&mut S) -> Decision>(&self, step: F) -> Decision;
+    fn update<V, F: FnMut(&mut S) -> V>(&self, step: F) -> V;
     /// A copy of the current state.
     fn snapshot(&self) -> S;
 }
@@ -28,7 +27,7 @@ impl StateCell<u64> for AtomicCell {
     }
 
     #[inline]
-    fn update<F: FnMut(&mut u64) -> Decision>(&self, mut step: F) -> Decision {
+    fn update<V, F: FnMut(&mut u64) -> V>(&self, mut step: F) -> V {
         let mut current = self.0.load(Ordering::Acquire);
         loop {
             let mut next = current;
@@ -62,7 +61,7 @@ impl<S: Clone + Send> StateCell<S> for MutexCell<S> {
     }
 
     #[inline]
-    fn update<F: FnMut(&mut S) -> Decision>(&self, mut step: F) -> Decision {
+    fn update<V, F: FnMut(&mut S) -> V>(&self, mut step: F) -> V {
         step(&mut self.0.lock())
     }
 

@@ -116,6 +116,17 @@ impl Clock for SystemClock {
 struct TscBase {
     clock: quanta::Clock,
     origin_raw: u64,
+    /// Whether readings must be clamped per thread (the kernel does not vouch for the TSC).
+    clamp: bool,
+}
+
+/// True when the OS keeps time with the TSC itself: Linux checks at boot and while running that
+/// the counters of all CPUs are synchronised and marks the TSC unstable (and switches
+/// clocksource) otherwise, so then a raw TSC read never goes backwards across cores.
+fn kernel_trusts_tsc() -> bool {
+    std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .map(|s| s.trim() == "tsc")
+        .unwrap_or(false)
 }
 
 static TSC_BASE: OnceLock<TscBase> = OnceLock::new();
@@ -129,38 +140,73 @@ fn tsc_base() -> &'static TscBase {
     TSC_BASE.get_or_init(|| {
         let clock = quanta::Clock::new();
         let origin_raw = clock.raw();
-        TscBase { clock, origin_raw }
+        let clamp = std::env::var_os("WEIR_CLOCK_CLAMP").is_some() || !kernel_trusts_tsc();
+        TscBase {
+            clock,
+            origin_raw,
+            clamp,
+        }
     })
 }
 
 /// The default real clock: the time-stamp counter scaled to nanoseconds since the process's
-/// first use of this clock, never decreasing on a thread.
+/// first use of this clock; it never goes backwards.
 ///
-/// All instances share one origin, so readings from different instances are comparable.
-/// Cost ≈ the counter read plus one multiply-shift and a thread-local compare (see
-/// `docs/clock.md`); `Instant::now` costs several times more on this kind of machine.
+/// - When the kernel keeps time with the TSC (Linux clocksource `tsc`), it has verified that the
+///   counters of all CPUs are synchronised, and a reading is the counter read and one
+///   multiply-shift.
+/// - Otherwise (or with `WEIR_CLOCK_CLAMP` set) each thread also keeps the highest reading it
+///   has seen and never returns less, so a thread moved to a core whose counter lags does not
+///   see time go back (governor#299). When the CPU has no invariant TSC at all, `quanta` reads
+///   `CLOCK_MONOTONIC` instead.
 ///
-/// Across threads the counters of different cores may disagree by a small skew; every algorithm
-/// in this crate treats a `now` earlier than its stored state as "no time has passed" (saturating
-/// arithmetic), so such skew can only make a decision more conservative, never admit more.
-#[derive(Debug, Clone, Copy, Default)]
+/// All instances share one origin, so readings from different instances are comparable. Costs
+/// are in `docs/clock.md`: `Instant::now` costs about 2.5 times as much on this kind of machine.
+///
+/// Across threads, readings are not ordered with memory operations: the counter read is not a
+/// serialising instruction, so a thread that has just seen another thread's reading (through
+/// an atomic) can read a slightly smaller value (measured here: up to ~1 µs, see
+/// `docs/clock.md`; governor's clock behaves the same). Fencing the read would double its cost.
+/// Instead every algorithm in this crate treats a `now` earlier than its stored state as "no
+/// time has passed", so such a reading can only make a decision more conservative, never admit
+/// more (`tests/properties.rs` feeds every algorithm jittered, non-monotonic times).
+#[derive(Debug, Clone)]
 pub struct MonotonicClock {
-    _private: (),
+    clock: quanta::Clock,
+    origin_raw: u64,
+    clamp: bool,
 }
 
 impl MonotonicClock {
     /// The process-wide TSC clock (the first call calibrates it, which takes a few milliseconds).
     pub fn new() -> Self {
-        let _ = tsc_base();
-        Self { _private: () }
+        let base = tsc_base();
+        Self {
+            clock: base.clock.clone(),
+            origin_raw: base.origin_raw,
+            clamp: base.clamp,
+        }
+    }
+
+    /// Whether readings are clamped per thread (see the type's documentation).
+    pub fn clamps(&self) -> bool {
+        self.clamp
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
 impl Clock for MonotonicClock {
     #[inline]
     fn now(&self) -> Nanos {
-        let base = tsc_base();
-        let t = base.clock.delta_as_nanos(base.origin_raw, base.clock.raw());
+        let t = self.clock.delta_as_nanos(self.origin_raw, self.clock.raw());
+        if !self.clamp {
+            return t;
+        }
         HIGH_WATER.with(|hw| {
             let prev = hw.get();
             if t > prev {
@@ -195,6 +241,7 @@ mod tests {
         let c = MonotonicClock::new();
         let handles: Vec<_> = (0..4)
             .map(|_| {
+                let c = c.clone();
                 std::thread::spawn(move || {
                     let mut prev = c.now();
                     for _ in 0..200_000 {

@@ -4,34 +4,37 @@ use std::time::Duration;
 
 use crate::clock::Nanos;
 
+/// Marks "never" in the raw retry field.
+const NEVER: Nanos = u64::MAX;
+
 /// The answer to `acquire(n)`, the same for every algorithm, so that HTTP headers, Envoy responses
 /// and the simulator never special-case one.
 ///
-/// - `allowed`: the request may proceed (after `wait`).
-/// - `limit`: the configured quota: N units per window.
-/// - `remaining`: units that would be admitted right now after this decision.
-/// - `retry_after`: zero when allowed; when denied, the exact earliest time from now at which the
-///   same request would pass if nothing else happens; `None` when it can never pass (n exceeds
-///   the capacity).
-/// - `reset_after`: time until the limiter is back to its full, idle capacity.
-/// - `wait`: for reservation and pacing algorithms, how long an admitted request must wait
-///   before proceeding; zero otherwise.
+/// - [`allowed`](Decision::allowed): the request may proceed (after `wait`).
+/// - [`limit`](Decision::limit): the configured quota, N units per window.
+/// - [`remaining`](Decision::remaining): units that would be admitted right now after this
+///   decision.
+/// - [`retry_after`](Decision::retry_after): zero when allowed; when denied, the exact earliest
+///   time from now at which the same request would pass if nothing else happens; `None` when it
+///   can never pass (n exceeds the capacity).
+/// - [`reset_after`](Decision::reset_after): time until the limiter is back to full capacity.
+/// - [`wait`](Decision::wait): for reservation and pacing algorithms, how long an admitted
+///   request must wait before proceeding; zero otherwise.
 ///
-/// Denied requests consume nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Denied requests consume nothing. Times are kept as nanoseconds and `remaining` may be kept as
+/// a quotient still to divide (`remaining_raw / remaining_unit`), so building a decision on the
+/// hot path costs a few stores; the accessors do the conversions when asked.
+#[derive(Debug, Clone, Copy)]
 pub struct Decision {
-    /// Whether the request is admitted.
-    pub allowed: bool,
-    /// The configured quota (units per window).
-    pub limit: u64,
-    /// Units that could still be admitted at once after this decision.
-    pub remaining: u64,
-    /// `Some(ZERO)` when allowed; earliest retry time when denied; `None` = never.
-    pub retry_after: Option<Duration>,
-    /// Time until the limiter is back to full capacity.
-    pub reset_after: Duration,
-    /// How long an admitted request must wait before proceeding.
-    pub wait: Duration,
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    /// `remaining()` = `remaining / remaining_unit` (1 for counters; the emission interval for
+    /// GCRA-style algorithms, whose remaining is a time span divided by it).
+    remaining_unit: u64,
+    retry_after: Nanos,
+    reset_after: Nanos,
+    wait: Nanos,
 }
 
 impl Decision {
@@ -42,9 +45,10 @@ impl Decision {
             allowed: true,
             limit,
             remaining,
-            retry_after: Some(Duration::ZERO),
-            reset_after: Duration::from_nanos(reset_after),
-            wait: Duration::from_nanos(wait),
+            remaining_unit: 1,
+            retry_after: 0,
+            reset_after,
+            wait,
         }
     }
 
@@ -55,9 +59,10 @@ impl Decision {
             allowed: false,
             limit,
             remaining,
-            retry_after: Some(Duration::from_nanos(retry_after)),
-            reset_after: Duration::from_nanos(reset_after),
-            wait: Duration::ZERO,
+            remaining_unit: 1,
+            retry_after: retry_after.min(NEVER - 1),
+            reset_after,
+            wait: 0,
         }
     }
 
@@ -68,15 +73,92 @@ impl Decision {
             allowed: false,
             limit,
             remaining,
-            retry_after: None,
-            reset_after: Duration::from_nanos(reset_after),
-            wait: Duration::ZERO,
+            remaining_unit: 1,
+            retry_after: NEVER,
+            reset_after,
+            wait: 0,
         }
+    }
+
+    /// This decision with `remaining` given as a span of `span` nanoseconds in which one unit
+    /// takes `unit` nanoseconds (so remaining = ⌊span / unit⌋, divided only when read).
+    #[inline]
+    pub fn with_remaining_span(mut self, span: Nanos, unit: Nanos) -> Self {
+        self.remaining = span;
+        self.remaining_unit = unit.max(1);
+        self
+    }
+
+    /// Whether the request is admitted.
+    #[inline]
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The configured quota (units per window).
+    #[inline]
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Units that could still be admitted at once after this decision.
+    #[inline]
+    pub fn remaining(&self) -> u64 {
+        if self.remaining_unit == 1 {
+            self.remaining
+        } else {
+            self.remaining / self.remaining_unit
+        }
+    }
+
+    /// `Some(ZERO)` when allowed; the earliest retry time when denied; `None` = never.
+    #[inline]
+    pub fn retry_after(&self) -> Option<Duration> {
+        (self.retry_after != NEVER).then(|| Duration::from_nanos(self.retry_after))
+    }
+
+    /// Time until the limiter is back to full capacity.
+    #[inline]
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_nanos(self.reset_after)
+    }
+
+    /// How long an admitted request must wait before proceeding.
+    #[inline]
+    pub fn wait(&self) -> Duration {
+        Duration::from_nanos(self.wait)
     }
 
     /// True when the request is denied and can never pass.
     #[inline]
     pub fn is_never(&self) -> bool {
-        self.retry_after.is_none()
+        self.retry_after == NEVER
+    }
+}
+
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        self.allowed == other.allowed
+            && self.limit == other.limit
+            && self.remaining() == other.remaining()
+            && self.retry_after == other.retry_after
+            && self.reset_after == other.reset_after
+            && self.wait == other.wait
+    }
+}
+
+impl Eq for Decision {}
+
+impl std::hash::Hash for Decision {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (
+            self.allowed,
+            self.limit,
+            self.remaining(),
+            self.retry_after,
+            self.reset_after,
+            self.wait,
+        )
+            .hash(state);
     }
 }

@@ -13,10 +13,11 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{units_to_check, Algorithm, Quota};
+use crate::algorithm::{units_to_check, Algorithm, Outcome, Quota};
 use crate::cell::AtomicCell;
 use crate::clock::Nanos;
 use crate::decision::Decision;
+use crate::divide::Divisor;
 use crate::error::ConfigError;
 
 /// Largest limit a fixed window accepts (the count shares a word with the window index).
@@ -26,6 +27,7 @@ pub const MAX_FIXED_WINDOW_LIMIT: u64 = (1 << 32) - 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindow {
     quota: Quota,
+    window_div: Divisor,
     count_bits: u32,
 }
 
@@ -41,6 +43,7 @@ impl FixedWindow {
         }
         Ok(Self {
             quota,
+            window_div: Divisor::new(quota.window_nanos()),
             count_bits: 32,
         })
     }
@@ -63,11 +66,13 @@ impl FixedWindow {
         u64::MAX >> self.count_bits
     }
 
-    /// The units counted in the window containing `now`.
+    /// The units counted in the window containing `now` (or a later stored window).
     #[inline]
     fn count_at(&self, state: u64, now: Nanos) -> u64 {
         let (index, count) = self.unpack(state);
-        if index == (now / self.quota.window_nanos()) & self.index_mask() {
+        let current = self.window_div.div(now) & self.index_mask();
+        let behind = index.wrapping_sub(current) & self.index_mask();
+        if behind <= 1 {
             count
         } else {
             0
@@ -75,34 +80,69 @@ impl FixedWindow {
     }
 }
 
+/// What the fixed window's CAS step found.
+#[derive(Debug, Clone, Copy)]
+pub struct FixedWindowVerdict {
+    outcome: Outcome,
+    count: u64,
+    until_end: Nanos,
+}
+
 impl Algorithm for FixedWindow {
+    type Verdict = FixedWindowVerdict;
     type State = u64;
     type Cell = AtomicCell;
 
     fn initial_state(&self, now: Nanos) -> u64 {
-        self.pack((now / self.quota.window_nanos()) & self.index_mask(), 0)
+        self.pack(self.window_div.div(now) & self.index_mask(), 0)
     }
 
     #[inline]
-    fn decide(&self, state: &mut u64, n: u64, now: Nanos) -> Decision {
-        let limit = self.quota.limit();
+    fn step(&self, state: &mut u64, n: u64, now: Nanos) -> FixedWindowVerdict {
+        let (index, offset) = self.window_div.div_rem(now);
+        let index = index & self.index_mask();
+        let (stored_index, stored_count) = self.unpack(*state);
         let w = self.quota.window_nanos();
-        let count = self.count_at(*state, now);
-        let until_end = w - now % w;
+        // A `now` from a thread whose clock reads slightly behind may fall in the window just
+        // before the stored one: count it in the stored window (never reset a newer window).
+        let (index, count, until_end) = if stored_index == index {
+            (index, stored_count, w - offset)
+        } else if stored_index.wrapping_sub(index) & self.index_mask() == 1 {
+            (stored_index, stored_count, (w - offset).saturating_add(w))
+        } else {
+            (index, 0, w - offset)
+        };
+        let mut v = FixedWindowVerdict {
+            outcome: Outcome::Never,
+            count,
+            until_end,
+        };
         let need = units_to_check(n);
-        if need > limit {
-            let reset = if count > 0 { until_end } else { 0 };
-            return Decision::never(limit, limit.saturating_sub(count), reset);
+        if need > self.quota.limit() {
+            return v;
         }
-        if count + need > limit {
-            return Decision::deny(limit, limit.saturating_sub(count), until_end, until_end);
+        if count + need > self.quota.limit() {
+            v.outcome = Outcome::Denied;
+            return v;
         }
-        let count = count + n;
+        v.outcome = Outcome::Allowed;
         if n > 0 {
-            *state = self.pack((now / w) & self.index_mask(), count);
+            v.count = count + n;
+            *state = self.pack(index, v.count);
         }
-        let reset = if count > 0 { until_end } else { 0 };
-        Decision::allow(limit, limit.saturating_sub(count), reset, 0)
+        v
+    }
+
+    #[inline]
+    fn finish(&self, v: FixedWindowVerdict, _n: u64, _now: Nanos) -> Decision {
+        let limit = self.quota.limit();
+        let remaining = limit.saturating_sub(v.count);
+        let reset = if v.count > 0 { v.until_end } else { 0 };
+        match v.outcome {
+            Outcome::Never => Decision::never(limit, remaining, reset),
+            Outcome::Denied => Decision::deny(limit, remaining, v.until_end, v.until_end),
+            Outcome::Allowed => Decision::allow(limit, remaining, reset, 0),
+        }
     }
 
     fn is_idle(&self, state: &u64, now: Nanos) -> bool {

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{units_to_check, Algorithm, Quota};
+use crate::algorithm::{units_to_check, Algorithm, Outcome, Quota};
 use crate::cell::AtomicCell;
 use crate::clock::Nanos;
 use crate::decision::Decision;
@@ -62,7 +62,16 @@ impl Gcra {
     }
 }
 
+/// What GCRA's CAS step found: the outcome, the TAT it started from and the TAT after.
+#[derive(Debug, Clone, Copy)]
+pub struct GcraVerdict {
+    outcome: Outcome,
+    start: Nanos,
+    end: Nanos,
+}
+
 impl Algorithm for Gcra {
+    type Verdict = GcraVerdict;
     type State = u64;
     type Cell = AtomicCell;
 
@@ -71,25 +80,53 @@ impl Algorithm for Gcra {
     }
 
     #[inline]
-    fn decide(&self, tat: &mut u64, n: u64, now: Nanos) -> Decision {
-        let limit = self.quota.limit();
+    fn step(&self, tat: &mut u64, n: u64, now: Nanos) -> GcraVerdict {
         let start = (*tat).max(now);
-        let horizon = now.saturating_add(self.tolerance);
-        let remaining_at = |t: Nanos| horizon.saturating_sub(t) / self.interval;
         let need = units_to_check(n);
         if need > self.burst {
-            return Decision::never(limit, remaining_at(start), start - now);
+            return GcraVerdict {
+                outcome: Outcome::Never,
+                start,
+                end: start,
+            };
         }
         // need ≤ burst, so need·T ≤ tolerance ≤ u64::MAX / 4: no overflow.
         let new_tat = start.saturating_add(need * self.interval);
-        if new_tat > horizon {
-            return Decision::deny(limit, remaining_at(start), new_tat - horizon, start - now);
+        if new_tat > now.saturating_add(self.tolerance) {
+            return GcraVerdict {
+                outcome: Outcome::Denied,
+                start,
+                end: new_tat,
+            };
         }
-        let after = if n == 0 { start } else { new_tat };
+        let end = if n == 0 { start } else { new_tat };
         if n > 0 {
-            *tat = new_tat;
+            *tat = end;
         }
-        Decision::allow(limit, remaining_at(after), after - now, 0)
+        GcraVerdict {
+            outcome: Outcome::Allowed,
+            start,
+            end,
+        }
+    }
+
+    #[inline]
+    fn finish(&self, v: GcraVerdict, _n: u64, now: Nanos) -> Decision {
+        let limit = self.quota.limit();
+        let horizon = now.saturating_add(self.tolerance);
+        // remaining = ⌊(horizon − TAT) / T⌋, divided lazily by the decision.
+        let span = |t: Nanos| horizon.saturating_sub(t);
+        let d = match v.outcome {
+            Outcome::Never => Decision::never(limit, 0, v.start - now),
+            Outcome::Denied => Decision::deny(limit, 0, v.end - horizon, v.start - now),
+            Outcome::Allowed => Decision::allow(limit, 0, v.end - now, 0),
+        };
+        let at = if v.outcome == Outcome::Allowed {
+            v.end
+        } else {
+            v.start
+        };
+        d.with_remaining_span(span(at), self.interval)
     }
 
     fn is_idle(&self, tat: &u64, now: Nanos) -> bool {

@@ -1,12 +1,14 @@
 //! [`KeyedLimiter`]: one limiter per key (user, IP, tenant) with a hard cap on live keys.
 //!
-//! Keys live in a fixed number of shards, each a mutex over an open-addressing index
-//! (`hashbrown::HashTable` of slot numbers) and a slot array. A shard holds at most
-//! `max_keys / shards` keys. When a new key arrives at a full shard, a bounded CLOCK sweep (at
-//! most [`EVICTION_SCAN`] slots) picks a victim: a key whose state equals a fresh limiter's first
-//! (dropping it loses nothing), else a key not used since the hand last passed, else the oldest
-//! slot scanned. No call is O(number of keys) and memory never grows past the cap. The hasher is
-//! seeded per process (foldhash), so chosen keys cannot flood one bucket.
+//! Keys live in a fixed number of shards, each a mutex over an open-addressing table with linear
+//! probing whose slots hold the key and its state inline, so a lookup usually touches one cache
+//! line (governor's DashMap touches a control group, a bucket and a lock). A shard holds at most
+//! `max_keys / shards` keys and its table is at most 3/4 full. When a new key arrives at a full
+//! shard, a bounded CLOCK sweep (at most [`EVICTION_SCAN`] keys) picks a victim: a key whose
+//! state equals a fresh limiter's first (dropping it loses nothing), else a key not used since
+//! the hand last passed, else the first key scanned. No call is O(number of keys); memory never
+//! grows past the cap (tables grow by doubling up to their final size, rehashing one shard).
+//! The hasher is seeded per process (foldhash), so chosen keys cannot be aimed at one slot.
 //!
 //! Limits can change at runtime ([`KeyedLimiter::set_algorithm`], per-key
 //! [`KeyedLimiter::set_override`]) without losing the keys' state: the parameters live beside
@@ -14,10 +16,10 @@
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
+use std::num::NonZeroU8;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use crate::algorithm::Algorithm;
@@ -25,7 +27,7 @@ use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 
-/// Slots examined at most when a full shard needs room.
+/// Keys examined at most when a full shard needs room.
 pub const EVICTION_SCAN: usize = 16;
 
 /// Shards used for large key caps (a power of two, several per core).
@@ -33,6 +35,9 @@ const MAX_SHARDS: usize = 64;
 
 /// Fewest keys per shard when the cap allows (small caps use one shard, so the cap is exact).
 const MIN_PER_SHARD: usize = 64;
+
+/// Initial table size of a shard.
+const INITIAL_SLOTS: usize = 16;
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -42,24 +47,159 @@ struct Config<K, A> {
     overrides: hashbrown::HashMap<K, A, Hasher>,
 }
 
-struct Slot<K, S> {
+/// Slot metadata: bit 7 always set (so it is non-zero and `Option<Entry>` costs no extra
+/// space), bit 6 = referenced since the CLOCK hand passed, bits 0–5 = a tag from the hash that
+/// rejects most mismatches without comparing keys.
+const META_BASE: u8 = 0x80;
+const REFERENCED: u8 = 0x40;
+const TAG_MASK: u8 = 0x3F;
+
+struct Entry<K, S> {
+    meta: NonZeroU8,
     key: K,
     state: S,
-    referenced: bool,
+}
+
+/// Linear-probing table of one shard.
+struct Table<K, S> {
+    slots: Vec<Option<Entry<K, S>>>,
+    len: usize,
+    hand: usize,
+}
+
+#[inline]
+fn tag_of(hash: u64) -> u8 {
+    (hash >> 8) as u8 & TAG_MASK
+}
+
+/// Home slot: the hash's high bits scaled to the table size (any size, not only powers of two).
+#[inline]
+fn home(hash: u64, slots: usize) -> usize {
+    ((u128::from(hash) * slots as u128) >> 64) as usize
+}
+
+impl<K: Hash + Eq, S> Table<K, S> {
+    fn new() -> Self {
+        Self {
+            slots: Vec::new(),
+            len: 0,
+            hand: 0,
+        }
+    }
+
+    #[inline]
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.slots.len() {
+            0
+        } else {
+            i + 1
+        }
+    }
+
+    /// `Ok(slot)` holding `key`, or `Err(empty slot)` where it would go. The table must have
+    /// at least one empty slot.
+    #[inline]
+    fn find<Q>(&self, hash: u64, key: &Q) -> Result<usize, usize>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let tag = tag_of(hash);
+        let mut i = home(hash, self.slots.len());
+        loop {
+            match &self.slots[i] {
+                None => return Err(i),
+                Some(e) if e.meta.get() & TAG_MASK == tag && e.key.borrow() == key => return Ok(i),
+                Some(_) => i = self.next(i),
+            }
+        }
+    }
+
+    /// Grows to the next size (doubling, capped at `max_slots`) and reinserts every key.
+    fn grow(&mut self, max_slots: usize, hasher: &Hasher) {
+        let size = (self.slots.len() * 2).clamp(INITIAL_SLOTS.min(max_slots), max_slots);
+        let old = std::mem::take(&mut self.slots);
+        self.slots.reserve_exact(size);
+        self.slots.resize_with(size, || None);
+        self.hand = 0;
+        for entry in old.into_iter().flatten() {
+            let mut i = home(hasher.hash_one(&entry.key), size);
+            while self.slots[i].is_some() {
+                i = self.next(i);
+            }
+            self.slots[i] = Some(entry);
+        }
+    }
+
+    /// Removes slot `i`, shifting later keys of its cluster back so lookups stay correct.
+    fn remove(&mut self, mut i: usize, hasher: &Hasher) {
+        self.slots[i] = None;
+        self.len -= 1;
+        let mut j = i;
+        loop {
+            j = self.next(j);
+            let Some(e) = &self.slots[j] else {
+                return;
+            };
+            let k = home(hasher.hash_one(&e.key), self.slots.len());
+            // Keep j in place if its home lies cyclically in (i, j].
+            let stays = if i <= j {
+                i < k && k <= j
+            } else {
+                i < k || k <= j
+            };
+            if !stays {
+                self.slots[i] = self.slots[j].take();
+                i = j;
+            }
+        }
+    }
+
+    /// Bounded CLOCK sweep: an idle key first, else one not referenced since the hand passed,
+    /// else the first key scanned. The table is not empty.
+    fn pick_victim(&mut self, mut is_idle: impl FnMut(&S) -> bool) -> usize {
+        let size = self.slots.len();
+        let mut i = self.hand % size;
+        let (mut seen, mut first, mut unreferenced) = (0, None, None);
+        for _ in 0..size {
+            if let Some(e) = &mut self.slots[i] {
+                if is_idle(&e.state) {
+                    first = Some(i);
+                    unreferenced = Some(i);
+                    break;
+                }
+                first.get_or_insert(i);
+                let meta = e.meta.get();
+                if meta & REFERENCED != 0 {
+                    e.meta = NonZeroU8::new(meta & !REFERENCED).unwrap_or(e.meta);
+                } else {
+                    unreferenced.get_or_insert(i);
+                }
+                seen += 1;
+                if seen == EVICTION_SCAN {
+                    break;
+                }
+            }
+            i = self.next(i);
+        }
+        let victim = unreferenced.or(first).unwrap_or(0);
+        self.hand = self.next(victim);
+        victim
+    }
 }
 
 struct Shard<K, A: Algorithm> {
     config: Arc<Config<K, A>>,
-    index: HashTable<u32>,
-    slots: Vec<Slot<K, A::State>>,
-    hand: usize,
+    table: Table<K, A::State>,
 }
 
 /// A rate limiter per key with bounded memory. `Send + Sync`.
 pub struct KeyedLimiter<K, A: Algorithm, C: Clock = MonotonicClock> {
     shards: Box<[Mutex<Shard<K, A>>]>,
-    shard_shift: u32,
+    shard_mask: usize,
     per_shard: usize,
+    /// Final table size of a shard: room for `per_shard` keys at most 3/4 full.
+    max_slots: usize,
     hasher: Hasher,
     clock: C,
     evictions: AtomicU64,
@@ -101,16 +241,15 @@ where
             .map(|_| {
                 Mutex::new(Shard {
                     config: config.clone(),
-                    index: HashTable::new(),
-                    slots: Vec::new(),
-                    hand: 0,
+                    table: Table::new(),
                 })
             })
             .collect();
         Ok(Self {
-            shard_shift: 64 - shards.len().trailing_zeros(),
+            shard_mask: shards.len() - 1,
             shards,
             per_shard,
+            max_slots: per_shard + per_shard.div_ceil(3) + 1,
             hasher: Hasher::default(),
             clock,
             evictions: AtomicU64::new(0),
@@ -135,12 +274,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let hash = self.hasher.hash_one(key);
-        let shard_no = if self.shard_shift >= 64 {
-            0
-        } else {
-            (hash >> self.shard_shift) as usize
-        };
-        let mut guard = self.shards[shard_no].lock();
+        let mut guard = self.shards[hash as usize & self.shard_mask].lock();
         let shard = &mut *guard;
         let config = &*shard.config;
         let algorithm = if config.overrides.is_empty() {
@@ -148,14 +282,14 @@ where
         } else {
             config.overrides.get(key).unwrap_or(&config.default)
         };
-        let slots = &shard.slots;
-        if let Some(&i) = shard
-            .index
-            .find(hash, |&i| slots[i as usize].key.borrow() == key)
-        {
-            let slot = &mut shard.slots[i as usize];
-            slot.referenced = true;
-            return algorithm.decide(&mut slot.state, n, now);
+        let table = &mut shard.table;
+        if table.len > 0 {
+            if let Ok(i) = table.find(hash, key) {
+                if let Some(e) = &mut table.slots[i] {
+                    e.meta = NonZeroU8::new(e.meta.get() | REFERENCED).unwrap_or(e.meta);
+                    return algorithm.decide(&mut e.state, n, now);
+                }
+            }
         }
         // New key: decide on a fresh state first; a peek or a denial need not be stored.
         let mut state = algorithm.initial_state(now);
@@ -163,71 +297,30 @@ where
         if algorithm.is_idle(&state, now) {
             return decision;
         }
-        let slot = Slot {
-            key: key.to_owned(),
-            state,
-            referenced: true,
-        };
-        if shard.slots.len() < self.per_shard {
-            if shard.slots.len() == shard.slots.capacity() {
-                let want = (shard.slots.len() * 2).max(8).min(self.per_shard);
-                shard.slots.reserve_exact(want - shard.slots.len());
-            }
-            let i = shard.slots.len() as u32;
-            shard.slots.push(slot);
-            let slots = &shard.slots;
-            shard
-                .index
-                .insert_unique(hash, i, |&j| self.hasher.hash_one(&slots[j as usize].key));
-        } else {
-            let victim = Self::pick_victim(&mut shard.slots, &mut shard.hand, now, algorithm);
-            let old_hash = self.hasher.hash_one(&shard.slots[victim].key);
-            if let Ok(entry) = shard.index.find_entry(old_hash, |&j| j as usize == victim) {
-                entry.remove();
-            }
-            shard.slots[victim] = slot;
-            let slots = &shard.slots;
-            shard.index.insert_unique(hash, victim as u32, |&j| {
-                self.hasher.hash_one(&slots[j as usize].key)
-            });
+        if table.len >= self.per_shard {
+            let victim = table.pick_victim(|s| algorithm.is_idle(s, now));
+            table.remove(victim, &self.hasher);
             self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        // Keep at least a quarter of the slots empty.
+        if (table.len + 1) * 4 > table.slots.len() * 3 && table.slots.len() < self.max_slots {
+            table.grow(self.max_slots, &self.hasher);
+        }
+        if let Err(i) = table.find(hash, key) {
+            table.slots[i] = Some(Entry {
+                meta: NonZeroU8::new(META_BASE | REFERENCED | tag_of(hash))
+                    .unwrap_or(NonZeroU8::MIN),
+                key: key.to_owned(),
+                state,
+            });
+            table.len += 1;
         }
         decision
     }
 
-    /// Bounded CLOCK sweep: an idle key first, else one not referenced since the hand passed,
-    /// else the first slot scanned.
-    fn pick_victim(
-        slots: &mut [Slot<K, A::State>],
-        hand: &mut usize,
-        now: Nanos,
-        algorithm: &A,
-    ) -> usize {
-        let len = slots.len();
-        let start = *hand % len;
-        let mut unreferenced = None;
-        let mut chosen = None;
-        let scan = EVICTION_SCAN.min(len);
-        for step in 0..scan {
-            let i = (start + step) % len;
-            let slot = &mut slots[i];
-            if algorithm.is_idle(&slot.state, now) {
-                chosen = Some(i);
-                break;
-            }
-            if !slot.referenced && unreferenced.is_none() {
-                unreferenced = Some(i);
-            }
-            slot.referenced = false;
-        }
-        let victim = chosen.or(unreferenced).unwrap_or(start);
-        *hand = (victim + 1) % len;
-        victim
-    }
-
     /// Live keys (sums the shards).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().slots.len()).sum()
+        self.shards.iter().map(|s| s.lock().table.len).sum()
     }
 
     /// True when no key is tracked.

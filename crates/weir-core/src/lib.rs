@@ -19,11 +19,11 @@
 //! let clock = ManualClock::new(0);
 //! let gcra = Gcra::new(Quota::new(10, Duration::from_secs(1)).unwrap(), 2).unwrap();
 //! let limiter = Limiter::with_clock(gcra, &clock);
-//! assert!(limiter.acquire(1).allowed);
-//! assert!(limiter.acquire(1).allowed);
+//! assert!(limiter.acquire(1).allowed());
+//! assert!(limiter.acquire(1).allowed());
 //! let denied = limiter.acquire(1);
-//! assert!(!denied.allowed);
-//! assert_eq!(denied.retry_after, Some(Duration::from_millis(100)));
+//! assert!(!denied.allowed());
+//! assert_eq!(denied.retry_after(), Some(Duration::from_millis(100)));
 //! ```
 
 #![warn(missing_docs)]
@@ -33,6 +33,7 @@ pub mod cell;
 pub mod clock;
 pub mod concurrency;
 pub mod decision;
+pub mod divide;
 pub mod error;
 pub mod fixed_window;
 pub mod gcra;

@@ -42,8 +42,10 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// Asks for `n` units at an explicit time.
     #[inline]
     pub fn acquire_at(&self, n: u64, now: Nanos) -> Decision {
-        self.state
-            .update(|state| self.algorithm.decide(state, n, now))
+        let verdict = self
+            .state
+            .update(|state| self.algorithm.step(state, n, now));
+        self.algorithm.finish(verdict, n, now)
     }
 
     /// Whether the limiter is idle (as if fresh) now.
@@ -65,10 +67,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// Runs `step` with the algorithm and the state atomically: for algorithm-specific calls such
     /// as a token bucket's reservation with its own maximum wait.
     #[inline]
-    pub(crate) fn update_with(
-        &self,
-        mut step: impl FnMut(&A, &mut A::State) -> Decision,
-    ) -> Decision {
+    pub(crate) fn update_with<V>(&self, mut step: impl FnMut(&A, &mut A::State) -> V) -> V {
         self.state.update(|s| step(&self.algorithm, s))
     }
 

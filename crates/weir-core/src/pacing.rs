@@ -13,10 +13,11 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{units_to_check, Algorithm, Quota};
+use crate::algorithm::{units_to_check, Algorithm, Outcome, Quota};
 use crate::cell::AtomicCell;
 use crate::clock::{duration_to_nanos, Clock, Nanos};
 use crate::decision::Decision;
+use crate::divide::Divisor;
 use crate::error::ConfigError;
 use crate::limiter::Limiter;
 
@@ -25,6 +26,7 @@ use crate::limiter::Limiter;
 pub struct Pacing {
     quota: Quota,
     interval: Nanos,
+    interval_div: Divisor,
     max_wait: Nanos,
 }
 
@@ -42,6 +44,7 @@ impl Pacing {
         Ok(Self {
             quota,
             interval,
+            interval_div: Divisor::new(interval),
             max_wait: duration_to_nanos(max_wait),
         })
     }
@@ -56,38 +59,56 @@ impl Pacing {
         Duration::from_nanos(self.max_wait)
     }
 
+    /// The state step with an explicit maximum wait.
+    #[inline]
+    pub fn step_within(
+        &self,
+        next: &mut u64,
+        n: u64,
+        now: Nanos,
+        max_wait: Nanos,
+    ) -> PacingVerdict {
+        let leave = (*next).max(now);
+        let mut v = PacingVerdict {
+            outcome: Outcome::Never,
+            leave,
+            end: leave,
+            max_wait,
+        };
+        if units_to_check(n) > self.quota.limit() {
+            return v;
+        }
+        if leave - now > max_wait {
+            v.outcome = Outcome::Denied;
+            return v;
+        }
+        v.outcome = Outcome::Allowed;
+        if n > 0 {
+            v.end = leave.saturating_add(n * self.interval);
+            *next = v.end;
+        }
+        v
+    }
+
     /// The decision step with an explicit maximum wait.
     #[inline]
     pub fn decide_within(&self, next: &mut u64, n: u64, now: Nanos, max_wait: Nanos) -> Decision {
-        let limit = self.quota.limit();
-        let leave = (*next).max(now);
-        // Single units that could join the queue now.
-        let room = |leave: Nanos| {
-            let slack = now.saturating_add(max_wait).saturating_sub(leave);
-            if now.saturating_add(max_wait) < leave {
-                0
-            } else {
-                (slack / self.interval).saturating_add(1).min(limit)
-            }
-        };
-        let need = units_to_check(n);
-        if need > limit {
-            return Decision::never(limit, room(leave), leave - now);
-        }
-        let wait = leave - now;
-        if wait > max_wait {
-            return Decision::deny(limit, room(leave), wait - max_wait, wait);
-        }
-        if n == 0 {
-            return Decision::allow(limit, room(leave), wait, wait);
-        }
-        let after = leave.saturating_add(n * self.interval);
-        *next = after;
-        Decision::allow(limit, room(after), after - now, wait)
+        let v = self.step_within(next, n, now, max_wait);
+        self.finish(v, n, now)
     }
 }
 
+/// What the pacing CAS step found.
+#[derive(Debug, Clone, Copy)]
+pub struct PacingVerdict {
+    outcome: Outcome,
+    leave: Nanos,
+    end: Nanos,
+    max_wait: Nanos,
+}
+
 impl Algorithm for Pacing {
+    type Verdict = PacingVerdict;
     type State = u64;
     type Cell = AtomicCell;
 
@@ -96,8 +117,25 @@ impl Algorithm for Pacing {
     }
 
     #[inline]
-    fn decide(&self, next: &mut u64, n: u64, now: Nanos) -> Decision {
-        self.decide_within(next, n, now, self.max_wait)
+    fn step(&self, next: &mut u64, n: u64, now: Nanos) -> PacingVerdict {
+        self.step_within(next, n, now, self.max_wait)
+    }
+
+    #[inline]
+    fn finish(&self, v: PacingVerdict, _n: u64, now: Nanos) -> Decision {
+        let limit = self.quota.limit();
+        let deadline = now.saturating_add(v.max_wait);
+        // Single units that could join the queue now.
+        let room = |leave: Nanos| match deadline.checked_sub(leave) {
+            Some(slack) => self.interval_div.div(slack).saturating_add(1).min(limit),
+            None => 0,
+        };
+        let wait = v.leave - now;
+        match v.outcome {
+            Outcome::Never => Decision::never(limit, room(v.leave), wait),
+            Outcome::Denied => Decision::deny(limit, room(v.leave), wait - v.max_wait, wait),
+            Outcome::Allowed => Decision::allow(limit, room(v.end), v.end - now, wait),
+        }
     }
 
     fn is_idle(&self, next: &u64, now: Nanos) -> bool {
@@ -118,7 +156,8 @@ impl<C: Clock> Limiter<Pacing, C> {
     pub fn try_acquire_within(&self, n: u64, max_wait: Duration) -> Decision {
         let now = self.clock().now();
         let max_wait = duration_to_nanos(max_wait);
-        self.update_with(|a, s| a.decide_within(s, n, now, max_wait))
+        let verdict = self.update_with(|a, s| a.step_within(s, n, now, max_wait));
+        self.algorithm().finish(verdict, n, now)
     }
 
     /// Admits `n` units and sleeps (tokio) until their slot; returns the decision, denied
@@ -126,8 +165,8 @@ impl<C: Clock> Limiter<Pacing, C> {
     #[cfg(feature = "tokio")]
     pub async fn acquire_paced(&self, n: u64) -> Decision {
         let decision = self.acquire(n);
-        if decision.allowed && !decision.wait.is_zero() {
-            tokio::time::sleep(decision.wait).await;
+        if decision.allowed() && !decision.wait().is_zero() {
+            tokio::time::sleep(decision.wait()).await;
         }
         decision
     }

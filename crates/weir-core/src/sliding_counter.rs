@@ -14,12 +14,14 @@ use crate::algorithm::{units_to_check, Algorithm, Quota};
 use crate::cell::MutexCell;
 use crate::clock::Nanos;
 use crate::decision::Decision;
+use crate::divide::Divisor;
 use crate::error::ConfigError;
 
 /// Sliding window counter parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlidingCounter {
     quota: Quota,
+    window_div: Divisor,
 }
 
 /// Window index with the previous and current window's counts.
@@ -33,13 +35,16 @@ pub struct SlidingCounterState {
 impl SlidingCounter {
     /// A sliding window counter for `quota`.
     pub fn new(quota: Quota) -> Result<Self, ConfigError> {
-        Ok(Self { quota })
+        Ok(Self {
+            quota,
+            window_div: Divisor::new(quota.window_nanos()),
+        })
     }
 
     /// The state rolled forward to the window of `now`.
     #[inline]
     fn rolled(&self, s: SlidingCounterState, now: Nanos) -> SlidingCounterState {
-        let index = now / self.quota.window_nanos();
+        let index = self.window_div.div(now);
         if index <= s.index {
             // Same window (or a clock that read earlier: treat as no time passed).
             s
@@ -66,13 +71,22 @@ impl SlidingCounter {
             <= u128::from(self.quota.limit()) * w
     }
 
-    /// Units that fit now.
+    /// Units that fit now: `limit − cur − ceil(prev · (w − e) / w)`.
     #[inline]
     fn remaining(&self, prev: u64, cur: u64, e: u64) -> u64 {
-        let w = u128::from(self.quota.window_nanos());
-        let budget = u128::from(self.quota.limit()) * w;
-        let used = u128::from(prev) * (w - u128::from(e)) + u128::from(cur) * w;
-        u64::try_from(budget.saturating_sub(used) / w).unwrap_or(u64::MAX)
+        let w = self.quota.window_nanos();
+        let weighted = u128::from(prev) * u128::from(w - e);
+        let carried = match u64::try_from(weighted) {
+            Ok(x) => {
+                let (q, r) = self.window_div.div_rem(x);
+                q + u64::from(r > 0)
+            }
+            Err(_) => u64::try_from(weighted.div_ceil(u128::from(w))).unwrap_or(u64::MAX),
+        };
+        self.quota
+            .limit()
+            .saturating_sub(cur)
+            .saturating_sub(carried)
     }
 
     /// The smallest offset e' in a window with counts (prev, cur) at which `need` fits, if any
@@ -93,17 +107,18 @@ impl SlidingCounter {
 
 impl Algorithm for SlidingCounter {
     type State = SlidingCounterState;
+    type Verdict = Decision;
     type Cell = MutexCell<SlidingCounterState>;
 
     fn initial_state(&self, now: Nanos) -> SlidingCounterState {
         SlidingCounterState {
-            index: now / self.quota.window_nanos(),
+            index: self.window_div.div(now),
             prev: 0,
             cur: 0,
         }
     }
 
-    fn decide(&self, state: &mut SlidingCounterState, n: u64, now: Nanos) -> Decision {
+    fn step(&self, state: &mut SlidingCounterState, n: u64, now: Nanos) -> Decision {
         let limit = self.quota.limit();
         let w = self.quota.window_nanos();
         let s = self.rolled(*state, now);
@@ -149,6 +164,11 @@ impl Algorithm for SlidingCounter {
             *state = s;
         }
         Decision::allow(limit, self.remaining(s.prev, s.cur, e), reset(&s), 0)
+    }
+
+    #[inline]
+    fn finish(&self, decision: Decision, _n: u64, _now: Nanos) -> Decision {
+        decision
     }
 
     fn is_idle(&self, state: &SlidingCounterState, now: Nanos) -> bool {

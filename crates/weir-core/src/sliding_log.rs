@@ -83,13 +83,14 @@ impl SlidingLog {
 
 impl Algorithm for SlidingLog {
     type State = SlidingLogState;
+    type Verdict = Decision;
     type Cell = MutexCell<SlidingLogState>;
 
     fn initial_state(&self, _now: Nanos) -> SlidingLogState {
         SlidingLogState::default()
     }
 
-    fn decide(&self, state: &mut SlidingLogState, n: u64, now: Nanos) -> Decision {
+    fn step(&self, state: &mut SlidingLogState, n: u64, now: Nanos) -> Decision {
         let limit = self.quota.limit();
         let w = self.quota.window_nanos();
         self.prune(state, now);
@@ -125,6 +126,11 @@ impl Algorithm for SlidingLog {
         }
         let live = state.total - state.expired;
         Decision::allow(limit, limit.saturating_sub(live), reset(state), 0)
+    }
+
+    #[inline]
+    fn finish(&self, decision: Decision, _n: u64, _now: Nanos) -> Decision {
+        decision
     }
 
     fn is_idle(&self, state: &SlidingLogState, now: Nanos) -> bool {

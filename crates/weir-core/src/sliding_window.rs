@@ -18,6 +18,7 @@ use crate::algorithm::{units_to_check, Algorithm, Quota};
 use crate::cell::MutexCell;
 use crate::clock::Nanos;
 use crate::decision::Decision;
+use crate::divide::Divisor;
 use crate::error::ConfigError;
 
 /// Default number of buckets: keeps the smooth-traffic boundary overshoot ≤ 10 %.
@@ -31,6 +32,7 @@ pub struct SlidingWindow {
     quota: Quota,
     buckets: u32,
     bucket_ns: Nanos,
+    bucket_div: Divisor,
 }
 
 /// One bucket: which bucket index it holds and its count.
@@ -70,6 +72,7 @@ impl SlidingWindow {
             quota,
             buckets,
             bucket_ns,
+            bucket_div: Divisor::new(bucket_ns),
         })
     }
 
@@ -86,9 +89,13 @@ impl SlidingWindow {
         cur: u64,
     ) -> impl Iterator<Item = (u64, u64)> + 'a {
         let b = u64::from(self.buckets);
+        // The oldest bucket of the window sits in the slot after the current one.
+        let mut slot = ((cur % b) + 1) % b;
         (1..=b).filter_map(move |j| {
+            let here = slot as usize;
+            slot = if slot + 1 == b { 0 } else { slot + 1 };
             let index = (cur + j).checked_sub(b)?;
-            let bucket = state.ring[(index % b) as usize];
+            let bucket = state.ring[here];
             (bucket.index == index && bucket.count > 0).then_some((index, bucket.count))
         })
     }
@@ -96,6 +103,7 @@ impl SlidingWindow {
 
 impl Algorithm for SlidingWindow {
     type State = SlidingWindowState;
+    type Verdict = Decision;
     type Cell = MutexCell<SlidingWindowState>;
 
     fn initial_state(&self, _now: Nanos) -> SlidingWindowState {
@@ -104,10 +112,13 @@ impl Algorithm for SlidingWindow {
         }
     }
 
-    fn decide(&self, state: &mut SlidingWindowState, n: u64, now: Nanos) -> Decision {
+    fn step(&self, state: &mut SlidingWindowState, n: u64, now: Nanos) -> Decision {
         let limit = self.quota.limit();
         let b = u64::from(self.buckets);
-        let cur = now / self.bucket_ns;
+        // A `now` slightly behind the newest bucket (another thread's clock read) counts as
+        // the newest bucket's time: never drop buckets that are newer than `now`.
+        let newest_stored = state.ring.iter().map(|b| b.index).max().unwrap_or(0);
+        let cur = self.bucket_div.div(now).max(newest_stored);
         let (mut sum, mut newest) = (0u64, None);
         for (index, count) in self.live(state, cur) {
             sum = sum.saturating_add(count);
@@ -153,8 +164,15 @@ impl Algorithm for SlidingWindow {
         Decision::allow(limit, limit.saturating_sub(sum), reset_at(newest), 0)
     }
 
+    #[inline]
+    fn finish(&self, decision: Decision, _n: u64, _now: Nanos) -> Decision {
+        decision
+    }
+
     fn is_idle(&self, state: &SlidingWindowState, now: Nanos) -> bool {
-        self.live(state, now / self.bucket_ns).next().is_none()
+        let newest_stored = state.ring.iter().map(|b| b.index).max().unwrap_or(0);
+        let cur = self.bucket_div.div(now).max(newest_stored);
+        self.live(state, cur).next().is_none()
     }
 
     fn limit(&self) -> u64 {

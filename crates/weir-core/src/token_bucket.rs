@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{units_to_check, Algorithm, Quota};
+use crate::algorithm::{units_to_check, Algorithm, Outcome, Quota};
 use crate::cell::AtomicCell;
 use crate::clock::{duration_to_nanos, Clock, Nanos};
 use crate::decision::Decision;
@@ -86,6 +86,40 @@ impl TokenBucket {
         self.burst
     }
 
+    /// The state step with an explicit maximum wait.
+    #[inline]
+    pub fn step_within(
+        &self,
+        full_at: &mut u64,
+        n: u64,
+        now: Nanos,
+        max_wait: Nanos,
+    ) -> TokenBucketVerdict {
+        let start = (*full_at).max(now);
+        let need = units_to_check(n);
+        let mut v = TokenBucketVerdict {
+            outcome: Outcome::Never,
+            start,
+            end: start,
+            wait: 0,
+            max_wait,
+        };
+        if need > self.burst {
+            return v;
+        }
+        v.wait = start.saturating_sub(self.capacity_ns).saturating_sub(now);
+        if v.wait > max_wait {
+            v.outcome = Outcome::Denied;
+            return v;
+        }
+        v.outcome = Outcome::Allowed;
+        if n > 0 {
+            v.end = start.saturating_add(n * self.interval);
+            *full_at = v.end;
+        }
+        v
+    }
+
     /// The decision step with an explicit maximum wait.
     #[inline]
     pub fn decide_within(
@@ -95,31 +129,23 @@ impl TokenBucket {
         now: Nanos,
         max_wait: Nanos,
     ) -> Decision {
-        let limit = self.quota.limit();
-        let start = (*full_at).max(now);
-        let stored =
-            |f: Nanos| now.saturating_add(self.capacity_ns).saturating_sub(f) / self.interval;
-        let need = units_to_check(n);
-        if need > self.burst {
-            return Decision::never(limit, stored(start), start - now);
-        }
-        let wait = start.saturating_sub(self.capacity_ns).saturating_sub(now);
-        if wait > max_wait {
-            return Decision::deny(limit, stored(start), wait - max_wait, start - now);
-        }
-        let after = if n == 0 {
-            start
-        } else {
-            start.saturating_add(n * self.interval)
-        };
-        if n > 0 {
-            *full_at = after;
-        }
-        Decision::allow(limit, stored(after), after - now, wait)
+        let v = self.step_within(full_at, n, now, max_wait);
+        self.finish(v, n, now)
     }
 }
 
+/// What the token bucket's CAS step found.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBucketVerdict {
+    outcome: Outcome,
+    start: Nanos,
+    end: Nanos,
+    wait: Nanos,
+    max_wait: Nanos,
+}
+
 impl Algorithm for TokenBucket {
+    type Verdict = TokenBucketVerdict;
     type State = u64;
     type Cell = AtomicCell;
 
@@ -132,8 +158,24 @@ impl Algorithm for TokenBucket {
     }
 
     #[inline]
-    fn decide(&self, full_at: &mut u64, n: u64, now: Nanos) -> Decision {
-        self.decide_within(full_at, n, now, self.max_wait)
+    fn step(&self, full_at: &mut u64, n: u64, now: Nanos) -> TokenBucketVerdict {
+        self.step_within(full_at, n, now, self.max_wait)
+    }
+
+    #[inline]
+    fn finish(&self, v: TokenBucketVerdict, _n: u64, now: Nanos) -> Decision {
+        let limit = self.quota.limit();
+        // Stored permits = ⌊(now + capacity − F) / I⌋, divided lazily by the decision.
+        let span = |f: Nanos| now.saturating_add(self.capacity_ns).saturating_sub(f);
+        let (d, at) = match v.outcome {
+            Outcome::Never => (Decision::never(limit, 0, v.start - now), v.start),
+            Outcome::Denied => (
+                Decision::deny(limit, 0, v.wait - v.max_wait, v.start - now),
+                v.start,
+            ),
+            Outcome::Allowed => (Decision::allow(limit, 0, v.end - now, v.wait), v.end),
+        };
+        d.with_remaining_span(span(at), self.interval)
     }
 
     fn is_idle(&self, full_at: &u64, now: Nanos) -> bool {
@@ -155,7 +197,8 @@ impl<C: Clock> Limiter<TokenBucket, C> {
     pub fn try_acquire_within(&self, n: u64, max_wait: Duration) -> Decision {
         let now = self.clock().now();
         let max_wait = duration_to_nanos(max_wait);
-        self.update_with(|a, s| a.decide_within(s, n, now, max_wait))
+        let verdict = self.update_with(|a, s| a.step_within(s, n, now, max_wait));
+        self.algorithm().finish(verdict, n, now)
     }
 
     /// Guava's `reserve(n)` / `acquire(n)` without sleeping: always granted (unless n exceeds the

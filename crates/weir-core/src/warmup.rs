@@ -173,6 +173,7 @@ impl WarmupTokenBucket {
 
 impl Algorithm for WarmupTokenBucket {
     type State = WarmupState;
+    type Verdict = Decision;
     type Cell = MutexCell<WarmupState>;
 
     fn initial_state(&self, now: Nanos) -> WarmupState {
@@ -182,8 +183,13 @@ impl Algorithm for WarmupTokenBucket {
         }
     }
 
-    fn decide(&self, state: &mut WarmupState, n: u64, now: Nanos) -> Decision {
+    fn step(&self, state: &mut WarmupState, n: u64, now: Nanos) -> Decision {
         self.decide_within(state, n, now, self.max_wait)
+    }
+
+    #[inline]
+    fn finish(&self, decision: Decision, _n: u64, _now: Nanos) -> Decision {
+        decision
     }
 
     fn is_idle(&self, state: &WarmupState, now: Nanos) -> bool {

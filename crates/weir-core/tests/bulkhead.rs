@@ -11,15 +11,15 @@ fn at_most_n_in_flight_and_released_on_drop() {
     let a = limiter.try_acquire(1).unwrap();
     let b = limiter.try_acquire(1).unwrap();
     let denied = limiter.try_acquire(1).unwrap_err();
-    assert!(!denied.allowed);
-    assert_eq!((denied.limit, denied.remaining), (2, 0));
+    assert!(!denied.allowed());
+    assert_eq!((denied.limit(), denied.remaining()), (2, 0));
     assert!(limiter.try_acquire(3).unwrap_err().is_never());
     drop(a);
     assert_eq!(limiter.in_flight(), 1);
     let _c = limiter.try_acquire(1).unwrap();
     drop(b);
     assert_eq!(limiter.in_flight(), 1);
-    assert!(limiter.peek(1).allowed);
+    assert!(limiter.peek(1).allowed());
 }
 
 #[test]

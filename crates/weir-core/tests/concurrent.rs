@@ -27,7 +27,7 @@ fn concurrent<A: Algorithm + Clone>(alg: A, tick: Duration) -> Vec<u64> {
                 for t in 0..TICKS {
                     barrier.wait();
                     for _ in 0..PER_THREAD_PER_TICK {
-                        if limiter.acquire(1).allowed {
+                        if limiter.acquire(1).allowed() {
                             counts[t].fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -53,7 +53,7 @@ fn sequential<A: Algorithm + Clone>(alg: A, tick: Duration) -> Vec<u64> {
     (0..TICKS)
         .map(|_| {
             let admitted = (0..THREADS * PER_THREAD_PER_TICK)
-                .filter(|_| limiter.acquire(1).allowed)
+                .filter(|_| limiter.acquire(1).allowed())
                 .count() as u64;
             clock.advance(tick);
             admitted
@@ -95,8 +95,8 @@ fn pacing_slots_are_unique_under_contention() {
             std::thread::spawn(move || {
                 (0..500)
                     .map(|_| limiter.acquire(1))
-                    .filter(|d| d.allowed)
-                    .map(|d| d.wait.as_nanos())
+                    .filter(|d| d.allowed())
+                    .map(|d| d.wait().as_nanos())
                     .collect::<Vec<_>>()
             })
         })

@@ -15,17 +15,17 @@ fn smooth_bursty_create_5() {
     let limiter = Limiter::with_clock(TokenBucket::guava(5).unwrap(), &clock);
     // acquire(5): no wait (the bucket pays later).
     let d = limiter.reserve(5);
-    assert!(d.allowed);
-    assert_eq!(d.wait, Duration::ZERO);
+    assert!(d.allowed());
+    assert_eq!(d.wait(), Duration::ZERO);
     // The next acquire(1) pays the 5 permits' debt: 1 s.
     let d = limiter.reserve(1);
-    assert_eq!(d.wait, Duration::from_secs(1));
-    clock.advance(d.wait);
+    assert_eq!(d.wait(), Duration::from_secs(1));
+    clock.advance(d.wait());
     // Then 0.2 s each.
     for _ in 0..5 {
         let d = limiter.reserve(1);
-        assert_eq!(d.wait, Duration::from_millis(200));
-        clock.advance(d.wait);
+        assert_eq!(d.wait(), Duration::from_millis(200));
+        clock.advance(d.wait());
     }
 }
 
@@ -35,24 +35,24 @@ fn smooth_bursty_stores_up_to_one_second_of_permits() {
     let limiter = Limiter::with_clock(TokenBucket::guava(5).unwrap(), &clock);
     clock.advance(Duration::from_secs(10)); // idle: store at most 5
     for _ in 0..5 {
-        assert_eq!(limiter.reserve(1).wait, Duration::ZERO);
+        assert_eq!(limiter.reserve(1).wait(), Duration::ZERO);
     }
-    assert_eq!(limiter.reserve(1).wait, Duration::ZERO); // taken on credit
-    assert_eq!(limiter.reserve(1).wait, Duration::from_millis(200));
+    assert_eq!(limiter.reserve(1).wait(), Duration::ZERO); // taken on credit
+    assert_eq!(limiter.reserve(1).wait(), Duration::from_millis(200));
 }
 
 #[test]
 fn try_acquire_with_timeout_is_guava_can_acquire() {
     let clock = ManualClock::new(0);
     let limiter = Limiter::with_clock(TokenBucket::guava(5).unwrap(), &clock);
-    assert!(limiter.try_acquire_within(1, Duration::ZERO).allowed);
+    assert!(limiter.try_acquire_within(1, Duration::ZERO).allowed());
     // Debt of 200 ms now: a zero timeout fails, 200 ms succeeds.
     let d = limiter.try_acquire_within(1, Duration::ZERO);
-    assert!(!d.allowed);
-    assert_eq!(d.retry_after, Some(Duration::from_millis(200)));
+    assert!(!d.allowed());
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(200)));
     let d = limiter.try_acquire_within(1, Duration::from_millis(200));
-    assert!(d.allowed);
-    assert_eq!(d.wait, Duration::from_millis(200));
+    assert!(d.allowed());
+    assert_eq!(d.wait(), Duration::from_millis(200));
 }
 
 /// Guava's RateLimiterTest#testWarmUp: create(2 per second, 4 s warm-up): eight acquires wait
@@ -73,11 +73,11 @@ fn smooth_warming_up_documented_intervals() {
         for (i, want) in expected.iter().enumerate() {
             let d = limiter.reserve(1);
             assert!(
-                (ms(d.wait) - want).abs() < 0.001,
+                (ms(d.wait()) - want).abs() < 0.001,
                 "round {round} acquire #{i}: waited {} ms, Guava {want} ms",
-                ms(d.wait)
+                ms(d.wait())
             );
-            clock.advance(d.wait);
+            clock.advance(d.wait());
         }
         // Guava sleeps 500 ms (the last wait) + 4 s to get cold again.
         clock.advance(Duration::from_millis(4500));
@@ -94,7 +94,7 @@ fn warmup_starts_at_a_third_of_the_rate() {
     let limiter = Limiter::with_clock(alg, &clock);
     let mut first_second = 0;
     for _ in 0..1000 {
-        if limiter.acquire(1).allowed {
+        if limiter.acquire(1).allowed() {
             first_second += 1;
         }
         clock.advance(Duration::from_millis(1));
@@ -108,7 +108,7 @@ fn warmup_starts_at_a_third_of_the_rate() {
     }
     let mut warm = 0;
     for _ in 0..1000 {
-        if limiter.acquire(1).allowed {
+        if limiter.acquire(1).allowed() {
             warm += 1;
         }
         clock.advance(Duration::from_millis(1));

@@ -12,9 +12,9 @@ fn gcra(limit: u64) -> Gcra {
 fn keys_are_independent() {
     let clock = ManualClock::new(0);
     let keyed = KeyedLimiter::<String, _, _>::with_clock(gcra(2), 100, &clock).unwrap();
-    assert!(keyed.acquire("a", 2).allowed);
-    assert!(!keyed.acquire("a", 1).allowed);
-    assert!(keyed.acquire("b", 2).allowed);
+    assert!(keyed.acquire("a", 2).allowed());
+    assert!(!keyed.acquire("a", 1).allowed());
+    assert!(keyed.acquire("b", 2).allowed());
     assert_eq!(keyed.len(), 2);
 }
 
@@ -23,7 +23,7 @@ fn cap_is_never_exceeded_and_evictions_are_counted() {
     let clock = ManualClock::new(0);
     let keyed = KeyedLimiter::<u64, _, _>::with_clock(gcra(10), 1000, &clock).unwrap();
     for k in 0..50_000u64 {
-        assert!(keyed.acquire(&k, 1).allowed);
+        assert!(keyed.acquire(&k, 1).allowed());
         assert!(keyed.len() <= 1000);
     }
     assert!(keyed.len() <= keyed.capacity());
@@ -39,16 +39,16 @@ fn idle_keys_are_evicted_before_busy_ones() {
     assert_eq!(keyed.capacity(), 16);
     // 16 busy keys exhaust their quota now.
     for k in 0..16u64 {
-        assert!(keyed.acquire(&k, 1).allowed);
+        assert!(keyed.acquire(&k, 1).allowed());
     }
     // Let all but key 3 recover (GCRA: 1 s per unit), then make key 3 busy again.
     clock.advance(Duration::from_secs(2));
-    assert!(keyed.acquire(&3, 1).allowed);
+    assert!(keyed.acquire(&3, 1).allowed());
     // A newcomer evicts an idle key, never key 3, whose state matters.
     for k in 100..110u64 {
-        assert!(keyed.acquire(&k, 1).allowed);
+        assert!(keyed.acquire(&k, 1).allowed());
     }
-    assert!(!keyed.acquire(&3, 1).allowed, "key 3 lost its state");
+    assert!(!keyed.acquire(&3, 1).allowed(), "key 3 lost its state");
 }
 
 #[test]
@@ -72,21 +72,21 @@ fn overrides_and_runtime_changes_keep_state() {
             .unwrap();
     keyed.set_override("vip".to_string(), FixedWindow::new(q(10)).unwrap());
     for _ in 0..3 {
-        assert!(keyed.acquire("user", 1).allowed);
+        assert!(keyed.acquire("user", 1).allowed());
     }
-    assert!(!keyed.acquire("user", 1).allowed);
+    assert!(!keyed.acquire("user", 1).allowed());
     for _ in 0..10 {
-        assert!(keyed.acquire("vip", 1).allowed);
+        assert!(keyed.acquire("vip", 1).allowed());
     }
-    assert!(!keyed.acquire("vip", 1).allowed);
+    assert!(!keyed.acquire("vip", 1).allowed());
     // Raise the default: "user" keeps its count of 3 and gets 2 more, not 5.
     keyed.set_algorithm(FixedWindow::new(q(5)).unwrap());
-    assert!(keyed.acquire("user", 2).allowed);
+    assert!(keyed.acquire("user", 2).allowed());
     let d = keyed.acquire("user", 1);
-    assert!(!d.allowed);
-    assert_eq!(d.limit, 5);
+    assert!(!d.allowed());
+    assert_eq!(d.limit(), 5);
     keyed.remove_override("vip");
-    assert!(!keyed.acquire("vip", 1).allowed); // count 10 ≥ default 5
+    assert!(!keyed.acquire("vip", 1).allowed()); // count 10 ≥ default 5
 }
 
 #[test]
@@ -106,11 +106,55 @@ fn works_with_any_algorithm_and_many_threads() {
             std::thread::spawn(move || {
                 (0..100u64)
                     .flat_map(|k| (0..10).map(move |_| k))
-                    .filter(|k| keyed.acquire(k, 1).allowed)
+                    .filter(|k| keyed.acquire(k, 1).allowed())
                     .count()
             })
         })
         .collect();
     let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
     assert_eq!(admitted, 100 * 5);
+}
+
+mod table_model {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+    use weir_core::{Algorithm, Gcra, KeyedLimiter, ManualClock, Quota};
+
+    fn alg() -> Gcra {
+        Gcra::new(Quota::new(1, Duration::from_secs(1000)).unwrap(), 3).unwrap()
+    }
+
+    proptest! {
+        /// Without eviction, every key behaves exactly like its own limiter.
+        #[test]
+        fn same_as_one_limiter_per_key(keys in prop::collection::vec(0u64..300, 1..2000)) {
+            let clock = ManualClock::new(0);
+            let keyed = KeyedLimiter::<u64, _, _>::with_clock(alg(), 4096, &clock).unwrap();
+            let mut model: HashMap<u64, u64> = HashMap::new();
+            let a = alg();
+            for k in keys {
+                let state = model.entry(k).or_insert_with(|| a.initial_state(0));
+                prop_assert_eq!(keyed.acquire(&k, 1), a.decide(state, 1, 0));
+            }
+            prop_assert_eq!(keyed.evictions(), 0);
+        }
+
+        /// Under constant eviction (backward-shift deletes), a key just stored is always found
+        /// again and the cap holds.
+        #[test]
+        fn stored_keys_stay_findable(keys in prop::collection::vec(0u64..100_000, 1..3000), cap in 1usize..300) {
+            let clock = ManualClock::new(0);
+            let keyed = KeyedLimiter::<u64, _, _>::with_clock(alg(), cap, &clock).unwrap();
+            for k in keys {
+                let first = keyed.acquire(&k, 1);
+                if first.allowed() {
+                    let peek = keyed.acquire(&k, 0);
+                    prop_assert_eq!(peek.remaining(), first.remaining());
+                }
+                prop_assert!(keyed.len() <= cap);
+            }
+        }
+    }
 }

@@ -23,9 +23,9 @@ fn two_by_two<A: weir_core::Algorithm>(make: fn() -> A, expect: usize) {
         let limiter = Arc::new(Limiter::with_clock(make(), clock));
         let other = {
             let limiter = limiter.clone();
-            thread::spawn(move || (0..2).filter(|_| limiter.acquire(1).allowed).count())
+            thread::spawn(move || (0..2).filter(|_| limiter.acquire(1).allowed()).count())
         };
-        let mine = (0..2).filter(|_| limiter.acquire(1).allowed).count();
+        let mine = (0..2).filter(|_| limiter.acquire(1).allowed()).count();
         assert_eq!(mine + other.join().unwrap(), expect);
     });
 }
@@ -56,9 +56,9 @@ fn pacing_cas_never_shares_a_slot() {
         ));
         let other = {
             let limiter = limiter.clone();
-            thread::spawn(move || limiter.acquire(1).wait)
+            thread::spawn(move || limiter.acquire(1).wait())
         };
-        let mine = limiter.acquire(1).wait;
+        let mine = limiter.acquire(1).wait();
         let theirs = other.join().unwrap();
         assert_ne!(mine, theirs);
         assert_eq!(mine.max(theirs), Duration::from_millis(100));

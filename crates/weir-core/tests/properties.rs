@@ -20,33 +20,33 @@ fn run<A: Algorithm>(alg: &A, events: &[(Nanos, u64)]) -> Vec<(Nanos, u64)> {
         let before = state.clone();
         let d = alg.decide(&mut state, n, now);
         check_shape(&d, n);
-        if d.allowed {
-            admitted.push((now + d.wait.as_nanos() as Nanos, n));
-        } else if let Some(retry) = d.retry_after {
+        if d.allowed() {
+            admitted.push((now + d.wait().as_nanos() as Nanos, n));
+        } else if let Some(retry) = d.retry_after() {
             let retry = retry.as_nanos() as Nanos;
             assert!(retry > 0, "denied with retry_after 0: {d:?}");
             let mut s = before.clone();
             let later = alg.decide(&mut s, n, now + retry);
             assert!(
-                later.allowed,
+                later.allowed(),
                 "retry at +{retry} ns still denied: {later:?}"
             );
             let mut s = before.clone();
             let earlier = alg.decide(&mut s, n, now + retry - 1);
-            assert!(!earlier.allowed, "passed 1 ns before retry_after {retry}");
+            assert!(!earlier.allowed(), "passed 1 ns before retry_after {retry}");
         }
     }
     admitted
 }
 
 fn check_shape(d: &Decision, n: u64) {
-    if d.allowed {
-        assert_eq!(d.retry_after, Some(Duration::ZERO));
+    if d.allowed() {
+        assert_eq!(d.retry_after(), Some(Duration::ZERO));
     } else {
-        assert_eq!(d.wait, Duration::ZERO);
+        assert_eq!(d.wait(), Duration::ZERO);
     }
-    if n > 0 && d.allowed {
-        assert!(d.remaining <= d.limit.max(d.remaining));
+    if n > 0 && d.allowed() {
+        assert!(d.remaining() <= d.limit().max(d.remaining()));
     }
 }
 
@@ -177,7 +177,7 @@ proptest! {
             let peek = alg.decide(&mut state, 0, now);
             prop_assert_eq!(before, state);
             let real = alg.decide(&mut state, 1, now);
-            prop_assert_eq!(peek.allowed, real.allowed);
+            prop_assert_eq!(peek.allowed(), real.allowed());
             let _ = alg.decide(&mut state, n, now);
         }
     }
@@ -358,4 +358,80 @@ fn extreme_inputs_do_not_panic() {
     hammer!(SlidingWindow::new(quota(1000, 1000), 10).unwrap());
     hammer!(SlidingLog::new(quota(1000, 1000)).unwrap());
     hammer!(WarmupTokenBucket::new(quota(1000, 1000), Duration::from_secs(1)).unwrap());
+}
+
+/// Runs events whose times, as the algorithm sees them, are jittered up to `jitter` ns into the
+/// past (another thread's clock read that lags, see `MonotonicClock`). Returns admitted
+/// (true time + wait, units).
+fn run_jittered<A: Algorithm>(
+    alg: &A,
+    events: &[(Nanos, u64, Nanos)],
+    jitter: Nanos,
+) -> Vec<(Nanos, u64)> {
+    let mut now: Nanos = 1_000_000_000;
+    let mut state = alg.initial_state(now);
+    let mut admitted = Vec::new();
+    for &(gap, n, j) in events {
+        now += gap;
+        let seen = now - j % (jitter + 1);
+        let d = alg.decide(&mut state, n, seen);
+        if d.allowed() {
+            admitted.push((now + d.wait().as_nanos() as Nanos, n));
+        }
+    }
+    admitted
+}
+
+prop_compose! {
+    fn jittered(max_n: u64)(
+        (limit, window_ms, events) in scenario(max_n),
+        jitters in prop::collection::vec(any::<u64>(), 300),
+        jitter_frac in 1u64..5,
+    ) -> (u64, u64, Vec<(Nanos, u64, Nanos)>, Nanos) {
+        let w = window_ms * 1_000_000;
+        let jitter = w * jitter_frac / 20; // up to a fifth of the window
+        let events = events.into_iter().zip(jitters).map(|((g, n), j)| (g, n, j)).collect();
+        (limit, window_ms, events, jitter)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Time that goes slightly backwards (cross-thread clock skew) never lets more through than
+    /// the algorithm's bound over a span shortened by the jitter.
+    #[test]
+    fn clock_skew_never_admits_more((limit, wms, events, jitter) in jittered(3)) {
+        let q = quota(limit, wms);
+        let w = wms * 1_000_000;
+        let span = w - jitter;
+        let n_max = events.iter().map(|e| e.1).max().unwrap();
+        let check = |name: &str, admitted: Vec<(Nanos, u64)>, bound: u64| {
+            let got = max_in_span(&admitted, span);
+            assert!(got <= bound, "{name}: {got} > {bound} (jitter {jitter} of window {w})");
+        };
+        check("sliding_log", run_jittered(&SlidingLog::new(q).unwrap(), &events, jitter), limit);
+        check("gcra", run_jittered(&Gcra::from_quota(q).unwrap(), &events, jitter), 2 * limit);
+        check(
+            "token_bucket",
+            run_jittered(&TokenBucket::new(q, limit).unwrap(), &events, jitter),
+            2 * limit + n_max,
+        );
+        check(
+            "pacing",
+            run_jittered(&Pacing::new(q, Duration::from_millis(wms)).unwrap(), &events, jitter),
+            limit + n_max,
+        );
+        check("fixed_window", run_jittered(&FixedWindow::new(q).unwrap(), &events, jitter), 2 * limit);
+        check(
+            "sliding_window",
+            run_jittered(&SlidingWindow::new(q, 10).unwrap(), &events, jitter),
+            2 * limit,
+        );
+        check(
+            "sliding_counter",
+            run_jittered(&SlidingCounter::new(q).unwrap(), &events, jitter),
+            2 * limit,
+        );
+    }
 }

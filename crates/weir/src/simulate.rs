@@ -312,10 +312,10 @@ fn run<A: Algorithm>(alg: &A, trace: &Trace, out: &mut dyn Write) -> Result<Summ
         let state = states[key].get_or_insert_with(|| alg.initial_state(e.t));
         let d = alg.decide(state, e.cost, e.t);
         summary.events += 1;
-        if d.allowed {
-            summary.allowed += 1;
+        if d.allowed() {
+            summary.allowed() += 1;
             let proceed =
-                e.t.saturating_add(weir_core::clock::duration_to_nanos(d.wait));
+                e.t.saturating_add(weir_core::clock::duration_to_nanos(d.wait()));
             if e.cost > 0 {
                 spans[key].record(proceed, e.cost, window);
             }
@@ -324,7 +324,7 @@ fn run<A: Algorithm>(alg: &A, trace: &Trace, out: &mut dyn Write) -> Result<Summ
         }
         if writing {
             let retry = d
-                .retry_after
+                .retry_after()
                 .map(|r| format_ms(r.as_nanos()))
                 .unwrap_or_default();
             writing = write(format_args!(
@@ -332,10 +332,10 @@ fn run<A: Algorithm>(alg: &A, trace: &Trace, out: &mut dyn Write) -> Result<Summ
                 format_ms(u128::from(e.t)),
                 trace.keys[key],
                 e.cost,
-                d.allowed,
-                d.remaining,
+                d.allowed(),
+                d.remaining(),
                 retry,
-                format_ms(d.wait.as_nanos()),
+                format_ms(d.wait().as_nanos()),
             ));
         }
     }
@@ -359,7 +359,7 @@ pub fn write_summary(
         err,
         "events: {}  allowed: {}  denied: {}  ({} {} per {})",
         summary.events,
-        summary.allowed,
+        summary.allowed(),
         summary.denied,
         settings.algorithm,
         settings.limit,
