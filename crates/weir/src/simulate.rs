@@ -313,7 +313,7 @@ fn run<A: Algorithm>(alg: &A, trace: &Trace, out: &mut dyn Write) -> Result<Summ
         let d = alg.decide(state, e.cost, e.t);
         summary.events += 1;
         if d.allowed() {
-            summary.allowed() += 1;
+            summary.allowed += 1;
             let proceed =
                 e.t.saturating_add(weir_core::clock::duration_to_nanos(d.wait()));
             if e.cost > 0 {
@@ -359,7 +359,7 @@ pub fn write_summary(
         err,
         "events: {}  allowed: {}  denied: {}  ({} {} per {})",
         summary.events,
-        summary.allowed(),
+        summary.allowed,
         summary.denied,
         settings.algorithm,
         settings.limit,
