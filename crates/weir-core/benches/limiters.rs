@@ -1,54 +1,24 @@
 //! Weir's limiters side by side with governor, in one run on one machine.
 //!
-//! `cargo bench -p weir-core --bench limiters` (or `bench/core-compare`, which also prints the
-//! table of ratios for the README). Groups:
+//! Every weir algorithm (and governor's GCRA for reference) with criterion:
+//! `cargo bench -p weir-core --bench limiters`. The headline weir / governor ratios come from
+//! the interleaved `compare` bench, which is robust to this shared machine's noise; this one
+//! gives the per-algorithm table. Groups:
 //! - `clock`: cost of reading each clock;
 //! - `direct_1t` / `direct_2t`: one limiter, allowed path, 1 and 2 threads (2 threads: time per
 //!   decision of the pair, i.e. 1 / aggregate throughput);
-//! - `denied_1t`: one limiter, denied path;
-//! - `keyed`: one hot key, and 1 M live keys visited in random order.
-//! Memory per key at 1 M keys is measured with a counting allocator and printed.
+//! - `denied_1t`: one limiter, denied path.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion};
 use weir_core::{
-    Algorithm, Clock, FixedWindow, Gcra, KeyedLimiter, Limiter, MonotonicClock, Pacing, Quota,
-    SlidingCounter, SlidingLog, SlidingWindow, SystemClock, TokenBucket, WarmupTokenBucket,
+    Algorithm, Clock, FixedWindow, Gcra, Limiter, MonotonicClock, Pacing, Quota, SlidingCounter,
+    SlidingLog, SlidingWindow, SystemClock, TokenBucket, WarmupTokenBucket,
 };
-
-/// Counts live heap bytes so memory per key can be measured.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: delegates every call to the system allocator unchanged; only counts sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: ptr was allocated by System.alloc with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size, Ordering::Relaxed);
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
 
 const FAST: u64 = 1_000_000_000; // per second: never denies at benchmark speed
 
@@ -105,8 +75,10 @@ fn weir_direct<A: Algorithm>(alg: A) -> Arc<Limiter<A>> {
 }
 
 /// Each weir algorithm with a quota it never exhausts.
-fn allowed_algorithms() -> Vec<(&'static str, Arc<dyn Fn() -> bool + Send + Sync>)> {
-    fn wrap<A: Algorithm>(l: Arc<Limiter<A>>) -> Arc<dyn Fn() -> bool + Send + Sync> {
+type Call = Arc<dyn Fn() -> bool + Send + Sync>;
+
+fn allowed_algorithms() -> Vec<(&'static str, Call)> {
+    fn wrap<A: Algorithm>(l: Arc<Limiter<A>>) -> Call {
         Arc::new(move || l.acquire(1).allowed())
     }
     let q = fast_quota();
@@ -227,81 +199,12 @@ fn denied(c: &mut Criterion) {
     g.finish();
 }
 
-const KEYS: u64 = 1_000_000;
-
-/// xorshift: the same cheap key sequence for both libraries.
-#[inline]
-fn next_key(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x % KEYS
-}
-
-fn keyed(c: &mut Criterion) {
-    let mut g = c.benchmark_group("keyed");
-    // Hot key.
-    let gov = governor::RateLimiter::keyed(gov_fast());
-    let weir =
-        KeyedLimiter::<u64, _>::new(Gcra::from_quota(fast_quota()).unwrap(), 1 << 20).unwrap();
-    g.bench_function(BenchmarkId::new("governor", "hot_key"), |b| {
-        b.iter(|| black_box(gov.check_key(&7).is_ok()))
-    });
-    g.bench_function(BenchmarkId::new("weir", "hot_key"), |b| {
-        b.iter(|| black_box(weir.acquire(&7, 1).allowed()))
-    });
-    drop((gov, weir));
-
-    // 1 M live keys; memory measured while building.
-    let before = LIVE.load(Ordering::Relaxed);
-    let gov = governor::RateLimiter::keyed(gov_fast());
-    for k in 0..KEYS {
-        let _ = gov.check_key(&k);
-    }
-    let gov_bytes = LIVE.load(Ordering::Relaxed) - before;
-    let before = LIVE.load(Ordering::Relaxed);
-    let weir =
-        KeyedLimiter::<u64, _>::new(Gcra::from_quota(fast_quota()).unwrap(), 1 << 20).unwrap();
-    for k in 0..KEYS {
-        let _ = weir.acquire(&k, 1);
-    }
-    let weir_bytes = LIVE.load(Ordering::Relaxed) - before;
-    assert_eq!(weir.len() as u64, KEYS);
-    assert_eq!(weir.evictions(), 0);
-    eprintln!(
-        "memory at 1M keys: weir {:.1} B/key, governor {:.1} B/key",
-        weir_bytes as f64 / KEYS as f64,
-        gov_bytes as f64 / KEYS as f64
-    );
-    std::fs::create_dir_all("target/criterion").ok();
-    let _ = std::fs::write(
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../target/criterion/keyed-memory.txt"
-        ),
-        format!(
-            "weir_bytes_per_key={:.1}\ngovernor_bytes_per_key={:.1}\n",
-            weir_bytes as f64 / KEYS as f64,
-            gov_bytes as f64 / KEYS as f64
-        ),
-    );
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    g.bench_function(BenchmarkId::new("governor", "1M_keys"), |b| {
-        b.iter(|| black_box(gov.check_key(&next_key(&mut x)).is_ok()))
-    });
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    g.bench_function(BenchmarkId::new("weir", "1M_keys"), |b| {
-        b.iter(|| black_box(weir.acquire(&next_key(&mut x), 1).allowed()))
-    });
-    g.finish();
-}
-
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(40)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = clocks, direct, denied, keyed
+    targets = clocks, direct, denied
 }
 criterion_main!(benches);
