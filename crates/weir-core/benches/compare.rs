@@ -12,10 +12,12 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::Instant;
 
 use weir_core::{Gcra, KeyedLimiter, Limiter, Quota, TokenBucket};
+
+mod support;
 
 struct Counting;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -63,24 +65,11 @@ fn one_thread(mut f: impl FnMut() -> bool + 'static) -> Bench {
 /// Times `iters` calls split over two threads on shared state: ns per call of the pair.
 fn two_threads(f: Arc<dyn Fn() -> bool + Send + Sync>) -> Bench {
     Box::new(move |iters| {
-        let barrier = Arc::new(Barrier::new(3));
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
-                let (f, barrier) = (f.clone(), barrier.clone());
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    for _ in 0..iters / 2 {
-                        black_box(f());
-                    }
-                })
-            })
-            .collect();
-        barrier.wait();
-        let start = Instant::now();
-        for h in handles {
-            h.join().unwrap();
-        }
-        start.elapsed().as_nanos() as f64 / iters as f64
+        let f = f.clone();
+        let call = Arc::new(move || {
+            black_box(f());
+        });
+        support::two_threads(iters, call).as_nanos() as f64 / iters as f64
     })
 }
 

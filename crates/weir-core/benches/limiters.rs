@@ -11,10 +11,13 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+
+mod support;
+use support::two_threads;
 use weir_core::{
     Algorithm, Clock, FixedWindow, Gcra, Limiter, MonotonicClock, Pacing, Quota, SlidingCounter,
     SlidingLog, SlidingWindow, SystemClock, TokenBucket, WarmupTokenBucket,
@@ -32,28 +35,6 @@ fn gov_fast() -> governor::Quota {
 
 fn gov_slow() -> governor::Quota {
     governor::Quota::per_hour(NonZeroU32::new(1).unwrap())
-}
-
-/// Runs `f` on two threads, `iters` calls in all, and returns the elapsed time.
-fn two_threads<F: Fn() + Send + Sync + 'static>(iters: u64, f: Arc<F>) -> Duration {
-    let barrier = Arc::new(Barrier::new(3));
-    let handles: Vec<_> = (0..2)
-        .map(|_| {
-            let (f, barrier) = (f.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                barrier.wait();
-                for _ in 0..iters / 2 {
-                    f();
-                }
-            })
-        })
-        .collect();
-    barrier.wait();
-    let start = Instant::now();
-    for h in handles {
-        h.join().unwrap();
-    }
-    start.elapsed()
 }
 
 fn clocks(c: &mut Criterion) {

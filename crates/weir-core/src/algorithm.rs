@@ -53,6 +53,20 @@ pub trait Algorithm: Send + Sync + 'static {
     fn window(&self) -> Duration;
 }
 
+/// Algorithms whose admitted requests may wait (reservations, pacing): the state step with a
+/// maximum wait given per call instead of the configured one. [`crate::Limiter`] builds
+/// `try_acquire_within` and `reserve` on it.
+pub trait Reserving: Algorithm {
+    /// [`Algorithm::step`] admitting requests that wait at most `max_wait` nanoseconds.
+    fn step_within(
+        &self,
+        state: &mut Self::State,
+        n: u64,
+        now: Nanos,
+        max_wait: Nanos,
+    ) -> Self::Verdict;
+}
+
 /// How a decision came out, for algorithms whose verdict carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {

@@ -47,7 +47,7 @@ mod sync;
 pub mod token_bucket;
 pub mod warmup;
 
-pub use algorithm::{Algorithm, Quota};
+pub use algorithm::{Algorithm, Quota, Reserving};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, SystemClock};
 pub use concurrency::{ConcurrencyLimiter, Permit};
 pub use decision::Decision;

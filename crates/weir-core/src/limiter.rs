@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Reserving};
 use crate::cell::StateCell;
-use crate::clock::{Clock, MonotonicClock, Nanos};
+use crate::clock::{duration_to_nanos, Clock, MonotonicClock, Nanos};
 use crate::decision::Decision;
 
 /// A single rate limiter: an algorithm's parameters, its state in a cell (lock-free for
@@ -64,13 +64,6 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         &self.clock
     }
 
-    /// Runs `step` with the algorithm and the state atomically: for algorithm-specific calls such
-    /// as a token bucket's reservation with its own maximum wait.
-    #[inline]
-    pub(crate) fn update_with<V>(&self, mut step: impl FnMut(&A, &mut A::State) -> V) -> V {
-        self.state.update(|s| step(&self.algorithm, s))
-    }
-
     /// A new limiter with other parameters that keeps this one's state (counters, stored permits,
     /// warm-up progress).
     pub fn reconfigured(self, algorithm: A) -> Self {
@@ -84,6 +77,38 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// The window of the configured quota.
     pub fn window(&self) -> Duration {
         self.algorithm.window()
+    }
+}
+
+impl<A: Reserving, C: Clock> Limiter<A, C> {
+    /// Guava's `tryAcquire(n, timeout)`: granted iff the wait is at most `max_wait` (instead of
+    /// the configured maximum); the decision carries the wait the caller must observe.
+    pub fn try_acquire_within(&self, n: u64, max_wait: Duration) -> Decision {
+        let now = self.clock.now();
+        let max_wait = duration_to_nanos(max_wait);
+        let verdict = self
+            .state
+            .update(|s| self.algorithm.step_within(s, n, now, max_wait));
+        self.algorithm.finish(verdict, n, now)
+    }
+
+    /// Guava's `reserve(n)` / `acquire(n)` without sleeping: granted with any wait (unless `n`
+    /// exceeds the capacity); returns the wait.
+    pub fn reserve(&self, n: u64) -> Decision {
+        self.try_acquire_within(n, Duration::MAX)
+    }
+}
+
+impl<A: Algorithm, C: Clock> Limiter<A, C> {
+    /// Asks for `n` units and, when admitted with a wait (token bucket reservations, pacing),
+    /// sleeps it on tokio before returning.
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_paced(&self, n: u64) -> Decision {
+        let decision = self.acquire(n);
+        if decision.allowed() && !decision.wait().is_zero() {
+            tokio::time::sleep(decision.wait()).await;
+        }
+        decision
     }
 }
 

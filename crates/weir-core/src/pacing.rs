@@ -9,17 +9,16 @@
 //!
 //! Counted at their leave times, any span of one window holds at most `limit + n_max − 1` units
 //! (exactly `limit` for single-unit requests). A request for more than `limit` units can never
-//! pass. With the `tokio` feature, [`Limiter::acquire_paced`] sleeps the wait.
+//! pass. With the `tokio` feature, [`crate::Limiter::acquire_paced`] sleeps the wait.
 
 use std::time::Duration;
 
-use crate::algorithm::{units_to_check, Algorithm, Outcome, Quota};
+use crate::algorithm::{units_to_check, Algorithm, Outcome, Quota, Reserving};
 use crate::cell::AtomicCell;
-use crate::clock::{duration_to_nanos, Clock, Nanos};
+use crate::clock::{duration_to_nanos, Nanos};
 use crate::decision::Decision;
 use crate::divide::Divisor;
 use crate::error::ConfigError;
-use crate::limiter::Limiter;
 
 /// Pacing parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,13 +60,7 @@ impl Pacing {
 
     /// The state step with an explicit maximum wait.
     #[inline]
-    pub fn step_within(
-        &self,
-        next: &mut u64,
-        n: u64,
-        now: Nanos,
-        max_wait: Nanos,
-    ) -> PacingVerdict {
+    fn step_capped(&self, next: &mut u64, n: u64, now: Nanos, max_wait: Nanos) -> PacingVerdict {
         let leave = (*next).max(now);
         let mut v = PacingVerdict {
             outcome: Outcome::Never,
@@ -93,7 +86,7 @@ impl Pacing {
     /// The decision step with an explicit maximum wait.
     #[inline]
     pub fn decide_within(&self, next: &mut u64, n: u64, now: Nanos, max_wait: Nanos) -> Decision {
-        let v = self.step_within(next, n, now, max_wait);
+        let v = self.step_capped(next, n, now, max_wait);
         self.finish(v, n, now)
     }
 }
@@ -107,6 +100,13 @@ pub struct PacingVerdict {
     max_wait: Nanos,
 }
 
+impl Reserving for Pacing {
+    #[inline]
+    fn step_within(&self, next: &mut u64, n: u64, now: Nanos, max_wait: Nanos) -> PacingVerdict {
+        self.step_capped(next, n, now, max_wait)
+    }
+}
+
 impl Algorithm for Pacing {
     type Verdict = PacingVerdict;
     type State = u64;
@@ -118,7 +118,7 @@ impl Algorithm for Pacing {
 
     #[inline]
     fn step(&self, next: &mut u64, n: u64, now: Nanos) -> PacingVerdict {
-        self.step_within(next, n, now, self.max_wait)
+        self.step_capped(next, n, now, self.max_wait)
     }
 
     #[inline]
@@ -148,26 +148,5 @@ impl Algorithm for Pacing {
 
     fn window(&self) -> Duration {
         self.quota.window()
-    }
-}
-
-impl<C: Clock> Limiter<Pacing, C> {
-    /// Admits `n` units if they can leave within `max_wait`; the decision carries the wait.
-    pub fn try_acquire_within(&self, n: u64, max_wait: Duration) -> Decision {
-        let now = self.clock().now();
-        let max_wait = duration_to_nanos(max_wait);
-        let verdict = self.update_with(|a, s| a.step_within(s, n, now, max_wait));
-        self.algorithm().finish(verdict, n, now)
-    }
-
-    /// Admits `n` units and sleeps (tokio) until their slot; returns the decision, denied
-    /// without sleeping when the queue is longer than the configured `max_wait`.
-    #[cfg(feature = "tokio")]
-    pub async fn acquire_paced(&self, n: u64) -> Decision {
-        let decision = self.acquire(n);
-        if decision.allowed() && !decision.wait().is_zero() {
-            tokio::time::sleep(decision.wait()).await;
-        }
-        decision
     }
 }

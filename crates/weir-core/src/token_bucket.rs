@@ -16,12 +16,11 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{units_to_check, Algorithm, Outcome, Quota};
+use crate::algorithm::{units_to_check, Algorithm, Outcome, Quota, Reserving};
 use crate::cell::AtomicCell;
-use crate::clock::{duration_to_nanos, Clock, Nanos};
+use crate::clock::{duration_to_nanos, Nanos};
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::limiter::Limiter;
 
 /// Token bucket parameters (Guava SmoothBursty).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +87,7 @@ impl TokenBucket {
 
     /// The state step with an explicit maximum wait.
     #[inline]
-    pub fn step_within(
+    fn step_capped(
         &self,
         full_at: &mut u64,
         n: u64,
@@ -129,7 +128,7 @@ impl TokenBucket {
         now: Nanos,
         max_wait: Nanos,
     ) -> Decision {
-        let v = self.step_within(full_at, n, now, max_wait);
+        let v = self.step_capped(full_at, n, now, max_wait);
         self.finish(v, n, now)
     }
 }
@@ -142,6 +141,19 @@ pub struct TokenBucketVerdict {
     end: Nanos,
     wait: Nanos,
     max_wait: Nanos,
+}
+
+impl Reserving for TokenBucket {
+    #[inline]
+    fn step_within(
+        &self,
+        full_at: &mut u64,
+        n: u64,
+        now: Nanos,
+        max_wait: Nanos,
+    ) -> TokenBucketVerdict {
+        self.step_capped(full_at, n, now, max_wait)
+    }
 }
 
 impl Algorithm for TokenBucket {
@@ -159,7 +171,7 @@ impl Algorithm for TokenBucket {
 
     #[inline]
     fn step(&self, full_at: &mut u64, n: u64, now: Nanos) -> TokenBucketVerdict {
-        self.step_within(full_at, n, now, self.max_wait)
+        self.step_capped(full_at, n, now, self.max_wait)
     }
 
     #[inline]
@@ -188,22 +200,5 @@ impl Algorithm for TokenBucket {
 
     fn window(&self) -> Duration {
         self.quota.window()
-    }
-}
-
-impl<C: Clock> Limiter<TokenBucket, C> {
-    /// Guava's `tryAcquire(n, timeout)`: granted iff the wait is at most `max_wait`; the decision
-    /// carries the wait the caller must observe.
-    pub fn try_acquire_within(&self, n: u64, max_wait: Duration) -> Decision {
-        let now = self.clock().now();
-        let max_wait = duration_to_nanos(max_wait);
-        let verdict = self.update_with(|a, s| a.step_within(s, n, now, max_wait));
-        self.algorithm().finish(verdict, n, now)
-    }
-
-    /// Guava's `reserve(n)` / `acquire(n)` without sleeping: always granted (unless n exceeds the
-    /// burst); returns the wait.
-    pub fn reserve(&self, n: u64) -> Decision {
-        self.try_acquire_within(n, Duration::MAX)
     }
 }

@@ -15,12 +15,11 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{units_to_check, Algorithm, Quota};
+use crate::algorithm::{units_to_check, Algorithm, Quota, Reserving};
 use crate::cell::MutexCell;
-use crate::clock::{duration_to_nanos, Clock, Nanos};
+use crate::clock::{duration_to_nanos, Nanos};
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::limiter::Limiter;
 
 /// Guava's and Sentinel's cold factor.
 pub const DEFAULT_COLD_FACTOR: f64 = 3.0;
@@ -171,6 +170,18 @@ impl WarmupTokenBucket {
     }
 }
 
+impl Reserving for WarmupTokenBucket {
+    fn step_within(
+        &self,
+        state: &mut WarmupState,
+        n: u64,
+        now: Nanos,
+        max_wait: Nanos,
+    ) -> Decision {
+        self.decide_within(state, n, now, max_wait)
+    }
+}
+
 impl Algorithm for WarmupTokenBucket {
     type State = WarmupState;
     type Verdict = Decision;
@@ -202,20 +213,6 @@ impl Algorithm for WarmupTokenBucket {
 
     fn window(&self) -> Duration {
         self.quota.window()
-    }
-}
-
-impl<C: Clock> Limiter<WarmupTokenBucket, C> {
-    /// Guava's `tryAcquire(n, timeout)` for a warming-up bucket.
-    pub fn try_acquire_within(&self, n: u64, max_wait: Duration) -> Decision {
-        let now = self.clock().now();
-        let max_wait = duration_to_nanos(max_wait);
-        self.update_with(|a, s| a.decide_within(s, n, now, max_wait))
-    }
-
-    /// Guava's `reserve(n)`: granted with the wait to observe.
-    pub fn reserve(&self, n: u64) -> Decision {
-        self.try_acquire_within(n, Duration::MAX)
     }
 }
 
