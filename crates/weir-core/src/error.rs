@@ -47,6 +47,9 @@ pub enum ConfigError {
     /// A keyed limiter needs room for at least one key.
     #[error("max_keys must be at least 1")]
     ZeroMaxKeys,
+    /// A parameter is out of its range.
+    #[error("{0}")]
+    Invalid(String),
     /// A concurrency limiter needs at least one permit.
     #[error("max in-flight must be at least 1")]
     ZeroPermits,
