@@ -29,6 +29,7 @@
 #![warn(missing_docs)]
 
 pub mod algorithm;
+pub mod breaker;
 pub mod cell;
 pub mod clock;
 pub mod concurrency;

@@ -245,8 +245,8 @@ impl StatsWindow {
             if index < cur {
                 // Complete buckets only: the current one is still filling.
                 s.max_pass_per_bucket = s.max_pass_per_bucket.max(pass);
-                if completed > 0 {
-                    s.min_bucket_avg_rt = s.min_bucket_avg_rt.min(rt_sum / completed);
+                if let Some(avg) = rt_sum.checked_div(completed) {
+                    s.min_bucket_avg_rt = s.min_bucket_avg_rt.min(avg);
                 }
             }
         }
