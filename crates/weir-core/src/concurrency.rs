@@ -22,12 +22,38 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::criticality::{Criticality, Shares};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::sync::{AtomicU64, Ordering};
 
-/// A bulkhead: at most `max` units in flight, optionally a bounded FIFO queue of waiters.
-/// Cheap to clone (shares one state).
+/// Which queued waiter gets a freed permit first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueOrder {
+    /// Oldest first (fair).
+    #[default]
+    Fifo,
+    /// Newest first: under sustained overload the newest requests (whose callers have not given
+    /// up yet) are served, and old ones time out.
+    Lifo,
+}
+
+/// Full configuration of a [`ConcurrencyLimiter`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConcurrencyConfig {
+    /// Most units in flight (changeable later with `set_max_in_flight`).
+    pub max_in_flight: u64,
+    /// Most queued waiters (0 = no queue).
+    pub max_queue: usize,
+    /// Queue discipline.
+    pub order: QueueOrder,
+    /// Partitions by criticality: a request of level L may only take in-flight units up to
+    /// `max × share(L)`, so sheddable work never uses the capacity kept for critical work.
+    pub shares: Option<Shares>,
+}
+
+/// A bulkhead: at most `max` units in flight, optionally a bounded FIFO or LIFO queue of
+/// waiters, optionally partitioned by criticality. Cheap to clone (shares one state).
 #[derive(Clone, Debug)]
 pub struct ConcurrencyLimiter {
     inner: Arc<Inner>,
@@ -35,8 +61,10 @@ pub struct ConcurrencyLimiter {
 
 #[derive(Debug)]
 struct Inner {
-    max: u64,
+    max: AtomicU64,
     max_queue: usize,
+    order: QueueOrder,
+    shares: Option<Shares>,
     in_flight: AtomicU64,
     /// Number of queued waiters; read by releasers to decide whether to hand off.
     waiting: AtomicU64,
@@ -46,6 +74,7 @@ struct Inner {
 #[derive(Debug)]
 struct Waiter {
     n: u64,
+    level: Criticality,
     granted: AtomicBool,
     wake: Mutex<Wake>,
 }
@@ -89,20 +118,40 @@ impl ConcurrencyLimiter {
         Self::with_queue(max_in_flight, 0)
     }
 
-    /// At most `max_in_flight` units at once and at most `max_queue` waiters.
+    /// At most `max_in_flight` units at once and at most `max_queue` waiters (FIFO).
     pub fn with_queue(max_in_flight: u64, max_queue: usize) -> Result<Self, ConfigError> {
-        if max_in_flight == 0 {
+        Self::with_config(ConcurrencyConfig {
+            max_in_flight,
+            max_queue,
+            order: QueueOrder::Fifo,
+            shares: None,
+        })
+    }
+
+    /// A limiter with every option.
+    pub fn with_config(config: ConcurrencyConfig) -> Result<Self, ConfigError> {
+        if config.max_in_flight == 0 {
             return Err(ConfigError::ZeroPermits);
         }
         Ok(Self {
             inner: Arc::new(Inner {
-                max: max_in_flight,
-                max_queue,
+                max: AtomicU64::new(config.max_in_flight),
+                max_queue: config.max_queue,
+                order: config.order,
+                shares: config.shares,
                 in_flight: AtomicU64::new(0),
                 waiting: AtomicU64::new(0),
                 queue: Mutex::new(VecDeque::new()),
             }),
         })
+    }
+
+    /// Changes the maximum (at least 1); units already in flight stay. A raise serves waiters.
+    pub fn set_max_in_flight(&self, max: u64) {
+        self.inner.max.store(max.max(1), Ordering::SeqCst);
+        if self.inner.waiting.load(Ordering::SeqCst) > 0 {
+            self.inner.hand_off();
+        }
     }
 
     /// Units in flight now.
@@ -117,19 +166,25 @@ impl ConcurrencyLimiter {
 
     /// The most units in flight.
     pub fn max_in_flight(&self) -> u64 {
-        self.inner.max
+        self.inner.max()
     }
 
     /// Takes `n` units if free now and nobody is queued; never waits. `n = 0` peeks.
     pub fn try_acquire(&self, n: u64) -> Result<Permit, Decision> {
+        self.try_acquire_as(n, Criticality::CriticalPlus)
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for a request of `level` (limited to its share).
+    pub fn try_acquire_as(&self, n: u64, level: Criticality) -> Result<Permit, Decision> {
         let inner = &self.inner;
-        if n > inner.max {
-            return Err(Decision::never(inner.max, inner.free(), 0));
+        let max = inner.max();
+        if n > max {
+            return Err(Decision::never(max, inner.free(), 0));
         }
         if inner.waiting.load(Ordering::SeqCst) > 0 {
             return Err(inner.denial());
         }
-        if inner.try_take(n.max(1), n == 0) {
+        if inner.try_take(n.max(1), n == 0, inner.cap(level)) {
             Ok(Permit {
                 inner: self.inner.clone(),
                 n,
@@ -143,24 +198,26 @@ impl ConcurrencyLimiter {
     pub fn peek(&self, n: u64) -> Decision {
         let inner = &self.inner;
         let free = inner.free();
-        if n > inner.max {
-            Decision::never(inner.max, free, 0)
+        let max = inner.max();
+        if n > max {
+            Decision::never(max, free, 0)
         } else if n.max(1) <= free && inner.waiting.load(Ordering::SeqCst) == 0 {
-            Decision::allow(inner.max, free, 0, 0)
+            Decision::allow(max, free, 0, 0)
         } else {
             inner.denial()
         }
     }
 
-    fn enqueue(&self, n: u64) -> Enqueued {
+    fn enqueue(&self, n: u64, level: Criticality) -> Enqueued {
         let inner = &self.inner;
-        if n > inner.max {
-            return Enqueued::Done(Err(Decision::never(inner.max, inner.free(), 0)));
+        let max = inner.max();
+        if n > max {
+            return Enqueued::Done(Err(Decision::never(max, inner.free(), 0)));
         }
         let mut queue = inner.queue.lock();
         inner.waiting.fetch_add(1, Ordering::SeqCst);
         // Re-check after announcing ourselves: a release that ran before saw no waiter.
-        if queue.is_empty() && inner.try_take(n.max(1), n == 0) {
+        if queue.is_empty() && inner.try_take(n.max(1), n == 0, inner.cap(level)) {
             inner.waiting.fetch_sub(1, Ordering::SeqCst);
             return Enqueued::Done(Ok(Permit {
                 inner: self.inner.clone(),
@@ -173,6 +230,7 @@ impl ConcurrencyLimiter {
         }
         let waiter = Arc::new(Waiter {
             n,
+            level,
             granted: AtomicBool::new(false),
             wake: Mutex::new(Wake::None),
         });
@@ -185,7 +243,12 @@ impl ConcurrencyLimiter {
     /// in the queue without taking a permit. Bound the wait with a timeout of your runtime (or
     /// `acquire_timeout` with the `tokio` feature).
     pub async fn acquire(&self, n: u64) -> Result<Permit, Decision> {
-        let waiter = match self.enqueue(n) {
+        self.acquire_as(n, Criticality::CriticalPlus).await
+    }
+
+    /// [`acquire`](Self::acquire) for a request of `level` (limited to its share).
+    pub async fn acquire_as(&self, n: u64, level: Criticality) -> Result<Permit, Decision> {
+        let waiter = match self.enqueue(n, level) {
             Enqueued::Done(result) => return result,
             Enqueued::Queued(waiter) => waiter,
         };
@@ -224,7 +287,7 @@ impl ConcurrencyLimiter {
 
     /// Takes `n` units, blocking this thread in the FIFO queue for at most `timeout`.
     pub fn acquire_blocking(&self, n: u64, timeout: Duration) -> Result<Permit, Decision> {
-        let waiter = match self.enqueue(n) {
+        let waiter = match self.enqueue(n, Criticality::CriticalPlus) {
             Enqueued::Done(result) => return result,
             Enqueued::Queued(waiter) => waiter,
         };
@@ -259,20 +322,33 @@ impl ConcurrencyLimiter {
 }
 
 impl Inner {
+    fn max(&self) -> u64 {
+        self.max.load(Ordering::Acquire)
+    }
+
+    /// The in-flight units requests of `level` may fill.
+    fn cap(&self, level: Criticality) -> u64 {
+        let max = self.max();
+        match &self.shares {
+            Some(s) => s.allowance(max, level),
+            None => max,
+        }
+    }
+
     fn free(&self) -> u64 {
-        self.max
+        self.max()
             .saturating_sub(self.in_flight.load(Ordering::Acquire))
     }
 
     fn denial(&self) -> Decision {
-        Decision::deny(self.max, self.free(), 0, 0)
+        Decision::deny(self.max(), self.free(), 0, 0)
     }
 
     /// CAS `n` more units in flight if they fit (`peek` checks without taking).
-    fn try_take(&self, n: u64, peek: bool) -> bool {
+    fn try_take(&self, n: u64, peek: bool, cap: u64) -> bool {
         let mut current = self.in_flight.load(Ordering::SeqCst);
         loop {
-            if current + n > self.max {
+            if current + n > cap {
                 return false;
             }
             if peek {
@@ -300,14 +376,26 @@ impl Inner {
         }
     }
 
-    /// Grants queued waiters, oldest first, while their units fit.
+    /// Grants queued waiters in queue order (oldest first, or newest first for LIFO) while
+    /// their units fit.
     fn hand_off(&self) {
         let mut queue = self.queue.lock();
-        while let Some(front) = queue.front() {
-            if !self.try_take(front.n.max(1), front.n == 0) {
+        loop {
+            let next = match self.order {
+                QueueOrder::Fifo => queue.front(),
+                QueueOrder::Lifo => queue.back(),
+            };
+            let Some(next) = next else {
+                break;
+            };
+            if !self.try_take(next.n.max(1), next.n == 0, self.cap(next.level)) {
                 break;
             }
-            let Some(waiter) = queue.pop_front() else {
+            let taken = match self.order {
+                QueueOrder::Fifo => queue.pop_front(),
+                QueueOrder::Lifo => queue.pop_back(),
+            };
+            let Some(waiter) = taken else {
                 break;
             };
             self.waiting.fetch_sub(1, Ordering::SeqCst);

@@ -55,7 +55,8 @@ pub mod warmup;
 
 pub use algorithm::{Algorithm, Quota, Reserving};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, SystemClock};
-pub use concurrency::{ConcurrencyLimiter, Permit};
+pub use concurrency::{ConcurrencyConfig, ConcurrencyLimiter, Permit, QueueOrder};
+pub use criticality::Criticality;
 pub use decision::Decision;
 pub use error::ConfigError;
 pub use fixed_window::FixedWindow;

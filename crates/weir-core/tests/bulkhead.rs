@@ -107,3 +107,63 @@ async fn stress_never_exceeds_and_never_leaks() {
     assert_eq!(limiter.in_flight(), 0);
     assert_eq!(limiter.queued(), 0);
 }
+
+#[test]
+fn lifo_serves_the_newest_waiter_first() {
+    use weir_core::{ConcurrencyConfig, QueueOrder};
+    let limiter = ConcurrencyLimiter::with_config(ConcurrencyConfig {
+        max_in_flight: 1,
+        max_queue: 4,
+        order: QueueOrder::Lifo,
+        shares: None,
+    })
+    .unwrap();
+    let held = limiter.try_acquire(1).unwrap();
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    for id in 1..=3u32 {
+        let (l, order) = (limiter.clone(), order.clone());
+        handles.push(std::thread::spawn(move || {
+            let p = l.acquire_blocking(1, Duration::from_secs(20)).unwrap();
+            order.lock().push(id);
+            drop(p);
+        }));
+        while limiter.queued() < id as usize {
+            std::thread::yield_now();
+        }
+    }
+    drop(held);
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(*order.lock(), vec![3, 2, 1]);
+}
+
+#[test]
+fn sheddable_work_never_takes_the_capacity_kept_for_critical() {
+    use weir_core::criticality::Shares;
+    use weir_core::{ConcurrencyConfig, Criticality, QueueOrder};
+    let limiter = ConcurrencyLimiter::with_config(ConcurrencyConfig {
+        max_in_flight: 10,
+        max_queue: 0,
+        order: QueueOrder::Fifo,
+        shares: Some(Shares::default()),
+    })
+    .unwrap();
+    let sheddable: Vec<_> = (0..20)
+        .filter_map(|_| limiter.try_acquire_as(1, Criticality::Sheddable).ok())
+        .collect();
+    assert_eq!(sheddable.len(), 5, "50 % for SHEDDABLE");
+    let critical: Vec<_> = (0..20)
+        .filter_map(|_| limiter.try_acquire_as(1, Criticality::Critical).ok())
+        .collect();
+    assert_eq!(critical.len(), 4, "up to 90 % in all for CRITICAL");
+    let _last = limiter
+        .try_acquire_as(1, Criticality::CriticalPlus)
+        .unwrap();
+    assert_eq!(limiter.in_flight(), 10);
+    // Raising the maximum at runtime lets more in.
+    limiter.set_max_in_flight(20);
+    assert!(limiter.try_acquire_as(1, Criticality::Sheddable).is_err()); // 10 of 20 = its 50 %
+    assert!(limiter.try_acquire_as(1, Criticality::Critical).is_ok());
+}
