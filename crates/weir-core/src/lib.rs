@@ -28,6 +28,7 @@
 
 #![warn(missing_docs)]
 
+pub mod adaptive;
 pub mod algorithm;
 pub mod breaker;
 pub mod cell;
