@@ -211,6 +211,12 @@ impl StatsWindow {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// A call admitted with `add_pass` will not complete (cancelled): one fewer in flight,
+    /// nothing recorded.
+    pub fn abandon(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// Calls admitted and not completed yet.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed).max(0) as u64

@@ -6,6 +6,9 @@
 //! with a bounded FIFO/LIFO wait queue, optionally partitioned by criticality.
 
 mod aimd;
+pub mod bbr;
+pub mod codel;
+pub mod cpu;
 mod gradient2;
 mod vegas;
 

@@ -1,0 +1,247 @@
+//! BBR-style overload protection as in kratos: Little's law on live statistics, gated by CPU.
+//!
+//! Over a sliding window (default 10 s of 100 buckets) it tracks the largest number of requests
+//! admitted in one bucket (max pass) and the smallest per-bucket average response time (min RT).
+//! `maxPass × bucketsPerSecond` estimates the throughput the service sustains and
+//! `× minRT` the concurrency it needs for it (Little's law): max in-flight
+//! = round(maxPass × minRT / bucket length). A request is dropped iff
+//! (CPU ≥ threshold (default 80 %) OR less than the cool-down (default 1 s) since the last drop)
+//! AND in-flight > 1 AND in-flight > max in-flight. With criticality shares, a level may only
+//! fill its share of max in-flight, so the least critical work is dropped first.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::cpu::CpuSource;
+use crate::clock::{duration_to_nanos, Nanos};
+use crate::criticality::{Criticality, Shares};
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::stats::{Outcome, StatsWindow};
+
+/// BBR parameters (kratos's defaults).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BbrConfig {
+    /// Statistics window.
+    pub window: Duration,
+    /// Buckets in the window.
+    pub buckets: u32,
+    /// CPU usage in [0, 1] at which shedding starts.
+    pub cpu_threshold: f64,
+    /// Keep shedding this long after the last drop even when the CPU is below the threshold.
+    pub cooldown: Duration,
+    /// Partitions by criticality (`None`: every level may use all of max in-flight).
+    pub shares: Option<Shares>,
+}
+
+impl Default for BbrConfig {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(10),
+            buckets: 100,
+            cpu_threshold: 0.8,
+            cooldown: Duration::from_secs(1),
+            shares: Some(Shares::default()),
+        }
+    }
+}
+
+/// The BBR shedder.
+pub struct Bbr {
+    config: BbrConfig,
+    stats: StatsWindow,
+    cpu: Arc<dyn CpuSource>,
+    /// Time of the last drop + 1 (0 = none).
+    last_drop: AtomicU64,
+}
+
+impl std::fmt::Debug for Bbr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bbr").field("config", &self.config).finish()
+    }
+}
+
+/// An admitted request; report its completion with [`BbrPermit::finish`].
+#[derive(Debug)]
+#[must_use = "report completion with finish()"]
+pub struct BbrPermit<'a> {
+    bbr: &'a Bbr,
+    started: Nanos,
+    done: bool,
+}
+
+impl BbrPermit<'_> {
+    /// The request completed at `now`.
+    pub fn finish(mut self, now: Nanos, outcome: Outcome) {
+        self.done = true;
+        self.bbr
+            .stats
+            .add_complete(now, now.saturating_sub(self.started), outcome);
+    }
+}
+
+impl Drop for BbrPermit<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.bbr.stats.abandon();
+        }
+    }
+}
+
+impl Bbr {
+    /// A shedder reading CPU usage from `cpu` (a [`super::cpu::CpuSampler`] in production).
+    pub fn new(config: BbrConfig, cpu: Arc<dyn CpuSource>) -> Result<Self, ConfigError> {
+        if !(0.0..=1.0).contains(&config.cpu_threshold) {
+            return Err(ConfigError::Invalid(format!(
+                "BBR cpu_threshold must be in [0, 1], got {}",
+                config.cpu_threshold
+            )));
+        }
+        Ok(Self {
+            stats: StatsWindow::new(config.window, config.buckets, Duration::MAX)?,
+            config,
+            cpu,
+            last_drop: AtomicU64::new(0),
+        })
+    }
+
+    /// Little's law estimate of the concurrency the service sustains.
+    pub fn max_in_flight(&self, now: Nanos) -> u64 {
+        let s = self.stats.snapshot(now);
+        let max_pass = s.max_pass_per_bucket.max(1);
+        let min_rt = if s.min_bucket_avg_rt == u64::MAX {
+            1_000_000 // 1 ms until there is data, as kratos
+        } else {
+            s.min_bucket_avg_rt
+        };
+        let bucket = duration_to_nanos(self.stats.bucket_duration()) as f64;
+        (max_pass as f64 * min_rt as f64 / bucket + 0.5).floor() as u64
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> u64 {
+        self.stats.in_flight()
+    }
+
+    /// Whether a request of `level` should be dropped at `now`.
+    pub fn should_drop(&self, level: Criticality, now: Nanos) -> bool {
+        let in_flight = self.stats.in_flight();
+        if in_flight <= 1 {
+            return false;
+        }
+        let cool = duration_to_nanos(self.config.cooldown);
+        let last = self.last_drop.load(Ordering::Relaxed);
+        let hot = self.cpu.usage() >= self.config.cpu_threshold;
+        let cooling = last != 0 && now.saturating_sub(last - 1) <= cool;
+        if !hot && !cooling {
+            if last != 0 {
+                self.last_drop.store(0, Ordering::Relaxed);
+            }
+            return false;
+        }
+        let max = self.max_in_flight(now);
+        let cap = match &self.config.shares {
+            Some(s) => (max as f64 * share(s, level)).floor() as u64,
+            None => max,
+        };
+        let drop = in_flight > cap;
+        if drop && hot && last == 0 {
+            self.last_drop.store(now + 1, Ordering::Relaxed);
+        }
+        drop
+    }
+
+    /// Admits a request of `level` at `now`, or answers 503-style with the estimate as limit.
+    pub fn try_acquire(&self, level: Criticality, now: Nanos) -> Result<BbrPermit<'_>, Decision> {
+        if self.should_drop(level, now) {
+            self.stats.add_block(now, 1);
+            return Err(Decision::deny(self.max_in_flight(now), 0, 0, 0));
+        }
+        self.stats.add_pass(now, 1);
+        Ok(BbrPermit {
+            bbr: self,
+            started: now,
+            done: false,
+        })
+    }
+}
+
+fn share(s: &Shares, level: Criticality) -> f64 {
+    s.allowance(1_000_000, level) as f64 / 1_000_000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64 as Cpu;
+
+    const MS: u64 = 1_000_000;
+
+    struct Fixed(Cpu);
+    impl CpuSource for Fixed {
+        fn usage(&self) -> f64 {
+            f64::from_bits(self.0.load(Ordering::Relaxed))
+        }
+    }
+
+    #[test]
+    fn drops_only_when_hot_and_over_littles_law() {
+        let cpu = Arc::new(Fixed(Cpu::new(0.5f64.to_bits())));
+        let bbr = Bbr::new(
+            BbrConfig {
+                shares: None,
+                ..BbrConfig::default()
+            },
+            cpu.clone(),
+        )
+        .unwrap();
+        // 1 s of steady traffic: 10 requests per 100 ms bucket, 20 ms each.
+        for i in 0..100u64 {
+            let p = bbr.try_acquire(Criticality::Critical, i * 10 * MS).unwrap();
+            p.finish(i * 10 * MS + 20 * MS, Outcome::Success);
+        }
+        // maxPass 10 × minRT 20 ms / 100 ms = 2.
+        assert_eq!(bbr.max_in_flight(1_000 * MS), 2);
+        let now = 1_000 * MS;
+        let held: Vec<_> = (0..5)
+            .map(|_| bbr.try_acquire(Criticality::Critical, now).unwrap())
+            .collect();
+        // CPU low: no drop even with 5 in flight.
+        assert!(!bbr.should_drop(Criticality::Critical, now));
+        cpu.0.store(0.9f64.to_bits(), Ordering::Relaxed);
+        assert!(bbr.should_drop(Criticality::Critical, now));
+        // CPU falls, but within the 1 s cool-down it keeps dropping; after it, not.
+        cpu.0.store(0.1f64.to_bits(), Ordering::Relaxed);
+        assert!(bbr.should_drop(Criticality::Critical, now + 500 * MS));
+        assert!(!bbr.should_drop(Criticality::Critical, now + 1_500 * MS));
+        drop(held);
+        assert_eq!(bbr.in_flight(), 0);
+    }
+
+    #[test]
+    fn lower_criticality_is_dropped_first() {
+        let cpu = Arc::new(Fixed(Cpu::new(0.95f64.to_bits())));
+        let bbr = Bbr::new(BbrConfig::default(), cpu).unwrap();
+        for i in 0..100u64 {
+            let p = bbr
+                .try_acquire(Criticality::CriticalPlus, i * 10 * MS)
+                .unwrap();
+            p.finish(i * 10 * MS + 100 * MS, Outcome::Success);
+        }
+        let now = 1_000 * MS;
+        let max = bbr.max_in_flight(now); // 10 × 100 ms / 100 ms = 10
+        assert_eq!(max, 10);
+        let _held: Vec<_> = (0..6)
+            .map(|_| bbr.try_acquire(Criticality::CriticalPlus, now).unwrap())
+            .collect();
+        assert!(
+            bbr.should_drop(Criticality::Sheddable, now),
+            "6 > 50 % of 10"
+        );
+        assert!(
+            !bbr.should_drop(Criticality::Critical, now),
+            "6 ≤ 90 % of 10"
+        );
+    }
+}
