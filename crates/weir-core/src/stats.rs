@@ -181,11 +181,23 @@ impl StatsWindow {
         bucket
     }
 
-    /// Records `n` admitted requests (and `n` more in flight).
+    /// Records `n` passes (what "pass" means is the user's: admissions, or completions as BBR
+    /// counts them).
     #[inline]
     pub fn add_pass(&self, now: Nanos, n: u64) {
         self.current(now).pass.fetch_add(n, Ordering::Relaxed);
-        self.in_flight.fetch_add(n as i64, Ordering::Relaxed);
+    }
+
+    /// One more call in flight.
+    #[inline]
+    pub fn begin(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One call fewer in flight.
+    #[inline]
+    pub fn end(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Records `n` rejected requests.
@@ -194,7 +206,7 @@ impl StatsWindow {
         self.current(now).block.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Records a completed call (one fewer in flight) with its response time.
+    /// Records a completed call with its response time.
     #[inline]
     pub fn add_complete(&self, now: Nanos, rt: Nanos, outcome: Outcome) {
         let b = self.current(now);
@@ -208,18 +220,30 @@ impl StatsWindow {
         b.completed.fetch_add(1, Ordering::Relaxed);
         b.rt_sum.fetch_add(rt, Ordering::Relaxed);
         b.min_rt.fetch_min(rt, Ordering::Relaxed);
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// A call admitted with `add_pass` will not complete (cancelled): one fewer in flight,
-    /// nothing recorded.
-    pub fn abandon(&self) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Calls admitted and not completed yet.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// Calls `f(bucket index, pass, completed, rt_sum)` for every complete bucket (not the
+    /// current one) inside the window ending at `now`.
+    pub fn for_each_complete(&self, now: Nanos, mut f: impl FnMut(u64, u64, u64, u64)) {
+        let cur = self.bucket_div.div(now);
+        let oldest = (cur + 1).saturating_sub(self.buckets.len() as u64);
+        for b in self.buckets.iter() {
+            let index = b.index.load(Ordering::Acquire);
+            if index == EMPTY || index < oldest || index >= cur {
+                continue;
+            }
+            f(
+                index,
+                b.pass.load(Ordering::Relaxed),
+                b.completed.load(Ordering::Relaxed),
+                b.rt_sum.load(Ordering::Relaxed),
+            );
+        }
     }
 
     /// Sums of the buckets inside the window ending at `now`.
@@ -270,6 +294,11 @@ mod tests {
     fn counts_slide_out_of_the_window() {
         let w = StatsWindow::new(Duration::from_secs(1), 10, Duration::from_millis(50)).unwrap();
         w.add_pass(0, 3);
+        for _ in 0..3 {
+            w.begin();
+        }
+        w.end();
+        w.end();
         w.add_complete(10 * MS, 20 * MS, Outcome::Success);
         w.add_complete(150 * MS, 80 * MS, Outcome::Error);
         w.add_block(150 * MS, 2);

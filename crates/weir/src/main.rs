@@ -5,6 +5,7 @@
 //! Errors print one line `weir: error: …` and exit 2 (bad usage, configuration or input).
 
 mod duration;
+mod overload;
 mod simulate;
 
 use std::fs::File;
@@ -37,17 +38,20 @@ enum Command {
 }
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 struct SimulateArgs {
+    #[command(subcommand)]
+    scenario: Option<Scenario>,
     /// fixed_window, sliding_window, sliding_log, sliding_counter, gcra, token_bucket,
     /// warmup_token_bucket or pacing.
-    #[arg(long, value_name = "ALG")]
-    algorithm: String,
+    #[arg(long, value_name = "ALG", required = true)]
+    algorithm: Option<String>,
     /// Units per window.
-    #[arg(long, value_name = "N")]
-    limit: u64,
+    #[arg(long, value_name = "N", required = true)]
+    limit: Option<u64>,
     /// The window, e.g. 1s, 250ms, 1m.
-    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration)]
-    window: Duration,
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, required = true)]
+    window: Option<Duration>,
     /// Units admitted at once (gcra, token_bucket; default: the limit).
     #[arg(long, value_name = "B")]
     burst: Option<u64>,
@@ -65,6 +69,37 @@ struct SimulateArgs {
     input: Option<PathBuf>,
 }
 
+#[derive(Subcommand)]
+enum Scenario {
+    /// A service at X × its capacity in virtual time, behind one of Weir's protections.
+    Overload(OverloadArgs),
+}
+
+#[derive(clap::Args)]
+struct OverloadArgs {
+    /// none, static, bbr, gradient2, aimd, vegas or codel.
+    #[arg(long, value_name = "P")]
+    protection: String,
+    /// Offered load as a multiple of capacity (e.g. 3).
+    #[arg(long, value_name = "X")]
+    load: f64,
+    /// Requests per second the service completes at full use.
+    #[arg(long, value_name = "C", default_value_t = 1000.0)]
+    capacity: f64,
+    /// Simulated time.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "30s")]
+    duration: Duration,
+    /// Random seed (same seed, same result).
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    seed: u64,
+    /// Workers (threads) of the simulated service.
+    #[arg(long, value_name = "W", default_value_t = overload::DEFAULT_WORKERS)]
+    workers: usize,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -77,11 +112,40 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+fn run_overload(args: OverloadArgs) -> ExitCode {
+    let settings = overload::Settings {
+        protection: args.protection,
+        load: args.load,
+        capacity: args.capacity,
+        duration: args.duration,
+        seed: args.seed,
+        workers: args.workers,
+    };
+    match overload::run(&settings) {
+        Ok(report) => {
+            if args.json {
+                println!("{}", overload::json(&report));
+            } else {
+                print!("{}", overload::text(&report));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
 fn run_simulate(args: SimulateArgs) -> ExitCode {
+    if let Some(Scenario::Overload(o)) = args.scenario {
+        return run_overload(o);
+    }
+    let (Some(algorithm), Some(limit), Some(window)) = (args.algorithm, args.limit, args.window)
+    else {
+        return fail("simulate needs --algorithm, --limit and --window");
+    };
     let settings = simulate::Settings {
-        algorithm: args.algorithm,
-        limit: args.limit,
-        window: args.window,
+        algorithm,
+        limit,
+        window,
         burst: args.burst,
         buckets: args.buckets,
         warmup: args.warmup,

@@ -1,13 +1,24 @@
 //! BBR-style overload protection as in kratos: Little's law on live statistics, gated by CPU.
 //!
 //! Over a sliding window (default 10 s of 100 buckets) it tracks the largest number of requests
-//! admitted in one bucket (max pass) and the smallest per-bucket average response time (min RT).
+//! completed in one bucket (max pass) and the smallest per-bucket average response time (min RT).
 //! `maxPass × bucketsPerSecond` estimates the throughput the service sustains and
 //! `× minRT` the concurrency it needs for it (Little's law): max in-flight
 //! = round(maxPass × minRT / bucket length). A request is dropped iff
 //! (CPU ≥ threshold (default 80 %) OR less than the cool-down (default 1 s) since the last drop)
 //! AND in-flight > 1 AND in-flight > max in-flight. With criticality shares, a level may only
 //! fill its share of max in-flight, so the least critical work is dropped first.
+//!
+//! Two deliberate differences from kratos:
+//! - max pass and min RT are taken over groups of buckets (`estimate_group`, default 10
+//!   buckets = 1 s) rather than single 100 ms buckets. The max of noisy per-bucket counts and the
+//!   min of noisy per-bucket averages are both biased, and their product settles below the true
+//!   concurrency (in `weir simulate overload` kratos's per-bucket estimate held in-flight at
+//!   ≈ 0.8–0.9 × the workers, leaving capacity idle). The estimate is recomputed once per
+//!   bucket, not per request.
+//! - the cool-down runs from the *last* drop, as specified, not from the first drop of an
+//!   episode (kratos): otherwise a CPU reading that dips below the threshold a second into an
+//!   episode opens the gate to a flood (the simulator showed 1 000 requests let in at once).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,6 +44,8 @@ pub struct BbrConfig {
     pub cooldown: Duration,
     /// Partitions by criticality (`None`: every level may use all of max in-flight).
     pub shares: Option<Shares>,
+    /// Buckets aggregated for the max-pass / min-RT estimate (1 = kratos).
+    pub estimate_group: u32,
 }
 
 impl Default for BbrConfig {
@@ -43,6 +56,7 @@ impl Default for BbrConfig {
             cpu_threshold: 0.8,
             cooldown: Duration::from_secs(1),
             shares: Some(Shares::default()),
+            estimate_group: 10,
         }
     }
 }
@@ -54,6 +68,8 @@ pub struct Bbr {
     cpu: Arc<dyn CpuSource>,
     /// Time of the last drop + 1 (0 = none).
     last_drop: AtomicU64,
+    /// (bucket index + 1, estimate) cached for the current bucket.
+    cached: parking_lot::Mutex<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Bbr {
@@ -75,16 +91,18 @@ impl BbrPermit<'_> {
     /// The request completed at `now`.
     pub fn finish(mut self, now: Nanos, outcome: Outcome) {
         self.done = true;
-        self.bbr
-            .stats
-            .add_complete(now, now.saturating_sub(self.started), outcome);
+        let stats = &self.bbr.stats;
+        stats.end();
+        // kratos counts a pass when a request completes: max pass measures throughput.
+        stats.add_pass(now, 1);
+        stats.add_complete(now, now.saturating_sub(self.started), outcome);
     }
 }
 
 impl Drop for BbrPermit<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.bbr.stats.abandon();
+            self.bbr.stats.end();
         }
     }
 }
@@ -103,20 +121,48 @@ impl Bbr {
             config,
             cpu,
             last_drop: AtomicU64::new(0),
+            cached: parking_lot::Mutex::new((0, 0)),
         })
     }
 
-    /// Little's law estimate of the concurrency the service sustains.
+    /// Little's law estimate of the concurrency the service sustains: max pass per bucket ×
+    /// min RT / bucket length, over groups of `estimate_group` buckets.
     pub fn max_in_flight(&self, now: Nanos) -> u64 {
-        let s = self.stats.snapshot(now);
-        let max_pass = s.max_pass_per_bucket.max(1);
-        let min_rt = if s.min_bucket_avg_rt == u64::MAX {
-            1_000_000 // 1 ms until there is data, as kratos
-        } else {
-            s.min_bucket_avg_rt
-        };
-        let bucket = duration_to_nanos(self.stats.bucket_duration()) as f64;
-        (max_pass as f64 * min_rt as f64 / bucket + 0.5).floor() as u64
+        let bucket = duration_to_nanos(self.stats.bucket_duration());
+        let index = now / bucket.max(1);
+        {
+            let cached = self.cached.lock();
+            if cached.0 == index + 1 {
+                return cached.1;
+            }
+        }
+        let group = u64::from(self.config.estimate_group.max(1));
+        let groups = self.stats.buckets() as u64 / group + 2;
+        // Per group: (buckets seen, pass, completed, rt_sum).
+        let mut acc = vec![(0u64, 0u64, 0u64, 0u64); groups as usize];
+        self.stats.for_each_complete(now, |i, pass, completed, rt| {
+            let g = &mut acc[((i / group) % groups) as usize];
+            g.0 += 1;
+            g.1 += pass;
+            g.2 += completed;
+            g.3 += rt;
+        });
+        let mut max_pass = 0f64;
+        let mut min_rt = f64::INFINITY;
+        for (n, pass, completed, rt) in acc {
+            if n == 0 {
+                continue;
+            }
+            max_pass = max_pass.max(pass as f64 / n as f64);
+            if completed > 0 {
+                min_rt = min_rt.min(rt as f64 / completed as f64);
+            }
+        }
+        let max_pass = max_pass.max(1.0);
+        let min_rt = if min_rt.is_finite() { min_rt } else { 1e6 }; // 1 ms until there is data
+        let estimate = (max_pass * min_rt / bucket as f64 + 0.5).floor() as u64;
+        *self.cached.lock() = (index + 1, estimate);
+        estimate
     }
 
     /// Requests in flight.
@@ -146,7 +192,7 @@ impl Bbr {
             None => max,
         };
         let drop = in_flight > cap;
-        if drop && hot && last == 0 {
+        if drop {
             self.last_drop.store(now + 1, Ordering::Relaxed);
         }
         drop
@@ -158,7 +204,7 @@ impl Bbr {
             self.stats.add_block(now, 1);
             return Err(Decision::deny(self.max_in_flight(now), 0, 0, 0));
         }
-        self.stats.add_pass(now, 1);
+        self.stats.begin();
         Ok(BbrPermit {
             bbr: self,
             started: now,
@@ -191,6 +237,7 @@ mod tests {
         let bbr = Bbr::new(
             BbrConfig {
                 shares: None,
+                estimate_group: 1,
                 ..BbrConfig::default()
             },
             cpu.clone(),
@@ -211,10 +258,10 @@ mod tests {
         assert!(!bbr.should_drop(Criticality::Critical, now));
         cpu.0.store(0.9f64.to_bits(), Ordering::Relaxed);
         assert!(bbr.should_drop(Criticality::Critical, now));
-        // CPU falls, but within the 1 s cool-down it keeps dropping; after it, not.
+        // CPU falls, but within 1 s of the last drop it keeps dropping; after that, not.
         cpu.0.store(0.1f64.to_bits(), Ordering::Relaxed);
         assert!(bbr.should_drop(Criticality::Critical, now + 500 * MS));
-        assert!(!bbr.should_drop(Criticality::Critical, now + 1_500 * MS));
+        assert!(!bbr.should_drop(Criticality::Critical, now + 1_600 * MS));
         drop(held);
         assert_eq!(bbr.in_flight(), 0);
     }
@@ -222,7 +269,14 @@ mod tests {
     #[test]
     fn lower_criticality_is_dropped_first() {
         let cpu = Arc::new(Fixed(Cpu::new(0.95f64.to_bits())));
-        let bbr = Bbr::new(BbrConfig::default(), cpu).unwrap();
+        let bbr = Bbr::new(
+            BbrConfig {
+                estimate_group: 1,
+                ..BbrConfig::default()
+            },
+            cpu,
+        )
+        .unwrap();
         for i in 0..100u64 {
             let p = bbr
                 .try_acquire(Criticality::CriticalPlus, i * 10 * MS)

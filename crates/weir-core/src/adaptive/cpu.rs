@@ -8,8 +8,11 @@
 //! 2. cgroup v1: `cpuacct.usage` (ns) against `cpu.cfs_quota_us / cpu.cfs_period_us`;
 //! 3. `/proc/stat`: busy / total jiffies of the whole host.
 //!
-//! [`CpuSampler`] reads it in a background thread (default every 500 ms) and smooths it like
-//! kratos (new = 0.95 × previous + 0.05 × sample), publishing a value in [0, 1].
+//! [`CpuSampler`] reads it in a background thread (default every 500 ms) and smooths it
+//! exponentially (new = decay × previous + (1 − decay) × sample), publishing a value in [0, 1].
+//! The default decay is 0.5, not kratos's 0.95: with 0.95 a saturated service needs ≈ 16 s of
+//! samples before the smoothed value crosses 80 %, long enough for a queue to build that takes
+//! as long again to drain (`weir simulate overload` shows it); with 0.5 it takes ≈ 1.2 s.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -167,13 +170,21 @@ pub struct CpuSampler {
 }
 
 impl CpuSampler {
+    /// Default smoothing (see the module documentation).
+    pub const DEFAULT_DECAY: f64 = 0.5;
+
     /// Samples this process's CPU (see [`CpuReader::detect`]) every `interval`.
     pub fn start(interval: Duration) -> Self {
-        Self::start_with(CpuReader::detect(Path::new("/")), interval)
+        Self::start_with(
+            CpuReader::detect(Path::new("/")),
+            interval,
+            Self::DEFAULT_DECAY,
+        )
     }
 
-    /// Samples with `reader` every `interval`.
-    pub fn start_with(mut reader: CpuReader, interval: Duration) -> Self {
+    /// Samples with `reader` every `interval`, smoothing with `decay` in [0, 1).
+    pub fn start_with(mut reader: CpuReader, interval: Duration, decay: f64) -> Self {
+        let decay = decay.clamp(0.0, 0.99);
         let value = Arc::new(AtomicU64::new(0f64.to_bits()));
         let stop = Arc::new(AtomicBool::new(false));
         let (v, s) = (value.clone(), stop.clone());
@@ -186,7 +197,7 @@ impl CpuSampler {
                 while !s.load(Ordering::Relaxed) {
                     std::thread::park_timeout(interval);
                     if let Some(u) = reader.sample(origin.elapsed().as_secs_f64()) {
-                        smoothed = smoothed * 0.95 + u * 0.05;
+                        smoothed = smoothed * decay + u * (1.0 - decay);
                         v.store(f64::to_bits(smoothed), Ordering::Relaxed);
                     }
                 }

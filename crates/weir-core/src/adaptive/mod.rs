@@ -11,10 +11,12 @@ pub mod codel;
 pub mod cpu;
 mod gradient2;
 mod vegas;
+mod windowed;
 
 pub use aimd::Aimd;
 pub use gradient2::Gradient2;
 pub use vegas::Vegas;
+pub use windowed::Windowed;
 
 use std::sync::Arc;
 
@@ -35,6 +37,8 @@ pub struct Sample {
     pub in_flight: u64,
     /// The call was dropped / timed out / rejected downstream (a congestion signal).
     pub dropped: bool,
+    /// When the call completed.
+    pub at: Nanos,
 }
 
 /// Estimates a concurrency limit from samples.
@@ -75,6 +79,7 @@ impl AdaptivePermit {
             rtt: now.saturating_sub(self.started),
             in_flight: self.in_flight,
             dropped,
+            at: now,
         };
         let limit = self.shared.algorithm.lock().on_sample(sample);
         self.shared.bulkhead.set_max_in_flight(limit);

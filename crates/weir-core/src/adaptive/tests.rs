@@ -9,6 +9,7 @@ fn sample(rtt_ms: u64, in_flight: u64) -> Sample {
         rtt: rtt_ms * MS,
         in_flight,
         dropped: false,
+        at: 0,
     }
 }
 
@@ -114,4 +115,41 @@ fn adaptive_limiter_enforces_the_moving_limit() {
         p.dropped(3 * MS);
     }
     assert!(limiter.limit() < limit);
+}
+
+#[test]
+fn windowed_feeds_one_average_per_window() {
+    let mut w = Windowed::new(Aimd::with_initial(30));
+    // 100 samples within one second: nothing is fed yet.
+    for i in 0..100u64 {
+        let s = Sample {
+            at: i * 5 * MS,
+            ..sample(10, 30)
+        };
+        assert_eq!(w.on_sample(s), 30);
+    }
+    // The first sample after the window closes feeds the average: one +1 step.
+    let s = Sample {
+        at: 1_001 * MS,
+        ..sample(10, 30)
+    };
+    assert_eq!(w.on_sample(s), 31);
+    // A drop anywhere in a window counts for the window.
+    let drop = Sample {
+        at: 1_500 * MS,
+        dropped: true,
+        ..sample(10, 30)
+    };
+    w.on_sample(drop);
+    for i in 0..10u64 {
+        w.on_sample(Sample {
+            at: 1_600 * MS + i * MS,
+            ..sample(10, 30)
+        });
+    }
+    let s = Sample {
+        at: 2_002 * MS,
+        ..sample(10, 30)
+    };
+    assert_eq!(w.on_sample(s), 27);
 }

@@ -274,7 +274,6 @@ impl Breaker {
         let bad = outcome == Outcome::Error || slow;
         if call.probe == 0 {
             if let Some(stats) = &self.stats {
-                stats.add_pass(call.started, 1);
                 stats.add_complete(now, rt, outcome);
                 if !bad {
                     return;

@@ -1,0 +1,411 @@
+//! `weir simulate overload`: a service under X × its capacity, in virtual time, with each
+//! protection of weir-core in front of it.
+//!
+//! Model: W workers (default 16); service times are Erlang-2 with mean W / C (so the service completes
+//! C requests/s at full use); requests arrive as a Poisson stream at X × C per second with the
+//! criticality mix 10 % CRITICAL_PLUS, 40 % CRITICAL, 30 % SHEDDABLE_PLUS, 20 % SHEDDABLE, and
+//! wait in a FIFO queue for a worker. A request is *good* when it completes within the SLO
+//! (5 × the unloaded mean latency). Goodput = good requests per second / C. The simulated
+//! process's CPU is the share of busy workers, sampled every 500 ms and smoothed like
+//! `CpuSampler` (decay 0.5). Same seed, same result.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use weir_core::adaptive::bbr::{Bbr, BbrConfig, BbrPermit};
+use weir_core::adaptive::codel::{Codel, CodelConfig};
+use weir_core::adaptive::{
+    AdaptiveLimiter, AdaptivePermit, Aimd, Gradient2, LimitAlgorithm, Vegas, Windowed,
+};
+use weir_core::concurrency::{ConcurrencyConfig, ConcurrencyLimiter, Permit, QueueOrder};
+use weir_core::criticality::Shares;
+use weir_core::retry::SplitMix64;
+use weir_core::stats::Outcome;
+use weir_core::{Criticality, Nanos};
+
+/// Protections `--protection` accepts.
+pub const PROTECTIONS: [&str; 7] = [
+    "none",
+    "static",
+    "bbr",
+    "gradient2",
+    "aimd",
+    "vegas",
+    "codel",
+];
+
+/// Default workers of the simulated service.
+pub const DEFAULT_WORKERS: usize = 16;
+
+/// Criticality mix, least critical first (SHEDDABLE, SHEDDABLE_PLUS, CRITICAL, CRITICAL_PLUS).
+const MIX: [f64; 4] = [0.2, 0.3, 0.4, 0.1];
+
+/// What to simulate.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// One of [`PROTECTIONS`].
+    pub protection: String,
+    /// Offered load as a multiple of capacity.
+    pub load: f64,
+    /// Requests per second the service completes at full use.
+    pub capacity: f64,
+    /// Simulated time.
+    pub duration: Duration,
+    /// Random seed.
+    pub seed: u64,
+    /// Workers (threads) of the service.
+    pub workers: usize,
+}
+
+/// Results per criticality level.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LevelResult {
+    /// Requests offered.
+    pub offered: u64,
+    /// Requests admitted by the protection at arrival.
+    pub admitted: u64,
+    /// Requests rejected (at arrival, or by CoDel at dequeue).
+    pub shed: u64,
+    /// Completed within the SLO.
+    pub good: u64,
+}
+
+impl LevelResult {
+    /// good / offered.
+    pub fn success_ratio(&self) -> f64 {
+        if self.offered == 0 {
+            1.0
+        } else {
+            self.good as f64 / self.offered as f64
+        }
+    }
+}
+
+/// The outcome of one simulation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// Settings it ran with.
+    pub protection: String,
+    /// Offered load.
+    pub load: f64,
+    /// Good requests per second / capacity.
+    pub goodput_ratio: f64,
+    /// Median latency of completed requests, ms.
+    pub p50_ms: f64,
+    /// 99th percentile latency of completed requests, ms.
+    pub p99_ms: f64,
+    /// The service's unloaded p99 latency (service time alone), ms.
+    pub unloaded_p99_ms: f64,
+    /// The SLO, ms.
+    pub slo_ms: f64,
+    /// Per level, least critical first.
+    pub by_level: [LevelResult; 4],
+}
+
+enum Guard {
+    None,
+    Static(#[allow(dead_code)] Permit),
+    Adaptive(AdaptivePermit),
+    Bbr(BbrPermit<'static>),
+}
+
+struct Request {
+    arrived: Nanos,
+    level: Criticality,
+    guard: Guard,
+}
+
+enum Protection {
+    None,
+    Static(ConcurrencyLimiter),
+    Adaptive(AdaptiveLimiter),
+    Bbr(&'static Bbr),
+    Codel(Codel),
+}
+
+fn exp(rng: &mut SplitMix64, mean: f64) -> f64 {
+    -mean * (1.0 - rng.next_f64()).ln()
+}
+
+fn erlang2(rng: &mut SplitMix64, mean: f64) -> f64 {
+    exp(rng, mean / 2.0) + exp(rng, mean / 2.0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+fn adaptive(alg: impl LimitAlgorithm + 'static) -> Result<AdaptiveLimiter, String> {
+    AdaptiveLimiter::new(
+        alg,
+        ConcurrencyConfig {
+            max_in_flight: 1,
+            max_queue: 0,
+            order: QueueOrder::Fifo,
+            shares: Some(Shares::default()),
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// Runs one simulation.
+pub fn run(s: &Settings) -> Result<Report, String> {
+    if !PROTECTIONS.contains(&s.protection.as_str()) {
+        return Err(format!(
+            "unknown protection '{}' (expected one of: {})",
+            s.protection,
+            PROTECTIONS.join(", ")
+        ));
+    }
+    if !(s.load.is_finite() && s.load > 0.0 && s.load <= 100.0) {
+        return Err(format!("--load must be in (0, 100], got {}", s.load));
+    }
+    if !(s.capacity.is_finite() && s.capacity >= 1.0 && s.capacity <= 1e6) {
+        return Err(format!(
+            "--capacity must be in [1, 1000000], got {}",
+            s.capacity
+        ));
+    }
+    if !(1..=10_000).contains(&s.workers) {
+        return Err(format!(
+            "--workers must be in [1, 10000], got {}",
+            s.workers
+        ));
+    }
+    if s.duration.is_zero() || s.duration > Duration::from_secs(3600) {
+        return Err("--duration must be in (0, 1h]".into());
+    }
+    // Bound the work: at most 20 M arrivals.
+    if s.load * s.capacity * s.duration.as_secs_f64() > 2e7 {
+        return Err("load × capacity × duration exceeds 20 million requests".into());
+    }
+    let workers = s.workers;
+    let mean_service_s = workers as f64 / s.capacity;
+    let mut rng = SplitMix64(s.seed);
+    // Unloaded latency = service time alone.
+    let mut unloaded: Vec<f64> = (0..100_000)
+        .map(|_| erlang2(&mut rng, mean_service_s))
+        .collect();
+    unloaded.sort_by(|a, b| a.total_cmp(b));
+    let unloaded_mean = unloaded.iter().sum::<f64>() / unloaded.len() as f64;
+    let unloaded_p99 = percentile(&unloaded, 0.99);
+    let slo = (5.0 * unloaded_mean * 1e9) as Nanos;
+
+    let cpu = Arc::new(AtomicU64::new(0f64.to_bits()));
+    let cpu_reader = cpu.clone();
+    let protection = match s.protection.as_str() {
+        "none" => Protection::None,
+        "static" => Protection::Static(
+            ConcurrencyLimiter::with_config(ConcurrencyConfig {
+                max_in_flight: 2 * workers as u64,
+                max_queue: 0,
+                order: QueueOrder::Fifo,
+                shares: Some(Shares::default()),
+            })
+            .map_err(|e| e.to_string())?,
+        ),
+        "bbr" => {
+            let source = move || f64::from_bits(cpu_reader.load(Ordering::Relaxed));
+            let bbr =
+                Bbr::new(BbrConfig::default(), Arc::new(source)).map_err(|e| e.to_string())?;
+            // Lives for the rest of the process: permits borrow it.
+            Protection::Bbr(Box::leak(Box::new(bbr)))
+        }
+        "gradient2" => Protection::Adaptive(adaptive(Windowed::new(Gradient2::default()))?),
+        "aimd" => Protection::Adaptive(adaptive(Windowed::new(Aimd::default()))?),
+        "vegas" => Protection::Adaptive(adaptive(Windowed::new(Vegas::default()))?),
+        _ => Protection::Codel(Codel::new(CodelConfig::default())),
+    };
+
+    let end = (s.duration.as_secs_f64() * 1e9) as Nanos;
+    let arrival_mean = 1.0 / (s.load * s.capacity);
+    let mut by_level = [LevelResult::default(); 4];
+    let mut latencies: Vec<f64> = Vec::new();
+    let mut queue: VecDeque<Request> = VecDeque::new();
+    let mut busy: Vec<Option<(Request, Nanos)>> = (0..workers).map(|_| None).collect();
+    // Completion events: (time, worker).
+    let mut completions: BinaryHeap<Reverse<(Nanos, usize)>> = BinaryHeap::new();
+    let mut next_arrival: Nanos = 0;
+    let (mut busy_time, mut last_change, mut busy_now, mut next_sample) =
+        (0f64, 0u64, 0usize, 500_000_000u64);
+    let mut smoothed = 0.0;
+    let sample_ns = 500_000_000u64;
+
+    loop {
+        let next_done = completions.peek().map(|Reverse((t, _))| *t);
+        let arrival_due = next_arrival < end;
+        let completion_first = next_done.is_some_and(|d| !arrival_due || d <= next_arrival);
+        if !completion_first && !arrival_due {
+            break; // no arrivals left and nothing in service (the queue is empty then too)
+        }
+        let now = match next_done {
+            Some(d) if completion_first => d,
+            _ => next_arrival,
+        };
+        // CPU accounting: busy worker-time, sampled every 500 ms.
+        busy_time += busy_now as f64 * (now - last_change) as f64;
+        last_change = now;
+        while now >= next_sample {
+            let usage = (busy_time / (workers as f64 * sample_ns as f64)).min(1.0);
+            smoothed = smoothed * 0.5 + usage * 0.5;
+            cpu.store(f64::to_bits(smoothed), Ordering::Relaxed);
+            busy_time = 0.0;
+            next_sample += sample_ns;
+        }
+        if completion_first {
+            let Some(Reverse((t, w))) = completions.pop() else {
+                break;
+            };
+            if let Some((req, _)) = busy[w].take() {
+                busy_now -= 1;
+                let latency = t - req.arrived;
+                latencies.push(latency as f64 / 1e6);
+                if latency <= slo {
+                    by_level[req.level.rank()].good += 1;
+                }
+                match req.guard {
+                    Guard::Adaptive(p) => p.success(t),
+                    Guard::Bbr(p) => p.finish(t, Outcome::Success),
+                    Guard::Static(_) | Guard::None => {}
+                }
+            }
+        } else {
+            // Arrival.
+            let u = rng.next_f64();
+            let mut acc = 0.0;
+            let mut level = Criticality::CriticalPlus;
+            for (i, share) in MIX.iter().enumerate() {
+                acc += share;
+                if u < acc {
+                    level = Criticality::ALL[i];
+                    break;
+                }
+            }
+            let r = &mut by_level[level.rank()];
+            r.offered += 1;
+            let guard = match &protection {
+                Protection::None | Protection::Codel(_) => Some(Guard::None),
+                Protection::Static(l) => l.try_acquire_as(1, level).ok().map(Guard::Static),
+                Protection::Adaptive(l) => l.try_acquire(level, now).ok().map(Guard::Adaptive),
+                Protection::Bbr(b) => b.try_acquire(level, now).ok().map(Guard::Bbr),
+            };
+            match guard {
+                Some(guard) => {
+                    r.admitted += 1;
+                    queue.push_back(Request {
+                        arrived: now,
+                        level,
+                        guard,
+                    });
+                }
+                None => r.shed += 1,
+            }
+            next_arrival = now + (exp(&mut rng, arrival_mean) * 1e9) as Nanos;
+        }
+        // Free workers take queued requests.
+        for (w, slot) in busy.iter_mut().enumerate() {
+            if slot.is_some() {
+                continue;
+            }
+            while let Some(req) = queue.pop_front() {
+                if let Protection::Codel(c) = &protection {
+                    if c.should_shed(now - req.arrived, req.level, now) {
+                        by_level[req.level.rank()].shed += 1;
+                        continue;
+                    }
+                }
+                let done = now + (erlang2(&mut rng, mean_service_s) * 1e9) as Nanos;
+                completions.push(Reverse((done, w)));
+                *slot = Some((req, done));
+                busy_now += 1;
+                break;
+            }
+        }
+    }
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let good: u64 = by_level.iter().map(|r| r.good).sum();
+    Ok(Report {
+        protection: s.protection.clone(),
+        load: s.load,
+        goodput_ratio: good as f64 / (s.capacity * s.duration.as_secs_f64()),
+        p50_ms: percentile(&latencies, 0.5),
+        p99_ms: percentile(&latencies, 0.99),
+        unloaded_p99_ms: unloaded_p99 * 1e3,
+        slo_ms: slo as f64 / 1e6,
+        by_level,
+    })
+}
+
+const LABELS: [&str; 4] = ["SHEDDABLE", "SHEDDABLE_PLUS", "CRITICAL", "CRITICAL_PLUS"];
+
+/// The human report.
+pub fn text(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "protection {} at load {}: goodput {:.3} of capacity, p50 {:.1} ms, p99 {:.1} ms \
+         (unloaded p99 {:.1} ms, SLO {:.1} ms)",
+        r.protection, r.load, r.goodput_ratio, r.p50_ms, r.p99_ms, r.unloaded_p99_ms, r.slo_ms
+    );
+    let _ = writeln!(
+        out,
+        "{:<15} {:>9} {:>9} {:>9} {:>9} {:>8}",
+        "criticality", "offered", "admitted", "shed", "good", "success"
+    );
+    let mut total = LevelResult::default();
+    for (i, l) in r.by_level.iter().enumerate().rev() {
+        let _ = writeln!(
+            out,
+            "{:<15} {:>9} {:>9} {:>9} {:>9} {:>7.1}%",
+            LABELS[i],
+            l.offered,
+            l.admitted,
+            l.shed,
+            l.good,
+            100.0 * l.success_ratio()
+        );
+        total.offered += l.offered;
+        total.admitted += l.admitted;
+        total.shed += l.shed;
+        total.good += l.good;
+    }
+    let _ = writeln!(
+        out,
+        "{:<15} {:>9} {:>9} {:>9} {:>9} {:>7.1}%",
+        "total",
+        total.offered,
+        total.admitted,
+        total.shed,
+        total.good,
+        100.0 * total.success_ratio()
+    );
+    out
+}
+
+/// The JSON report (one object).
+pub fn json(r: &Report) -> String {
+    let mut levels = String::new();
+    for (i, l) in r.by_level.iter().enumerate().rev() {
+        if !levels.is_empty() {
+            levels.push(',');
+        }
+        let _ = write!(
+            levels,
+            "\"{}\":{{\"offered\":{},\"admitted\":{},\"shed\":{},\"good\":{},\"success_ratio\":{:.6}}}",
+            LABELS[i], l.offered, l.admitted, l.shed, l.good, l.success_ratio()
+        );
+    }
+    format!(
+        "{{\"protection\":\"{}\",\"load\":{},\"goodput_ratio\":{:.6},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\
+         \"unloaded_p99_ms\":{:.3},\"slo_ms\":{:.3},\"by_criticality\":{{{}}}}}",
+        r.protection, r.load, r.goodput_ratio, r.p50_ms, r.p99_ms, r.unloaded_p99_ms, r.slo_ms, levels
+    )
+}
