@@ -57,10 +57,20 @@ impl Pacing {
     pub fn max_wait(&self) -> Duration {
         Duration::from_nanos(self.max_wait)
     }
+}
 
-    /// The state step with an explicit maximum wait.
+/// What the pacing CAS step found.
+#[derive(Debug, Clone, Copy)]
+pub struct PacingVerdict {
+    outcome: Outcome,
+    leave: Nanos,
+    end: Nanos,
+    max_wait: Nanos,
+}
+
+impl Reserving for Pacing {
     #[inline]
-    fn step_capped(&self, next: &mut u64, n: u64, now: Nanos, max_wait: Nanos) -> PacingVerdict {
+    fn step_within(&self, next: &mut u64, n: u64, now: Nanos, max_wait: Nanos) -> PacingVerdict {
         let leave = (*next).max(now);
         let mut v = PacingVerdict {
             outcome: Outcome::Never,
@@ -82,29 +92,6 @@ impl Pacing {
         }
         v
     }
-
-    /// The decision step with an explicit maximum wait.
-    #[inline]
-    pub fn decide_within(&self, next: &mut u64, n: u64, now: Nanos, max_wait: Nanos) -> Decision {
-        let v = self.step_capped(next, n, now, max_wait);
-        self.finish(v, n, now)
-    }
-}
-
-/// What the pacing CAS step found.
-#[derive(Debug, Clone, Copy)]
-pub struct PacingVerdict {
-    outcome: Outcome,
-    leave: Nanos,
-    end: Nanos,
-    max_wait: Nanos,
-}
-
-impl Reserving for Pacing {
-    #[inline]
-    fn step_within(&self, next: &mut u64, n: u64, now: Nanos, max_wait: Nanos) -> PacingVerdict {
-        self.step_capped(next, n, now, max_wait)
-    }
 }
 
 impl Algorithm for Pacing {
@@ -118,7 +105,7 @@ impl Algorithm for Pacing {
 
     #[inline]
     fn step(&self, next: &mut u64, n: u64, now: Nanos) -> PacingVerdict {
-        self.step_capped(next, n, now, self.max_wait)
+        self.step_within(next, n, now, self.max_wait)
     }
 
     #[inline]

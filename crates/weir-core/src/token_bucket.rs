@@ -84,10 +84,21 @@ impl TokenBucket {
     pub fn burst(&self) -> u64 {
         self.burst
     }
+}
 
-    /// The state step with an explicit maximum wait.
+/// What the token bucket's CAS step found.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBucketVerdict {
+    outcome: Outcome,
+    start: Nanos,
+    end: Nanos,
+    wait: Nanos,
+    max_wait: Nanos,
+}
+
+impl Reserving for TokenBucket {
     #[inline]
-    fn step_capped(
+    fn step_within(
         &self,
         full_at: &mut u64,
         n: u64,
@@ -118,42 +129,6 @@ impl TokenBucket {
         }
         v
     }
-
-    /// The decision step with an explicit maximum wait.
-    #[inline]
-    pub fn decide_within(
-        &self,
-        full_at: &mut u64,
-        n: u64,
-        now: Nanos,
-        max_wait: Nanos,
-    ) -> Decision {
-        let v = self.step_capped(full_at, n, now, max_wait);
-        self.finish(v, n, now)
-    }
-}
-
-/// What the token bucket's CAS step found.
-#[derive(Debug, Clone, Copy)]
-pub struct TokenBucketVerdict {
-    outcome: Outcome,
-    start: Nanos,
-    end: Nanos,
-    wait: Nanos,
-    max_wait: Nanos,
-}
-
-impl Reserving for TokenBucket {
-    #[inline]
-    fn step_within(
-        &self,
-        full_at: &mut u64,
-        n: u64,
-        now: Nanos,
-        max_wait: Nanos,
-    ) -> TokenBucketVerdict {
-        self.step_capped(full_at, n, now, max_wait)
-    }
 }
 
 impl Algorithm for TokenBucket {
@@ -171,7 +146,7 @@ impl Algorithm for TokenBucket {
 
     #[inline]
     fn step(&self, full_at: &mut u64, n: u64, now: Nanos) -> TokenBucketVerdict {
-        self.step_capped(full_at, n, now, self.max_wait)
+        self.step_within(full_at, n, now, self.max_wait)
     }
 
     #[inline]

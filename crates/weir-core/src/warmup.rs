@@ -120,9 +120,10 @@ impl WarmupTokenBucket {
             s.stored
         }
     }
+}
 
-    /// The decision step with an explicit maximum wait.
-    pub fn decide_within(
+impl Reserving for WarmupTokenBucket {
+    fn step_within(
         &self,
         state: &mut WarmupState,
         n: u64,
@@ -170,18 +171,6 @@ impl WarmupTokenBucket {
     }
 }
 
-impl Reserving for WarmupTokenBucket {
-    fn step_within(
-        &self,
-        state: &mut WarmupState,
-        n: u64,
-        now: Nanos,
-        max_wait: Nanos,
-    ) -> Decision {
-        self.decide_within(state, n, now, max_wait)
-    }
-}
-
 impl Algorithm for WarmupTokenBucket {
     type State = WarmupState;
     type Verdict = Decision;
@@ -195,7 +184,7 @@ impl Algorithm for WarmupTokenBucket {
     }
 
     fn step(&self, state: &mut WarmupState, n: u64, now: Nanos) -> Decision {
-        self.decide_within(state, n, now, self.max_wait)
+        self.step_within(state, n, now, self.max_wait)
     }
 
     #[inline]
