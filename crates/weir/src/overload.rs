@@ -7,7 +7,7 @@
 //! wait in a FIFO queue for a worker. A request is *good* when it completes within the SLO
 //! (5 × the unloaded mean latency). Goodput = good requests per second / C. The simulated
 //! process's CPU is the share of busy workers, sampled every 500 ms and smoothed like
-//! `CpuSampler` (decay 0.5). Same seed, same result.
+//! `CpuSampler` (decay 0.5, rises at once). Same seed, same result.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -255,7 +255,7 @@ pub fn run(s: &Settings) -> Result<Report, String> {
         last_change = now;
         while now >= next_sample {
             let usage = (busy_time / (workers as f64 * sample_ns as f64)).min(1.0);
-            smoothed = smoothed * 0.5 + usage * 0.5;
+            smoothed = (smoothed * 0.5 + usage * 0.5).max(usage);
             cpu.store(f64::to_bits(smoothed), Ordering::Relaxed);
             busy_time = 0.0;
             next_sample += sample_ns;

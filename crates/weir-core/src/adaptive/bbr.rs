@@ -9,16 +9,23 @@
 //! AND in-flight > 1 AND in-flight > max in-flight. With criticality shares, a level may only
 //! fill its share of max in-flight, so the least critical work is dropped first.
 //!
-//! Two deliberate differences from kratos:
-//! - max pass and min RT are taken over groups of buckets (`estimate_group`, default 10
-//!   buckets = 1 s) rather than single 100 ms buckets. The max of noisy per-bucket counts and the
-//!   min of noisy per-bucket averages are both biased, and their product settles below the true
-//!   concurrency (in `weir simulate overload` kratos's per-bucket estimate held in-flight at
-//!   ≈ 0.8–0.9 × the workers, leaving capacity idle). The estimate is recomputed once per
-//!   bucket, not per request.
-//! - the cool-down runs from the *last* drop, as specified, not from the first drop of an
-//!   episode (kratos): otherwise a CPU reading that dips below the threshold a second into an
-//!   episode opens the gate to a flood (the simulator showed 1 000 requests let in at once).
+//! Differences from kratos, each found with `weir simulate overload` (docs/overload.md):
+//! - **Flood clause** (`overload_factor`, default 4): in-flight above 4 × the estimate counts as
+//!   overload even while the CPU reads cold. The sampler needs one interval (500 ms) to see a
+//!   saturated CPU; at 3 × capacity kratos admits ~1 000 requests meanwhile, which wait seconds
+//!   (p99 2.8 s → 72 ms with the clause). 4 × stays clear of Poisson peaks at low load (no drop
+//!   at load 0.5). Set 0 for kratos's pure CPU gate: a dependency slowing 4 × with an idle CPU
+//!   then sheds until the window's min RT catches up.
+//! - **Cool-down from the last drop made while hot or flooded**, not from the first drop of an
+//!   episode (kratos) and not from any drop: kratos re-opens the gate one second into an
+//!   episode even if the queue is still there; refreshing on every drop kept the gate shut
+//!   forever with the CPU long below the threshold, ratcheting the estimate down.
+//! - the estimate is cached per bucket; `estimate_group` > 1 aggregates buckets for max pass /
+//!   min RT (less noise, but a group that spans an overload onset has a queue-inflated RT).
+//!
+//! Known limit: the estimate has no upward probe. In overload it settles where the CPU gate
+//! flickers (≈ 0.85 × the service's concurrency in the simulator: goodput 0.82 at 3 × load),
+//! below Gradient2/Vegas, which probe with a queue allowance.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,6 +53,10 @@ pub struct BbrConfig {
     pub shares: Option<Shares>,
     /// Buckets aggregated for the max-pass / min-RT estimate (1 = kratos).
     pub estimate_group: u32,
+    /// In-flight above this multiple of the estimate counts as overload even while the CPU
+    /// reads cold (0 = off, kratos). Covers the onset: the sampler needs one interval to see
+    /// a saturated CPU, and everything admitted meanwhile waits in a queue.
+    pub overload_factor: f64,
 }
 
 impl Default for BbrConfig {
@@ -56,7 +67,8 @@ impl Default for BbrConfig {
             cpu_threshold: 0.8,
             cooldown: Duration::from_secs(1),
             shares: Some(Shares::default()),
-            estimate_group: 10,
+            estimate_group: 1,
+            overload_factor: 4.0,
         }
     }
 }
@@ -68,8 +80,8 @@ pub struct Bbr {
     cpu: Arc<dyn CpuSource>,
     /// Time of the last drop + 1 (0 = none).
     last_drop: AtomicU64,
-    /// (bucket index + 1, estimate) cached for the current bucket.
-    cached: parking_lot::Mutex<(u64, u64)>,
+    /// (bucket index + 1, estimate or `None` without data) cached for the current bucket.
+    cached: parking_lot::Mutex<(u64, Option<u64>)>,
 }
 
 impl std::fmt::Debug for Bbr {
@@ -121,13 +133,18 @@ impl Bbr {
             config,
             cpu,
             last_drop: AtomicU64::new(0),
-            cached: parking_lot::Mutex::new((0, 0)),
+            cached: parking_lot::Mutex::new((0, None)),
         })
     }
 
     /// Little's law estimate of the concurrency the service sustains: max pass per bucket ×
-    /// min RT / bucket length, over groups of `estimate_group` buckets.
+    /// min RT / bucket length, over groups of `estimate_group` buckets (0 before any request
+    /// completed in the window).
     pub fn max_in_flight(&self, now: Nanos) -> u64 {
+        self.estimate(now).unwrap_or(0)
+    }
+
+    fn estimate(&self, now: Nanos) -> Option<u64> {
         let bucket = duration_to_nanos(self.stats.bucket_duration());
         let index = now / bucket.max(1);
         {
@@ -158,9 +175,9 @@ impl Bbr {
                 min_rt = min_rt.min(rt as f64 / completed as f64);
             }
         }
-        let max_pass = max_pass.max(1.0);
-        let min_rt = if min_rt.is_finite() { min_rt } else { 1e6 }; // 1 ms until there is data
-        let estimate = (max_pass * min_rt / bucket as f64 + 0.5).floor() as u64;
+        let estimate = min_rt
+            .is_finite()
+            .then(|| (max_pass.max(1.0) * min_rt / bucket as f64 + 0.5).floor() as u64);
         *self.cached.lock() = (index + 1, estimate);
         estimate
     }
@@ -180,19 +197,25 @@ impl Bbr {
         let last = self.last_drop.load(Ordering::Relaxed);
         let hot = self.cpu.usage() >= self.config.cpu_threshold;
         let cooling = last != 0 && now.saturating_sub(last - 1) <= cool;
-        if !hot && !cooling {
+        let estimate = self.estimate(now);
+        let flooded = self.config.overload_factor > 0.0
+            && estimate.is_some_and(|e| in_flight as f64 > self.config.overload_factor * e as f64);
+        if !hot && !cooling && !flooded {
             if last != 0 {
                 self.last_drop.store(0, Ordering::Relaxed);
             }
             return false;
         }
-        let max = self.max_in_flight(now);
+        let max = estimate.unwrap_or(0);
         let cap = match &self.config.shares {
             Some(s) => (max as f64 * share(s, level)).floor() as u64,
             None => max,
         };
         let drop = in_flight > cap;
-        if drop {
+        // Only a drop made with evidence of overload (hot CPU or a flood) restarts the
+        // cool-down: drops made while merely cooling would otherwise extend it forever, and
+        // the estimate would ratchet down with the CPU long below the threshold.
+        if drop && (hot || flooded) {
             self.last_drop.store(now + 1, Ordering::Relaxed);
         }
         drop
@@ -297,5 +320,52 @@ mod tests {
             !bbr.should_drop(Criticality::Critical, now),
             "6 ≤ 90 % of 10"
         );
+    }
+
+    #[test]
+    fn a_flood_is_shed_before_the_cpu_reads_hot() {
+        let cpu = Arc::new(Fixed(Cpu::new(0.0f64.to_bits())));
+        let bbr = Bbr::new(
+            BbrConfig {
+                shares: None,
+                ..BbrConfig::default()
+            },
+            cpu,
+        )
+        .unwrap();
+        assert_eq!(bbr.max_in_flight(0), 0, "no estimate without data");
+        // Without data a cold CPU never drops, whatever the in-flight.
+        let early: Vec<_> = (0..50)
+            .map(|_| bbr.try_acquire(Criticality::Critical, 0).unwrap())
+            .collect();
+        drop(early);
+        for i in 0..100u64 {
+            let p = bbr.try_acquire(Criticality::Critical, i * 10 * MS).unwrap();
+            p.finish(i * 10 * MS + 20 * MS, Outcome::Success);
+        }
+        let now = 1_000 * MS;
+        assert_eq!(bbr.max_in_flight(now), 2);
+        // Up to 4 × the estimate the cold CPU lets everything in …
+        let held: Vec<_> = (0..9)
+            .map(|_| bbr.try_acquire(Criticality::Critical, now).unwrap())
+            .collect();
+        // … above it, the flood is shed down to the estimate, and the cool-down holds the gate
+        // for a second after the last flood drop.
+        assert!(bbr.try_acquire(Criticality::Critical, now).is_err());
+        assert!(bbr.should_drop(Criticality::Critical, now + 900 * MS));
+        drop(held);
+        let _three: Vec<_> = (0..4)
+            .map(|_| bbr.try_acquire(Criticality::Critical, now + 900 * MS))
+            .collect();
+        assert_eq!(
+            bbr.in_flight(),
+            3,
+            "cooling sheds once in-flight exceeds the estimate"
+        );
+        // Drops made while merely cooling do not extend the cool-down (last flood drop: +900 ms).
+        assert!(bbr
+            .try_acquire(Criticality::Critical, now + 1_500 * MS)
+            .is_err());
+        assert!(!bbr.should_drop(Criticality::Critical, now + 2_000 * MS));
     }
 }

@@ -9,10 +9,11 @@
 //! 3. `/proc/stat`: busy / total jiffies of the whole host.
 //!
 //! [`CpuSampler`] reads it in a background thread (default every 500 ms) and smooths it
-//! exponentially (new = decay × previous + (1 − decay) × sample), publishing a value in [0, 1].
+//! exponentially on the way down (new = max(sample, decay × previous + (1 − decay) × sample)),
+//! publishing a value in [0, 1]: a rise is seen at the first sample, a dip fades out.
 //! The default decay is 0.5, not kratos's 0.95: with 0.95 a saturated service needs ≈ 16 s of
 //! samples before the smoothed value crosses 80 %, long enough for a queue to build that takes
-//! as long again to drain (`weir simulate overload` shows it); with 0.5 it takes ≈ 1.2 s.
+//! as long again to drain (`weir simulate overload` shows it); with 0.5 it takes ≈ 1.2 s, and rising at once it takes one interval.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -197,7 +198,9 @@ impl CpuSampler {
                 while !s.load(Ordering::Relaxed) {
                     std::thread::park_timeout(interval);
                     if let Some(u) = reader.sample(origin.elapsed().as_secs_f64()) {
-                        smoothed = smoothed * decay + u * (1.0 - decay);
+                        // Rise at once, fall smoothly: an overload must be seen at
+                        // the first sample; a dip must not open the gate.
+                        smoothed = (smoothed * decay + u * (1.0 - decay)).max(u);
                         v.store(f64::to_bits(smoothed), Ordering::Relaxed);
                     }
                 }
