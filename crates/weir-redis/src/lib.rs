@@ -1,0 +1,525 @@
+//! One global limit across machines: Weir's algorithms as atomic Redis Lua scripts.
+//!
+//! - [`RedisRule`]: a validated limit (fixed window, sliding counter, sliding log, GCRA, token
+//!   bucket, distributed concurrency) whose keys all sit in one hash slot (`weir:{rule:key}`),
+//!   so every script runs on Redis Cluster.
+//! - [`RedisLimiter`]: one atomic EVALSHA per decision, answering the same
+//!   [`weir_core::Decision`] as the in-memory limiters. Time is Redis `TIME` by default (one
+//!   clock for all instances), integer µs since 2026-01-01.
+//! - Failure handling: every call has a timeout (default 30 ms). The first failure switches
+//!   *all* decisions to the fallback at once (this instance's share of the limit by default,
+//!   or fail-open / fail-closed), so an outage costs at most one timeout, not one per request;
+//!   a background probe returns to Redis when it answers again. Transitions are logged
+//!   (`tracing`) and exported (`metrics`: `weir_redis_fallback`, `weir_redis_transitions_total`,
+//!   `weir_redis_fallback_decisions_total`, `weir_redis_errors_total`).
+//! - A local cache of keys known to be over their limit answers them without a round trip
+//!   until their `retry_after`.
+//!
+//! See `docs/redis.md` for the design, the bugs of peer projects each choice avoids, and the
+//! benchmark.
+
+mod cache;
+mod rule;
+pub mod scripts;
+mod store;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::RwLock;
+use weir_core::{Clock, Decision, MonotonicClock};
+
+pub use rule::{RedisAlgorithm, RedisRule, RuleOptions, MAX_MEMBER_LIMIT};
+pub use store::Target;
+
+use cache::OverLimit;
+use store::Backend;
+
+/// Seconds from the Unix epoch to the project epoch (2026-01-01T00:00:00Z) used by the scripts.
+pub const EPOCH_UNIX_SECS: u64 = 1_767_225_600;
+
+/// Errors talking to Redis.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A store URL that cannot be parsed.
+    #[error("bad store URL {0}")]
+    Url(String),
+    /// Redis answered with an error or the connection failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// No answer within the call timeout.
+    #[error("redis: no answer within {0:?}")]
+    Timeout(Duration),
+    /// Not connected (a cluster whose seeds were unreachable so far).
+    #[error("redis: not connected")]
+    NotConnected,
+    /// A script answered something that is not a decision (a bug, or a foreign key type).
+    #[error("redis: unexpected script answer {0}")]
+    Answer(String),
+}
+
+/// What decides while Redis is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fallback {
+    /// A local limiter with this instance's share of each limit (`limit / instances`).
+    #[default]
+    Local,
+    /// Allow everything.
+    FailOpen,
+    /// Deny everything (retry after the probe interval).
+    FailClosed,
+}
+
+impl Fallback {
+    /// Stable name (`local`, `fail_open`, `fail_closed`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::FailOpen => "fail_open",
+            Self::FailClosed => "fail_closed",
+        }
+    }
+}
+
+/// Whose clock the scripts use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimeSource {
+    /// Redis `TIME`: one clock for every instance (default).
+    #[default]
+    Redis,
+    /// This machine's wall clock (`SystemTime`), sent with each call.
+    Caller,
+}
+
+/// Options of a [`RedisLimiter`].
+#[derive(Debug, Clone, Copy)]
+pub struct RedisConfig {
+    /// Per-call timeout (default 30 ms).
+    pub timeout: Duration,
+    /// What decides while Redis is unreachable (default: the local share).
+    pub fallback: Fallback,
+    /// How often the background probe pings an unreachable Redis (default 100 ms).
+    pub probe_interval: Duration,
+    /// Answer keys known to be over their limit locally until their retry time (default on).
+    pub over_limit_cache: bool,
+    /// Whose clock the scripts read (default Redis `TIME`).
+    pub time: TimeSource,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_millis(30),
+            fallback: Fallback::Local,
+            probe_interval: Duration::from_millis(100),
+            over_limit_cache: true,
+            time: TimeSource::Redis,
+        }
+    }
+}
+
+/// Counters of a [`RedisLimiter`] (also exported through `metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Status {
+    /// Decisions are being made by Redis (false: by the fallback).
+    pub on_redis: bool,
+    /// Decisions made by the fallback.
+    pub fallback_decisions: u64,
+    /// Failed or timed-out calls.
+    pub errors: u64,
+    /// Switches from Redis to the fallback.
+    pub to_fallback: u64,
+    /// Switches back to Redis.
+    pub to_redis: u64,
+    /// Denials answered from the over-limit cache without a round trip.
+    pub cache_hits: u64,
+}
+
+/// A held slot of a concurrency rule; give it back with [`RedisLimiter::release`]. If never
+/// released (a crash), it expires after the rule's window.
+#[derive(Debug)]
+#[must_use = "release the lease"]
+pub struct Lease {
+    key: Option<String>,
+    id: String,
+    n: u64,
+}
+
+/// Decides with Redis, falling back locally when Redis fails. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisLimiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    target: Target,
+    backend: RwLock<Option<Backend>>,
+    config: RedisConfig,
+    healthy: AtomicBool,
+    probing: AtomicBool,
+    clock: MonotonicClock,
+    blocked: OverLimit,
+    lease_prefix: String,
+    lease_seq: AtomicU64,
+    fallback_decisions: AtomicU64,
+    errors: AtomicU64,
+    to_fallback: AtomicU64,
+    to_redis: AtomicU64,
+    cache_hits: AtomicU64,
+}
+
+impl std::fmt::Debug for RedisLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("target", &self.inner.target)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl RedisLimiter {
+    /// Connects to `url` (`redis://HOST:PORT[/DB]` or `redis+cluster://H1:P1,H2:P2`). A single
+    /// server is connected lazily; an unreachable cluster starts in the fallback and the probe
+    /// keeps trying. Must be called within a tokio runtime.
+    pub async fn connect(url: &str, config: RedisConfig) -> Result<Self, StoreError> {
+        let target = Target::parse(url)?;
+        let backend = match Backend::connect(&target, config.timeout).await {
+            Ok(b) => Some(b),
+            Err(e) if matches!(target, Target::Cluster(_)) => {
+                tracing::warn!(target: "weir_redis", "redis cluster unreachable at start ({e}); deciding with the {} fallback", config.fallback.name());
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let healthy = backend.is_some();
+        let seed = std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            (std::process::id(), SystemTime::now()),
+        );
+        let limiter = Self {
+            inner: Arc::new(Inner {
+                target,
+                backend: RwLock::new(backend),
+                config,
+                healthy: AtomicBool::new(healthy),
+                probing: AtomicBool::new(false),
+                clock: MonotonicClock::new(),
+                blocked: OverLimit::new(65_536),
+                lease_prefix: format!("{seed:016x}"),
+                lease_seq: AtomicU64::new(0),
+                fallback_decisions: AtomicU64::new(0),
+                errors: AtomicU64::new(0),
+                to_fallback: AtomicU64::new(0),
+                to_redis: AtomicU64::new(0),
+                cache_hits: AtomicU64::new(0),
+            }),
+        };
+        metrics::gauge!("weir_redis_fallback").set(if healthy { 0.0 } else { 1.0 });
+        if !healthy {
+            limiter.inner.to_fallback.fetch_add(1, Ordering::Relaxed);
+            Inner::start_probe(&limiter.inner);
+        }
+        Ok(limiter)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// Counters and current state.
+    pub fn status(&self) -> Status {
+        let i = &self.inner;
+        Status {
+            on_redis: i.healthy.load(Ordering::Acquire),
+            fallback_decisions: i.fallback_decisions.load(Ordering::Relaxed),
+            errors: i.errors.load(Ordering::Relaxed),
+            to_fallback: i.to_fallback.load(Ordering::Relaxed),
+            to_redis: i.to_redis.load(Ordering::Relaxed),
+            cache_hits: i.cache_hits.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Asks for `n` units of `rule` for `key` (`n = 0` checks only). Never fails: while Redis is
+    /// unreachable the configured fallback decides, and at most one call pays the timeout.
+    pub async fn check(&self, rule: &RedisRule, key: &str, n: u64) -> Decision {
+        let i = &self.inner;
+        let cached = i.config.over_limit_cache && !rule.count_denied();
+        if cached {
+            if let Some(d) = i.blocked.get(rule, key, i.clock.now()) {
+                i.cache_hits.fetch_add(1, Ordering::Relaxed);
+                return d;
+            }
+        }
+        if !i.healthy.load(Ordering::Acquire) {
+            return self.fallback(rule, key, n);
+        }
+        match self.call(rule, key, n, i.now_arg(), None).await {
+            Ok((d, _)) => {
+                if cached && !d.allowed() && n <= 1 {
+                    if let Some(retry) = d.retry_after() {
+                        i.blocked.insert(rule, key, i.clock.now(), retry, d);
+                    }
+                }
+                d
+            }
+            Err(e) => {
+                i.failed(&e);
+                self.fallback(rule, key, n)
+            }
+        }
+    }
+
+    /// Asks Redis directly, without fallback or cache; `now_us` (µs since
+    /// [`EPOCH_UNIX_SECS`]) overrides the clock when given. For tests and callers that handle
+    /// errors themselves.
+    pub async fn try_check(
+        &self,
+        rule: &RedisRule,
+        key: &str,
+        n: u64,
+        now_us: Option<u64>,
+    ) -> Result<Decision, StoreError> {
+        Ok(self.try_check_timed(rule, key, n, now_us).await?.0)
+    }
+
+    /// As [`RedisLimiter::try_check`], also answering the time the script decided at (µs since
+    /// [`EPOCH_UNIX_SECS`], Redis `TIME` unless overridden): for audits and accuracy tests.
+    pub async fn try_check_timed(
+        &self,
+        rule: &RedisRule,
+        key: &str,
+        n: u64,
+        now_us: Option<u64>,
+    ) -> Result<(Decision, u64), StoreError> {
+        let now = now_us.map_or_else(|| self.inner.now_arg(), |t| t.to_string());
+        self.call(rule, key, n, now, None).await
+    }
+
+    /// Takes `n` slots of a concurrency `rule` for `key`, held until [`RedisLimiter::release`]
+    /// or the rule's window (the lease TTL) passes. During a fallback the lease is local.
+    pub async fn acquire_lease(
+        &self,
+        rule: &RedisRule,
+        key: &str,
+        n: u64,
+    ) -> Result<Lease, Decision> {
+        let i = &self.inner;
+        let id = format!(
+            "{}{:x}",
+            i.lease_prefix,
+            i.lease_seq.fetch_add(1, Ordering::Relaxed)
+        );
+        let local = |me: &Self| {
+            let d = me.fallback(rule, key, n);
+            if d.allowed() {
+                Ok(Lease {
+                    key: None,
+                    id: String::new(),
+                    n,
+                })
+            } else {
+                Err(d)
+            }
+        };
+        if !i.healthy.load(Ordering::Acquire) {
+            return local(self);
+        }
+        match self.call(rule, key, n, i.now_arg(), Some(&id)).await {
+            Ok((d, _)) if d.allowed() => Ok(Lease {
+                key: Some(rule.keys(key)[0].clone()),
+                id,
+                n,
+            }),
+            Ok((d, _)) => Err(d),
+            Err(e) => {
+                i.failed(&e);
+                local(self)
+            }
+        }
+    }
+
+    /// Gives a lease's slots back (best effort: if Redis is unreachable the lease expires).
+    pub async fn release(&self, lease: Lease) {
+        let Some(key) = lease.key else { return };
+        let Some(mut backend) = self.inner.backend.read().clone() else {
+            return;
+        };
+        let mut inv = scripts::RELEASE.prepare_invoke();
+        inv.key(key).arg(lease.id).arg(lease.n);
+        let timeout = self.inner.config.timeout;
+        match tokio::time::timeout(timeout, backend.invoke(&inv)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => self.inner.failed(&StoreError::Redis(e)),
+            Err(_) => self.inner.failed(&StoreError::Timeout(timeout)),
+        }
+    }
+
+    fn fallback(&self, rule: &RedisRule, key: &str, n: u64) -> Decision {
+        let i = &self.inner;
+        i.fallback_decisions.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("weir_redis_fallback_decisions_total").increment(1);
+        let limit = rule.limit();
+        match i.config.fallback {
+            Fallback::Local => rule.local_acquire(key, n),
+            Fallback::FailOpen => Decision::allow(limit, limit, 0, 0),
+            Fallback::FailClosed => {
+                let retry = u64::try_from(i.config.probe_interval.as_nanos()).unwrap_or(u64::MAX);
+                Decision::deny(limit, 0, retry, 0)
+            }
+        }
+    }
+
+    async fn call(
+        &self,
+        rule: &RedisRule,
+        key: &str,
+        n: u64,
+        now: String,
+        lease: Option<&str>,
+    ) -> Result<(Decision, u64), StoreError> {
+        let Some(mut backend) = self.inner.backend.read().clone() else {
+            return Err(StoreError::NotConnected);
+        };
+        let [k1, k2] = rule.keys(key);
+        let [p1, p2] = rule.params();
+        let mut inv = rule.script().prepare_invoke();
+        inv.key(k1).key(k2).arg(now).arg(n);
+        inv.arg(u8::from(rule.count_denied()))
+            .arg(rule.limit())
+            .arg(p1);
+        match lease {
+            Some(id) => inv.arg(id),
+            None => inv.arg(p2),
+        };
+        let timeout = self.inner.config.timeout;
+        let value = tokio::time::timeout(timeout, backend.invoke(&inv))
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))??;
+        decision(&value)
+    }
+}
+
+/// Turns a script's `{allowed, limit, remaining, retry_us, reset_us, now_us}` into a Decision
+/// and the Redis-side time of the decision.
+fn decision(value: &redis::Value) -> Result<(Decision, u64), StoreError> {
+    let bad = || StoreError::Answer(format!("{value:?}"));
+    let redis::Value::Array(items) = value else {
+        return Err(bad());
+    };
+    let mut v = [0i64; 6];
+    if items.len() != 6 {
+        return Err(bad());
+    }
+    for (slot, item) in v.iter_mut().zip(items) {
+        let redis::Value::Int(x) = item else {
+            return Err(bad());
+        };
+        *slot = *x;
+    }
+    let ns = |us: i64| u64::try_from(us).unwrap_or(0).saturating_mul(1_000);
+    let (limit, remaining) = (
+        u64::try_from(v[1]).unwrap_or(0),
+        u64::try_from(v[2]).unwrap_or(0),
+    );
+    let d = match (v[0], v[3]) {
+        (1, _) => Decision::allow(limit, remaining, ns(v[4]), 0),
+        (_, -1) => Decision::never(limit, remaining, ns(v[4])),
+        _ => Decision::deny(limit, remaining, ns(v[3]), ns(v[4])),
+    };
+    Ok((d, u64::try_from(v[5]).unwrap_or(0)))
+}
+
+impl Inner {
+    fn now_arg(&self) -> String {
+        match self.config.time {
+            TimeSource::Redis => String::new(),
+            TimeSource::Caller => caller_now_us().to_string(),
+        }
+    }
+
+    /// Records a failed call; a connection-level failure switches every decision to the
+    /// fallback and starts the probe.
+    fn failed(self: &Arc<Self>, e: &StoreError) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let kind = match e {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Redis(r) if is_outage(r) => "connection",
+            StoreError::NotConnected => "connection",
+            _ => "answer",
+        };
+        metrics::counter!("weir_redis_errors_total", "kind" => kind).increment(1);
+        if kind == "answer" {
+            tracing::error!(target: "weir_redis", "redis call failed: {e}");
+            return;
+        }
+        if self.healthy.swap(false, Ordering::AcqRel) {
+            self.to_fallback.fetch_add(1, Ordering::Relaxed);
+            metrics::gauge!("weir_redis_fallback").set(1.0);
+            metrics::counter!("weir_redis_transitions_total", "to" => "fallback").increment(1);
+            tracing::warn!(target: "weir_redis", "redis unreachable ({e}); deciding with the {} fallback", self.config.fallback.name());
+        }
+        Self::start_probe(self);
+    }
+
+    fn start_probe(this: &Arc<Self>) {
+        if this.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak: Weak<Self> = Arc::downgrade(this);
+        let interval = this.config.probe_interval;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(me) = weak.upgrade() else { return };
+                if me.probe_once().await {
+                    me.probing.store(false, Ordering::Release);
+                    me.healthy.store(true, Ordering::Release);
+                    me.to_redis.fetch_add(1, Ordering::Relaxed);
+                    metrics::gauge!("weir_redis_fallback").set(0.0);
+                    metrics::counter!("weir_redis_transitions_total", "to" => "redis").increment(1);
+                    tracing::info!(target: "weir_redis", "redis reachable again; deciding with redis");
+                    return;
+                }
+            }
+        });
+    }
+
+    async fn probe_once(&self) -> bool {
+        let timeout = self.config.timeout.max(Duration::from_millis(50));
+        let existing = self.backend.read().clone();
+        let mut backend = match existing {
+            Some(b) => b,
+            None => match Backend::connect(&self.target, timeout).await {
+                Ok(b) => {
+                    *self.backend.write() = Some(b.clone());
+                    b
+                }
+                Err(_) => return false,
+            },
+        };
+        matches!(
+            tokio::time::timeout(timeout, backend.ping()).await,
+            Ok(Ok(()))
+        )
+    }
+}
+
+fn is_outage(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || e.is_unrecoverable_error()
+}
+
+/// This machine's wall clock in µs since [`EPOCH_UNIX_SECS`].
+pub fn caller_now_us() -> u64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(Duration::from_secs(EPOCH_UNIX_SECS));
+    u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,295 @@
+//! A limit stored in Redis: algorithm, quota and key prefix, validated once, plus the local
+//! limiter that stands in for it when Redis is unreachable.
+
+use std::time::Duration;
+
+use weir_core::{
+    ConfigError, Decision, FixedWindow, Gcra, KeyedLimiter, MonotonicClock, Quota, SlidingCounter,
+    SlidingLog, TokenBucket,
+};
+
+use crate::scripts;
+
+/// 2^53: integers above it are not exact in Lua's doubles.
+const EXACT: u128 = 1 << 53;
+/// Most units a sliding-log or concurrency rule may hold (one sorted-set member per unit).
+pub const MAX_MEMBER_LIMIT: u64 = 1 << 20;
+
+/// The algorithm a [`RedisRule`] runs in Redis (and locally during a fallback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisAlgorithm {
+    /// Counter per aligned window; up to 2 × limit across a boundary.
+    FixedWindow,
+    /// Previous window weighted by overlap (Cloudflare); approximate.
+    SlidingCounter,
+    /// Exact sliding window, a sorted set bounded to the limit.
+    SlidingLog,
+    /// GCRA with `burst` units at once.
+    Gcra {
+        /// Units that may pass at once.
+        burst: u64,
+    },
+    /// Token bucket (Guava SmoothBursty semantics, never waits) with capacity `burst`.
+    TokenBucket {
+        /// Bucket capacity.
+        burst: u64,
+    },
+    /// At most `limit` units held at once; each lease expires after the window (the lease TTL)
+    /// unless released, so a crashed holder's slots come back.
+    Concurrency,
+}
+
+impl RedisAlgorithm {
+    /// Stable lower-case name (`fixed_window`, `gcra`, …).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::FixedWindow => "fixed_window",
+            Self::SlidingCounter => "sliding_counter",
+            Self::SlidingLog => "sliding_log",
+            Self::Gcra { .. } => "gcra",
+            Self::TokenBucket { .. } => "token_bucket",
+            Self::Concurrency => "concurrency",
+        }
+    }
+}
+
+/// A validated limit: `limit` units per `window` under `algorithm`, keys `weir:{name:KEY}`.
+pub struct RedisRule {
+    name: String,
+    algorithm: RedisAlgorithm,
+    quota: Quota,
+    /// Algorithm parameters after `limit` (ARGV[5], ARGV[6]).
+    params: [u64; 2],
+    count_denied: bool,
+    local: Local,
+}
+
+/// The per-instance stand-in used during a fallback.
+enum Local {
+    Fixed(KeyedLimiter<String, FixedWindow, MonotonicClock>),
+    Counter(KeyedLimiter<String, SlidingCounter, MonotonicClock>),
+    Log(KeyedLimiter<String, SlidingLog, MonotonicClock>),
+    Gcra(KeyedLimiter<String, Gcra, MonotonicClock>),
+    Bucket(KeyedLimiter<String, TokenBucket, MonotonicClock>),
+    /// Concurrency: leases are not tracked locally; the fallback admits up to this instance's
+    /// share of the rate of leases per window.
+    Leases(KeyedLimiter<String, FixedWindow, MonotonicClock>),
+}
+
+/// Options of a [`RedisRule`] beyond algorithm and quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleOptions {
+    /// Count denied requests too (abuse protection: a client hammering a closed limit stays
+    /// closed). Default false: denied requests consume nothing.
+    pub count_denied: bool,
+    /// Instances sharing the limit: the local fallback allows `limit / instances` (at least 1).
+    pub instances: u64,
+    /// Most keys the local fallback tracks (evicting idle ones first).
+    pub local_keys: usize,
+}
+
+impl Default for RuleOptions {
+    fn default() -> Self {
+        Self {
+            count_denied: false,
+            instances: 1,
+            local_keys: 100_000,
+        }
+    }
+}
+
+fn invalid(msg: String) -> ConfigError {
+    ConfigError::Invalid(msg)
+}
+
+impl RedisRule {
+    /// Validates a rule. Windows are whole microseconds ≥ 1 ms; every value the script computes
+    /// must stay exact in a double.
+    pub fn new(
+        name: impl Into<String>,
+        algorithm: RedisAlgorithm,
+        limit: u64,
+        window: Duration,
+        options: RuleOptions,
+    ) -> Result<Self, ConfigError> {
+        let name = name.into();
+        let quota = Quota::new(limit, window)?;
+        let window_us = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
+        if window < Duration::from_millis(1) || window.subsec_nanos() % 1_000 != 0 {
+            return Err(invalid(format!(
+                "rule {name}: window must be whole microseconds and at least 1 ms, got {window:?}"
+            )));
+        }
+        if options.instances == 0 {
+            return Err(invalid(format!("rule {name}: instances must be ≥ 1")));
+        }
+        // Times are µs since 2026: stay below 2^53 with room for 100 years of them.
+        if u128::from(window_us) * 4 >= EXACT / 8 {
+            return Err(invalid(format!("rule {name}: window too long")));
+        }
+        let share = limit.div_ceil(options.instances).max(1);
+        let interval = window_us.div_ceil(limit).max(1);
+        let (params, local) = match algorithm {
+            RedisAlgorithm::FixedWindow => (
+                [window_us, 0],
+                Local::Fixed(keyed(
+                    FixedWindow::new(Quota::new(share, window)?)?,
+                    options,
+                )?),
+            ),
+            RedisAlgorithm::SlidingCounter => {
+                // prev · w and limit · w must be exact: switch to ms when µs would not be.
+                let res = if u128::from(limit) * u128::from(window_us) < EXACT {
+                    1
+                } else {
+                    1_000
+                };
+                if u128::from(limit) * u128::from(window_us / res) >= EXACT {
+                    return Err(invalid(format!(
+                        "rule {name}: limit × window (ms) must be below 2^53"
+                    )));
+                }
+                if window_us % res != 0 {
+                    return Err(invalid(format!(
+                        "rule {name}: a window this long must be whole milliseconds"
+                    )));
+                }
+                (
+                    [window_us / res, res],
+                    Local::Counter(keyed(
+                        SlidingCounter::new(Quota::new(share, window)?)?,
+                        options,
+                    )?),
+                )
+            }
+            RedisAlgorithm::SlidingLog | RedisAlgorithm::Concurrency
+                if limit > MAX_MEMBER_LIMIT =>
+            {
+                return Err(ConfigError::TooLarge {
+                    what: "sliding log / concurrency limit in Redis",
+                    value: limit,
+                    max: MAX_MEMBER_LIMIT,
+                });
+            }
+            RedisAlgorithm::SlidingLog => (
+                [window_us, 0],
+                Local::Log(keyed(
+                    SlidingLog::new(Quota::new(share, window)?)?,
+                    options,
+                )?),
+            ),
+            RedisAlgorithm::Gcra { burst } | RedisAlgorithm::TokenBucket { burst } => {
+                if burst == 0 {
+                    return Err(ConfigError::ZeroBurst);
+                }
+                if u128::from(burst + limit) * u128::from(interval) >= EXACT / 8 {
+                    return Err(invalid(format!(
+                        "rule {name}: burst × interval too large to be exact"
+                    )));
+                }
+                let local_burst = burst.div_ceil(options.instances).max(1);
+                let local_quota = Quota::new(share, window)?;
+                let local = match algorithm {
+                    RedisAlgorithm::Gcra { .. } => {
+                        Local::Gcra(keyed(Gcra::new(local_quota, local_burst)?, options)?)
+                    }
+                    _ => {
+                        Local::Bucket(keyed(TokenBucket::new(local_quota, local_burst)?, options)?)
+                    }
+                };
+                ([interval, burst], local)
+            }
+            RedisAlgorithm::Concurrency => (
+                [window_us, 0],
+                Local::Leases(keyed(
+                    FixedWindow::new(Quota::new(share, window)?)?,
+                    options,
+                )?),
+            ),
+        };
+        Ok(Self {
+            name,
+            algorithm,
+            quota,
+            params,
+            count_denied: options.count_denied,
+            local,
+        })
+    }
+
+    /// The rule's name (part of every key).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> RedisAlgorithm {
+        self.algorithm
+    }
+
+    /// Units per window.
+    pub fn limit(&self) -> u64 {
+        self.quota.limit()
+    }
+
+    /// The window (lease TTL for concurrency rules).
+    pub fn window(&self) -> Duration {
+        self.quota.window()
+    }
+
+    /// The Redis keys of `key`: the state, and a second key in the same slot (sliding log's
+    /// sequence counter).
+    pub fn keys(&self, key: &str) -> [String; 2] {
+        let base = format!("weir:{{{}:{}}}", self.name, key);
+        let seq = format!("{base}:seq");
+        [base, seq]
+    }
+
+    pub(crate) fn script(&self) -> &'static redis::Script {
+        match self.algorithm {
+            RedisAlgorithm::FixedWindow => &scripts::FIXED_WINDOW,
+            RedisAlgorithm::SlidingCounter => &scripts::SLIDING_COUNTER,
+            RedisAlgorithm::SlidingLog => &scripts::SLIDING_LOG,
+            RedisAlgorithm::Gcra { .. } => &scripts::GCRA,
+            RedisAlgorithm::TokenBucket { .. } => &scripts::TOKEN_BUCKET,
+            RedisAlgorithm::Concurrency => &scripts::CONCURRENCY,
+        }
+    }
+
+    pub(crate) fn params(&self) -> [u64; 2] {
+        self.params
+    }
+
+    pub(crate) fn count_denied(&self) -> bool {
+        self.count_denied
+    }
+
+    /// This instance's local decision for `key` (the fallback).
+    pub fn local_acquire(&self, key: &str, n: u64) -> Decision {
+        match &self.local {
+            Local::Fixed(l) | Local::Leases(l) => l.acquire(key, n),
+            Local::Counter(l) => l.acquire(key, n),
+            Local::Log(l) => l.acquire(key, n),
+            Local::Gcra(l) => l.acquire(key, n),
+            Local::Bucket(l) => l.acquire(key, n),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisRule")
+            .field("name", &self.name)
+            .field("algorithm", &self.algorithm)
+            .field("quota", &self.quota)
+            .field("count_denied", &self.count_denied)
+            .finish_non_exhaustive()
+    }
+}
+
+fn keyed<A: weir_core::Algorithm + Clone>(
+    algorithm: A,
+    options: RuleOptions,
+) -> Result<KeyedLimiter<String, A, MonotonicClock>, ConfigError> {
+    KeyedLimiter::with_clock(algorithm, options.local_keys.max(1), MonotonicClock::new())
+}

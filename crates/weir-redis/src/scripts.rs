@@ -1,0 +1,32 @@
+//! The Lua scripts, one per algorithm, each with the shared prelude (time, arguments).
+//!
+//! Every script runs as one atomic EVALSHA (`redis::Script` loads it again on `NOSCRIPT`, after
+//! a restart, failover or `SCRIPT FLUSH`) and touches only the keys passed in `KEYS`, all in one
+//! hash slot, so it runs unchanged on Redis Cluster.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+macro_rules! script {
+    ($name:ident, $file:literal) => {
+        #[doc = concat!("`src/lua/", $file, "` after the prelude.")]
+        pub static $name: LazyLock<Script> = LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("lua/prelude.lua"),
+                include_str!(concat!("lua/", $file))
+            ))
+        });
+    };
+}
+
+script!(FIXED_WINDOW, "fixed_window.lua");
+script!(SLIDING_COUNTER, "sliding_counter.lua");
+script!(SLIDING_LOG, "sliding_log.lua");
+script!(GCRA, "gcra.lua");
+script!(TOKEN_BUCKET, "token_bucket.lua");
+script!(CONCURRENCY, "concurrency.lua");
+
+/// Releases a concurrency lease (no prelude: no time, no decision).
+pub static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
