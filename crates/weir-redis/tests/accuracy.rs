@@ -12,6 +12,15 @@ use std::time::{Duration, Instant};
 
 use weir_redis::{RedisAlgorithm, RedisConfig, RedisLimiter, RedisRule, RuleOptions};
 
+/// Accuracy is measured here, not latency: a generous call timeout so a busy machine (tests run
+/// in parallel) cannot turn a slow answer into an error.
+fn config() -> RedisConfig {
+    RedisConfig {
+        timeout: Duration::from_secs(5),
+        ..RedisConfig::default()
+    }
+}
+
 const WINDOW: Duration = Duration::from_millis(500);
 const LIMIT: u64 = 40;
 const RUN: Duration = Duration::from_millis(1_600);
@@ -143,9 +152,7 @@ async fn run_clients(url: &str, prefix: &str, keys: &'static [&'static str]) {
         let rule: &'static RedisRule = Box::leak(Box::new(rule));
         let mut clients = Vec::new();
         for _ in 0..4 {
-            let limiter = RedisLimiter::connect(url, RedisConfig::default())
-                .await
-                .unwrap();
+            let limiter = RedisLimiter::connect(url, config()).await.unwrap();
             clients.push(tokio::spawn(hammer(limiter, rule, keys)));
         }
         let mut per_key = vec![Vec::new(); keys.len()];
@@ -187,9 +194,7 @@ async fn child_hammer() {
         .find(|r| r.algorithm().name() == alg)
         .unwrap();
     let rule: &'static RedisRule = Box::leak(Box::new(rule));
-    let limiter = RedisLimiter::connect(&url, RedisConfig::default())
-        .await
-        .unwrap();
+    let limiter = RedisLimiter::connect(&url, config()).await.unwrap();
     let times = hammer(limiter, rule, &["one"]).await;
     let line: Vec<String> = times[0].iter().map(u64::to_string).collect();
     // libtest prints "test child_hammer ... " without a newline first.

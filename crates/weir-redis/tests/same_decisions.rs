@@ -80,9 +80,12 @@ fn show(d: &Decision) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_scripts_decide_like_weir_core() {
     let redis = support::Redis::start();
-    let limiter = RedisLimiter::connect(&redis.url(), RedisConfig::default())
-        .await
-        .unwrap();
+    // Decisions are compared here, not latency: a generous timeout for a busy machine.
+    let config = RedisConfig {
+        timeout: Duration::from_secs(5),
+        ..RedisConfig::default()
+    };
+    let limiter = RedisLimiter::connect(&redis.url(), config).await.unwrap();
     let mut cases = Vec::new();
     for seed in 1..=4u64 {
         for (algorithm, limit, window_ms) in [

@@ -1,0 +1,88 @@
+//! Closed-loop load on one Redis: `C` tasks deciding as fast as they can for a duration.
+//! Prints one JSON line: decisions per second, p50 and p99 latency in µs.
+//!
+//! `cargo run --release -p weir-redis --example redis_bench -- URL ALGORITHM CONCURRENCY MILLIS [KEYS]`
+//! (ALGORITHM: gcra, sliding_counter, fixed_window, sliding_log, token_bucket). Used by
+//! `bench/redis-compare`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_redis::{RedisAlgorithm, RedisConfig, RedisLimiter, RedisRule, RuleOptions};
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 4 {
+        eprintln!("usage: redis_bench URL ALGORITHM CONCURRENCY MILLIS [KEYS]");
+        std::process::exit(2);
+    }
+    let algorithm = match args[1].as_str() {
+        "gcra" => RedisAlgorithm::Gcra { burst: 1_000 },
+        "token_bucket" => RedisAlgorithm::TokenBucket { burst: 1_000 },
+        "sliding_counter" => RedisAlgorithm::SlidingCounter,
+        "sliding_log" => RedisAlgorithm::SlidingLog,
+        "fixed_window" => RedisAlgorithm::FixedWindow,
+        other => {
+            eprintln!("redis_bench: unknown algorithm {other}");
+            std::process::exit(2);
+        }
+    };
+    let concurrency: usize = args[2].parse().expect("CONCURRENCY");
+    let run = Duration::from_millis(args[3].parse().expect("MILLIS"));
+    let keys: usize = args.get(4).map_or(1_000, |k| k.parse().expect("KEYS"));
+    // A limit no key reaches: every call is a full round trip to Redis (no over-limit cache).
+    let rule = Arc::new(
+        RedisRule::new(
+            format!("bench-{}", algorithm.name()),
+            algorithm,
+            1_000_000,
+            Duration::from_secs(1),
+            RuleOptions::default(),
+        )
+        .expect("rule"),
+    );
+    let config = RedisConfig {
+        timeout: Duration::from_secs(1),
+        ..RedisConfig::default()
+    };
+    let limiter = RedisLimiter::connect(&args[0], config)
+        .await
+        .expect("connect");
+    let deadline = Instant::now() + run;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|t| {
+            let (limiter, rule) = (limiter.clone(), rule.clone());
+            tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(1 << 16);
+                let mut i = t;
+                while Instant::now() < deadline && lat.len() < 5_000_000 {
+                    let key = format!("k{}", i % keys);
+                    let start = Instant::now();
+                    let d = limiter.check(&rule, &key, 1).await;
+                    lat.push(start.elapsed().as_micros() as u32);
+                    assert!(d.allowed());
+                    i += concurrency;
+                }
+                lat
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    all.sort_unstable();
+    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
+    let s = limiter.status();
+    assert!(s.fallback_decisions == 0, "fallback used: {s:?}");
+    println!(
+        "{{\"ops_per_s\": {:.0}, \"p50_us\": {}, \"p99_us\": {}, \"calls\": {}}}",
+        all.len() as f64 / secs,
+        pct(0.50),
+        pct(0.99),
+        all.len()
+    );
+}
