@@ -10,8 +10,19 @@ use std::time::{Duration, Instant};
 
 use weir_redis::{RedisAlgorithm, RedisConfig, RedisLimiter, RedisRule, RuleOptions};
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
+    // One runtime thread by default: Redis needs a core of its own on a 2-core machine.
+    let threads =
+        std::env::var("WEIR_BENCH_THREADS").map_or(1, |t| t.parse().expect("WEIR_BENCH_THREADS"));
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(run());
+}
+
+async fn run() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 4 {
         eprintln!("usage: redis_bench URL ALGORITHM CONCURRENCY MILLIS [KEYS]");
