@@ -2,7 +2,8 @@
 //! Prints one JSON line: decisions per second, p50 and p99 latency in µs.
 //!
 //! `cargo run --release -p weir-redis --example redis_bench -- URL ALGORITHM CONCURRENCY MILLIS [KEYS]`
-//! (ALGORITHM: gcra, sliding_counter, fixed_window, sliding_log, token_bucket). Used by
+//! (ALGORITHM: gcra, sliding_counter, fixed_window, sliding_log, token_bucket;
+//! WEIR_BENCH_BATCH=k takes k units per round trip, local batching). Used by
 //! `bench/redis-compare`.
 
 use std::sync::Arc;
@@ -49,7 +50,11 @@ async fn run() {
             algorithm,
             1_000_000,
             Duration::from_secs(1),
-            RuleOptions::default(),
+            RuleOptions {
+                batch: std::env::var("WEIR_BENCH_BATCH")
+                    .map_or(1, |b| b.parse().expect("WEIR_BENCH_BATCH")),
+                ..RuleOptions::default()
+            },
         )
         .expect("rule"),
     );

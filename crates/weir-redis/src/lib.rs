@@ -19,6 +19,7 @@
 //! benchmark.
 
 mod cache;
+mod reserve;
 mod rule;
 pub mod scripts;
 mod store;
@@ -34,6 +35,7 @@ pub use rule::{RedisAlgorithm, RedisRule, RuleOptions, MAX_MEMBER_LIMIT};
 pub use store::Target;
 
 use cache::OverLimit;
+use reserve::Reserve;
 use store::Backend;
 
 /// Seconds from the Unix epoch to the project epoch (2026-01-01T00:00:00Z) used by the scripts.
@@ -160,6 +162,7 @@ struct Inner {
     probing: AtomicBool,
     clock: MonotonicClock,
     blocked: OverLimit,
+    reserve: Reserve,
     lease_prefix: String,
     lease_seq: AtomicU64,
     fallback_decisions: AtomicU64,
@@ -206,6 +209,7 @@ impl RedisLimiter {
                 probing: AtomicBool::new(false),
                 clock: MonotonicClock::new(),
                 blocked: OverLimit::new(65_536),
+                reserve: Reserve::new(65_536),
                 lease_prefix: format!("{seed:016x}"),
                 lease_seq: AtomicU64::new(0),
                 fallback_decisions: AtomicU64::new(0),
@@ -255,6 +259,9 @@ impl RedisLimiter {
         if !i.healthy.load(Ordering::Acquire) {
             return self.fallback(rule, key, n);
         }
+        if rule.batch() > 1 && n == 1 {
+            return self.check_batched(rule, key).await;
+        }
         match self.call(rule, key, n, i.now_arg(), None).await {
             Ok((d, _)) => {
                 if cached && !d.allowed() && n <= 1 {
@@ -267,6 +274,45 @@ impl RedisLimiter {
             Err(e) => {
                 i.failed(&e);
                 self.fallback(rule, key, n)
+            }
+        }
+    }
+
+    /// One unit with local batching: spend a held unit, else take `batch` units from Redis and
+    /// hold the rest (falling back to one unit when `batch` do not fit).
+    async fn check_batched(&self, rule: &RedisRule, key: &str) -> Decision {
+        let i = &self.inner;
+        if let Some(d) = i.reserve.take(rule, key, i.clock.now()) {
+            return d;
+        }
+        let k = rule.batch();
+        let first = self.call(rule, key, k, i.now_arg(), None).await;
+        let result = match first {
+            Ok((d, _)) if d.allowed() => {
+                let hold = u64::try_from(rule.window().as_nanos() / 10).unwrap_or(u64::MAX);
+                i.reserve.keep(rule, key, k - 1, i.clock.now(), hold, &d);
+                return Decision::allow(
+                    d.limit(),
+                    d.remaining() + k - 1,
+                    duration_ns(d.reset_after()),
+                    0,
+                );
+            }
+            Ok(_) => self.call(rule, key, 1, i.now_arg(), None).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok((d, _)) => {
+                if i.config.over_limit_cache && !rule.count_denied() && !d.allowed() {
+                    if let Some(retry) = d.retry_after() {
+                        i.blocked.insert(rule, key, i.clock.now(), retry, d);
+                    }
+                }
+                d
+            }
+            Err(e) => {
+                i.failed(&e);
+                self.fallback(rule, key, 1)
             }
         }
     }
@@ -513,6 +559,10 @@ fn is_outage(e: &redis::RedisError) -> bool {
         || e.is_connection_refusal()
         || e.is_cluster_error()
         || e.is_unrecoverable_error()
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// This machine's wall clock in µs since [`EPOCH_UNIX_SECS`].

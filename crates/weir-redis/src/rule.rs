@@ -61,6 +61,7 @@ pub struct RedisRule {
     /// Algorithm parameters after `limit` (ARGV[5], ARGV[6]).
     params: [u64; 2],
     count_denied: bool,
+    batch: u64,
     local: Local,
 }
 
@@ -86,6 +87,11 @@ pub struct RuleOptions {
     pub instances: u64,
     /// Most keys the local fallback tracks (evicting idle ones first).
     pub local_keys: usize,
+    /// Local batching for hot keys: a one-unit request that reaches Redis takes this many units
+    /// and serves the rest from this instance for up to a tenth of the window (1 = off, the
+    /// default). Over-admission bound: `instances × (batch − 1)` units in any window-length
+    /// span; see `docs/redis.md`. Not for concurrency rules.
+    pub batch: u64,
 }
 
 impl Default for RuleOptions {
@@ -94,6 +100,7 @@ impl Default for RuleOptions {
             count_denied: false,
             instances: 1,
             local_keys: 100_000,
+            batch: 1,
         }
     }
 }
@@ -118,6 +125,17 @@ impl RedisRule {
         if window < Duration::from_millis(1) || window.subsec_nanos() % 1_000 != 0 {
             return Err(invalid(format!(
                 "rule {name}: window must be whole microseconds and at least 1 ms, got {window:?}"
+            )));
+        }
+        if options.batch == 0 || options.batch > limit {
+            return Err(invalid(format!(
+                "rule {name}: batch must be in [1, limit = {limit}], got {}",
+                options.batch
+            )));
+        }
+        if options.batch > 1 && algorithm == RedisAlgorithm::Concurrency {
+            return Err(invalid(format!(
+                "rule {name}: batch does not apply to concurrency rules"
             )));
         }
         if options.instances == 0 {
@@ -182,6 +200,12 @@ impl RedisRule {
                 if burst == 0 {
                     return Err(ConfigError::ZeroBurst);
                 }
+                if options.batch > burst {
+                    return Err(invalid(format!(
+                        "rule {name}: batch {} exceeds burst {burst}",
+                        options.batch
+                    )));
+                }
                 if u128::from(burst + limit) * u128::from(interval) >= EXACT / 8 {
                     return Err(invalid(format!(
                         "rule {name}: burst × interval too large to be exact"
@@ -213,6 +237,7 @@ impl RedisRule {
             quota,
             params,
             count_denied: options.count_denied,
+            batch: options.batch,
             local,
         })
     }
@@ -262,6 +287,11 @@ impl RedisRule {
 
     pub(crate) fn count_denied(&self) -> bool {
         self.count_denied
+    }
+
+    /// Units taken per round trip for one-unit requests (1 = no local batching).
+    pub fn batch(&self) -> u64 {
+        self.batch
     }
 
     /// This instance's local decision for `key` (the fallback).
