@@ -110,7 +110,7 @@ enum Guard {
     None,
     Static(#[allow(dead_code)] Permit),
     Adaptive(AdaptivePermit),
-    Bbr(BbrPermit<'static>),
+    Bbr(BbrPermit<&'static Bbr>),
 }
 
 struct Request {

@@ -27,6 +27,7 @@
 //! flickers (≈ 0.85 × the service's concurrency in the simulator: goodput 0.82 at 3 × load),
 //! below Gradient2/Vegas, which probe with a queue allowance.
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,16 +91,19 @@ impl std::fmt::Debug for Bbr {
     }
 }
 
-/// An admitted request; report its completion with [`BbrPermit::finish`].
+/// An admitted request; report its completion with [`BbrPermit::finish`]. `R` is how the
+/// permit holds the shedder: `&Bbr` from [`Bbr::try_acquire`], `Arc<Bbr>` from
+/// [`Bbr::try_acquire_owned`] (for futures that outlive a borrow, e.g. tower services).
+/// Dropped without `finish`, it only leaves the in-flight count.
 #[derive(Debug)]
 #[must_use = "report completion with finish()"]
-pub struct BbrPermit<'a> {
-    bbr: &'a Bbr,
+pub struct BbrPermit<R: Deref<Target = Bbr>> {
+    bbr: R,
     started: Nanos,
     done: bool,
 }
 
-impl BbrPermit<'_> {
+impl<R: Deref<Target = Bbr>> BbrPermit<R> {
     /// The request completed at `now`.
     pub fn finish(mut self, now: Nanos, outcome: Outcome) {
         self.done = true;
@@ -109,9 +113,14 @@ impl BbrPermit<'_> {
         stats.add_pass(now, 1);
         stats.add_complete(now, now.saturating_sub(self.started), outcome);
     }
+
+    /// When the request was admitted.
+    pub fn started(&self) -> Nanos {
+        self.started
+    }
 }
 
-impl Drop for BbrPermit<'_> {
+impl<R: Deref<Target = Bbr>> Drop for BbrPermit<R> {
     fn drop(&mut self) {
         if !self.done {
             self.bbr.stats.end();
@@ -222,17 +231,40 @@ impl Bbr {
     }
 
     /// Admits a request of `level` at `now`, or answers 503-style with the estimate as limit.
-    pub fn try_acquire(&self, level: Criticality, now: Nanos) -> Result<BbrPermit<'_>, Decision> {
-        if self.should_drop(level, now) {
-            self.stats.add_block(now, 1);
-            return Err(Decision::deny(self.max_in_flight(now), 0, 0, 0));
-        }
-        self.stats.begin();
+    pub fn try_acquire(
+        &self,
+        level: Criticality,
+        now: Nanos,
+    ) -> Result<BbrPermit<&Self>, Decision> {
+        self.admit(level, now)?;
         Ok(BbrPermit {
             bbr: self,
             started: now,
             done: false,
         })
+    }
+
+    /// As [`Bbr::try_acquire`], with a permit that holds an `Arc` of the shedder.
+    pub fn try_acquire_owned(
+        self: &Arc<Self>,
+        level: Criticality,
+        now: Nanos,
+    ) -> Result<BbrPermit<Arc<Self>>, Decision> {
+        self.admit(level, now)?;
+        Ok(BbrPermit {
+            bbr: self.clone(),
+            started: now,
+            done: false,
+        })
+    }
+
+    fn admit(&self, level: Criticality, now: Nanos) -> Result<(), Decision> {
+        if self.should_drop(level, now) {
+            self.stats.add_block(now, 1);
+            return Err(Decision::deny(self.max_in_flight(now), 0, 0, 0));
+        }
+        self.stats.begin();
+        Ok(())
     }
 }
 
