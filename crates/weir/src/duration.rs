@@ -80,6 +80,22 @@ pub fn format_ms(ns: u128) -> String {
     }
 }
 
+/// A window for humans: `30s`, `5m`, `1h`, `1d`, else milliseconds.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, len) in [
+        ("d", 86_400_000u128),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms >= len && ms % len == 0 {
+            return format!("{}{unit}", ms / len);
+        }
+    }
+    format!("{ms}ms")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 
 mod duration;
 mod overload;
+mod rls;
 mod simulate;
 
 use std::fs::File;
@@ -35,6 +36,38 @@ struct Cli {
 enum Command {
     /// Run a CSV trace (t_ms,key,cost) through a rate-limiting algorithm on virtual time.
     Simulate(SimulateArgs),
+    /// Run the Envoy rate-limit service (gRPC RLS v3) with an HTTP API and metrics.
+    Serve(ServeArgs),
+    /// Check a rate-limit configuration (a Lyft-format YAML file or a directory of them).
+    CheckConfig(CheckConfigArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// A Lyft-format YAML file or a directory of them (default: the bundled example).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// gRPC listen address (Envoy's rate-limit cluster points here).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8081")]
+    grpc_addr: std::net::SocketAddr,
+    /// HTTP listen address (POST /json, GET /healthz, GET /metrics).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    http_addr: std::net::SocketAddr,
+    /// memory, redis://HOST:PORT[/DB] or redis+cluster://H1:P1,H2:P2.
+    #[arg(long, value_name = "STORE", default_value = "memory")]
+    store: String,
+    /// Instances sharing the Redis store (the local fallback allows limit / N each).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    instances: u64,
+    /// Evaluate and count every rule, never answer OVER_LIMIT.
+    #[arg(long)]
+    shadow: bool,
+}
+
+#[derive(clap::Args)]
+struct CheckConfigArgs {
+    /// The file or directory to check.
+    path: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -104,6 +137,174 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Simulate(args) => run_simulate(args),
+        Command::Serve(args) => run_serve(args),
+        Command::CheckConfig(args) => run_check_config(args),
+    }
+}
+
+fn run_check_config(args: CheckConfigArgs) -> ExitCode {
+    match rls::config::load(&args.path) {
+        Ok(domains) => {
+            let engine = match rls::engine::Engine::build(
+                &domains,
+                rls::engine::EngineOptions::default(),
+                None,
+            ) {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("weir: error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let mut out = io::stdout().lock();
+            for d in &domains {
+                let _ = writeln!(out, "domain {}", d.domain);
+                for r in engine
+                    .rules()
+                    .iter()
+                    .filter(|r| r.id.starts_with(&format!("{}.", d.domain)))
+                {
+                    let l = &r.limit;
+                    let what = if l.unlimited {
+                        "unlimited".to_string()
+                    } else {
+                        format!(
+                            "{} per {} ({}{})",
+                            l.requests_per_unit,
+                            duration::format_duration(l.window),
+                            l.algorithm.name(),
+                            l.burst.map(|b| format!(", burst {b}")).unwrap_or_default()
+                        )
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  {}: {what}{}{}",
+                        r.id,
+                        if r.shadow { " [shadow]" } else { "" },
+                        l.name
+                            .as_ref()
+                            .map(|n| format!(" name={n}"))
+                            .unwrap_or_default()
+                    );
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for e in errors {
+                eprintln!("weir: error: {e}");
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_serve(args: ServeArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("weir: error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> ExitCode {
+    use std::sync::Arc;
+    if args.instances == 0 {
+        eprintln!("weir: error: --instances must be ≥ 1");
+        return ExitCode::from(2);
+    }
+    let store = if args.store == "memory" {
+        rls::engine::Store::Memory
+    } else if args.store.starts_with("redis://") || args.store.starts_with("redis+cluster://") {
+        match weir_redis::RedisLimiter::connect(&args.store, weir_redis::RedisConfig::default())
+            .await
+        {
+            Ok(l) => rls::engine::Store::Redis(l),
+            Err(e) => {
+                eprintln!("weir: error: --store {}: {e}", args.store);
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        eprintln!(
+            "weir: error: --store {:?}: expected memory, redis://HOST:PORT[/DB] or redis+cluster://H1:P1,H2:P2",
+            args.store
+        );
+        return ExitCode::from(2);
+    };
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .ok();
+    let options = rls::engine::EngineOptions {
+        instances: args.instances,
+        shadow: args.shadow,
+        ..Default::default()
+    };
+    let service = match rls::server::Service::new(args.config.clone(), store, options, prometheus) {
+        Ok(s) => Arc::new(s),
+        Err(errors) => {
+            for e in errors {
+                eprintln!("weir: error: {e}");
+            }
+            return ExitCode::from(2);
+        }
+    };
+    let grpc = match rls::server::bind(args.grpc_addr, "gRPC").await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("weir: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let http = match rls::server::bind(args.http_addr, "HTTP").await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("weir: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (g, h) = (
+        grpc.local_addr().map_or(args.grpc_addr, |a| a),
+        http.local_addr().map_or(args.http_addr, |a| a),
+    );
+    service.watch(std::time::Duration::from_secs(1));
+    let config = args
+        .config
+        .as_ref()
+        .map_or("the bundled example".to_string(), |p| {
+            p.display().to_string()
+        });
+    let domain = service
+        .engine()
+        .domains()
+        .next()
+        .unwrap_or("example")
+        .to_string();
+    println!(
+        "weir serve: gRPC RLS v3 on {g}, HTTP on http://{h} (config: {config}, store: {})",
+        args.store
+    );
+    println!(
+        "try: curl -s -XPOST http://{h}/json -d '{{\"domain\":\"{domain}\",\"descriptors\":[{{\"entries\":[{{\"key\":\"remote_address\",\"value\":\"10.0.0.1\"}}]}}]}}'"
+    );
+    let _ = io::stdout().flush();
+    let result = tokio::select! {
+        r = rls::server::serve_grpc(service.clone(), grpc) => r.map_err(|e| format!("gRPC server: {e}")),
+        r = rls::server::serve_http(service.clone(), http) => r.map_err(|e| format!("HTTP server: {e}")),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weir: error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -1,0 +1,516 @@
+//! The Lyft rate-limit configuration (envoyproxy/ratelimit's YAML), loaded unchanged, plus
+//! Weir's documented extensions (`algorithm`, `burst`, `window`).
+//!
+//! ```yaml
+//! domain: api
+//! descriptors:
+//!   - key: remote_address            # no value: one counter per address
+//!     rate_limit: {unit: minute, requests_per_unit: 100}
+//!   - key: path
+//!     value: "/login*"               # `*` wildcard
+//!     rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra, burst: 10}
+//!     descriptors:
+//!       - key: user
+//!         rate_limit: {window: 30s, requests_per_unit: 3, algorithm: sliding_log}
+//! ```
+//!
+//! Errors name the file, line, column and field path: YAML syntax, unknown fields, wrong types
+//! and impossible values (found while deserializing, so they carry the position), duplicate
+//! keys at one level. YAML parsing is `serde_yaml_ng` (maintained fork of the deprecated
+//! serde_yaml; its errors carry line and column; see docs/serve.md).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+
+/// One configuration error, printable as one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based line and column, when known.
+    pub position: Option<(usize, usize)>,
+    /// The field path, e.g. `descriptors[1].rate_limit.unit`.
+    pub path: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some((line, col)) = self.position {
+            write!(f, ":{line}:{col}")?;
+        }
+        if !self.path.is_empty() && self.path != "." {
+            write!(f, ": {}", self.path)?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+/// Time units of the Lyft format (MONTH = 30 days, YEAR = 365 days).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// 1 s.
+    Second,
+    /// 60 s.
+    Minute,
+    /// 3 600 s.
+    Hour,
+    /// 86 400 s.
+    Day,
+    /// 7 days.
+    Week,
+    /// 30 days.
+    Month,
+    /// 365 days.
+    Year,
+}
+
+impl Unit {
+    /// The unit's length.
+    pub fn duration(self) -> Duration {
+        Duration::from_secs(match self {
+            Self::Second => 1,
+            Self::Minute => 60,
+            Self::Hour => 3_600,
+            Self::Day => 86_400,
+            Self::Week => 7 * 86_400,
+            Self::Month => 30 * 86_400,
+            Self::Year => 365 * 86_400,
+        })
+    }
+
+    /// Upper-case name as in the proto (`SECOND`, …).
+    pub fn proto_name(self) -> &'static str {
+        match self {
+            Self::Second => "SECOND",
+            Self::Minute => "MINUTE",
+            Self::Hour => "HOUR",
+            Self::Day => "DAY",
+            Self::Week => "WEEK",
+            Self::Month => "MONTH",
+            Self::Year => "YEAR",
+        }
+    }
+
+    /// Parses a unit name in any case.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "second" => Self::Second,
+            "minute" => Self::Minute,
+            "hour" => Self::Hour,
+            "day" => Self::Day,
+            "week" => Self::Week,
+            "month" => Self::Month,
+            "year" => Self::Year,
+            _ => return None,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Unit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Unit::parse(&s).ok_or_else(|| {
+            de::Error::custom(format!(
+                "unknown unit {s:?}: expected second, minute, hour, day, week, month or year"
+            ))
+        })
+    }
+}
+
+/// The algorithm of a limit (extension; `fixed_window` by default, as Lyft).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Lyft's behaviour.
+    #[default]
+    FixedWindow,
+    /// Previous window weighted by overlap.
+    SlidingCounter,
+    /// Exact sliding window.
+    SlidingLog,
+    /// GCRA (burst = `burst`, default the limit).
+    Gcra,
+    /// Token bucket (capacity = `burst`, default the limit).
+    TokenBucket,
+}
+
+impl Algorithm {
+    /// The configuration name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FixedWindow => "fixed_window",
+            Self::SlidingCounter => "sliding_counter",
+            Self::SlidingLog => "sliding_log",
+            Self::Gcra => "gcra",
+            Self::TokenBucket => "token_bucket",
+        }
+    }
+}
+
+/// `replaces: [{name: …}]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replace {
+    /// Name of the limit this one replaces.
+    pub name: String,
+}
+
+/// A validated `rate_limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimit {
+    /// The Lyft unit (also set when `window` is given: the nearest unit reported to Envoy).
+    pub unit: Unit,
+    /// Units per window.
+    pub requests_per_unit: u64,
+    /// The window: the unit, or the `window` extension (e.g. 30 s).
+    pub window: Duration,
+    /// Optional name (metrics, `replaces`).
+    pub name: Option<String>,
+    /// Answer OK without counting.
+    pub unlimited: bool,
+    /// Limits this one replaces.
+    pub replaces: Vec<String>,
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Burst for GCRA / token bucket.
+    pub burst: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRateLimit {
+    unit: Option<Unit>,
+    requests_per_unit: Option<u64>,
+    name: Option<String>,
+    #[serde(default)]
+    unlimited: bool,
+    #[serde(default)]
+    replaces: Vec<Replace>,
+    #[serde(default)]
+    algorithm: Algorithm,
+    burst: Option<u64>,
+    window: Option<String>,
+}
+
+/// Parses `30s`, `500ms`, `5m`, `1h`, `1d`.
+pub fn parse_window(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mult_ms = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(mult_ms)
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis)
+}
+
+impl<'de> Deserialize<'de> for RateLimit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawRateLimit::deserialize(d)?;
+        let window = match &raw.window {
+            Some(w) => Some(parse_window(w).ok_or_else(|| {
+                de::Error::custom(format!(
+                    "window {w:?}: expected a positive duration like 500ms, 30s, 5m, 1h or 1d"
+                ))
+            })?),
+            None => None,
+        };
+        let unit = match (raw.unit, window) {
+            (Some(u), None) => u,
+            (None, Some(w)) => nearest_unit(w),
+            (Some(_), Some(_)) => {
+                return Err(de::Error::custom("give either unit or window, not both"))
+            }
+            (None, None) if raw.unlimited => Unit::Second,
+            (None, None) => {
+                return Err(de::Error::custom(
+                    "missing unit (second, minute, hour, day, …) or window",
+                ))
+            }
+        };
+        let requests_per_unit = match raw.requests_per_unit {
+            Some(n) => n,
+            None if raw.unlimited => 0,
+            None => return Err(de::Error::custom("missing requests_per_unit")),
+        };
+        if !raw.unlimited && requests_per_unit == 0 {
+            return Err(de::Error::custom(
+                "requests_per_unit must be ≥ 1 (use unlimited: true for no limit)",
+            ));
+        }
+        if raw.burst == Some(0) {
+            return Err(de::Error::custom("burst must be ≥ 1"));
+        }
+        if raw.burst.is_some() && !matches!(raw.algorithm, Algorithm::Gcra | Algorithm::TokenBucket)
+        {
+            return Err(de::Error::custom(format!(
+                "burst applies to gcra and token_bucket, not {}",
+                raw.algorithm.name()
+            )));
+        }
+        Ok(RateLimit {
+            unit,
+            requests_per_unit,
+            window: window.unwrap_or_else(|| unit.duration()),
+            name: raw.name,
+            unlimited: raw.unlimited,
+            replaces: raw.replaces.into_iter().map(|r| r.name).collect(),
+            algorithm: raw.algorithm,
+            burst: raw.burst,
+        })
+    }
+}
+
+fn nearest_unit(w: Duration) -> Unit {
+    let s = w.as_secs();
+    [
+        Unit::Year,
+        Unit::Month,
+        Unit::Week,
+        Unit::Day,
+        Unit::Hour,
+        Unit::Minute,
+    ]
+    .into_iter()
+    .find(|u| s >= u.duration().as_secs())
+    .unwrap_or(Unit::Second)
+}
+
+/// A descriptor node of the configuration tree.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Descriptor {
+    /// Entry key.
+    #[serde(deserialize_with = "non_empty")]
+    pub key: String,
+    /// Entry value (`*` wildcards); none = any value, one counter per value.
+    pub value: Option<String>,
+    /// The limit at this node.
+    pub rate_limit: Option<RateLimit>,
+    /// Evaluate and count, always answer OK.
+    #[serde(default)]
+    pub shadow_mode: bool,
+    /// Per-value metrics (Lyft); accepted, metrics here are per rule.
+    #[serde(default)]
+    pub detailed_metric: bool,
+    /// Nested descriptors.
+    #[serde(default, deserialize_with = "unique_children")]
+    pub descriptors: Vec<Descriptor>,
+}
+
+fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.is_empty() {
+        return Err(de::Error::custom("key must not be empty"));
+    }
+    Ok(s)
+}
+
+fn unique_children<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Descriptor>, D::Error> {
+    let v: Vec<Descriptor> = Vec::deserialize(d)?;
+    check_unique(&v).map_err(de::Error::custom)?;
+    Ok(v)
+}
+
+fn check_unique(v: &[Descriptor]) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    for d in v {
+        if !seen.insert((&d.key, &d.value)) {
+            return Err(format!(
+                "duplicate descriptor key {:?}{} at one level",
+                d.key,
+                d.value
+                    .as_ref()
+                    .map(|v| format!(" value {v:?}"))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One Lyft configuration document.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainConfig {
+    /// The domain.
+    #[serde(deserialize_with = "non_empty")]
+    pub domain: String,
+    /// Top-level descriptors.
+    #[serde(default, deserialize_with = "unique_children")]
+    pub descriptors: Vec<Descriptor>,
+}
+
+/// Parses one YAML file's text.
+pub fn parse(file: &Path, text: &str) -> Result<DomainConfig, ConfigError> {
+    let de = serde_yaml_ng::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let position = inner.location().map(|l| (l.line(), l.column()));
+        let mut reason = inner.to_string();
+        // serde_yaml_ng appends " at line L column C"; the position is printed separately.
+        if let Some(i) = reason.find(" at line ") {
+            reason.truncate(i);
+        }
+        // … and may start with its own (shorter) path: keep the reason only.
+        if let Some((head, rest)) = reason.split_once(": ") {
+            if !head.contains(' ') && path.starts_with(head) {
+                reason = rest.to_string();
+            }
+        }
+        ConfigError {
+            file: file.to_path_buf(),
+            position,
+            path,
+            reason,
+        }
+    })
+}
+
+/// Loads `path`: a YAML file or a directory of `*.yaml` / `*.yml` files (sorted by name).
+/// Answers every file's domain, or every error found (all files are read).
+pub fn load(path: &Path) -> Result<Vec<DomainConfig>, Vec<ConfigError>> {
+    let files = if path.is_dir() {
+        let mut files: Vec<PathBuf> = match std::fs::read_dir(path) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                .collect(),
+            Err(e) => return Err(vec![io_error(path, &e)]),
+        };
+        files.sort();
+        if files.is_empty() {
+            return Err(vec![ConfigError {
+                file: path.to_path_buf(),
+                position: None,
+                path: String::new(),
+                reason: "no .yaml or .yml files in this directory".into(),
+            }]);
+        }
+        files
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut domains = Vec::new();
+    let mut errors = Vec::new();
+    for f in &files {
+        match std::fs::read_to_string(f) {
+            Ok(text) => match parse(f, &text) {
+                Ok(d) => domains.push((f.clone(), d)),
+                Err(e) => errors.push(e),
+            },
+            Err(e) => errors.push(io_error(f, &e)),
+        }
+    }
+    let mut seen = std::collections::HashMap::new();
+    for (f, d) in &domains {
+        if let Some(first) = seen.insert(d.domain.clone(), f.clone()) {
+            errors.push(ConfigError {
+                file: f.clone(),
+                position: None,
+                path: "domain".into(),
+                reason: format!(
+                    "domain {:?} is also defined in {}",
+                    d.domain,
+                    first.display()
+                ),
+            });
+        }
+    }
+    if errors.is_empty() {
+        Ok(domains.into_iter().map(|(_, d)| d).collect())
+    } else {
+        Err(errors)
+    }
+}
+
+fn io_error(path: &Path, e: &std::io::Error) -> ConfigError {
+    ConfigError {
+        file: path.to_path_buf(),
+        position: None,
+        path: String::new(),
+        reason: format!("cannot read: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        parse(Path::new("c.yaml"), text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn lyft_example_loads() {
+        let c = parse(
+            Path::new("c.yaml"),
+            "domain: mongo_cps\ndescriptors:\n  - key: database\n    value: users\n    rate_limit:\n      unit: second\n      requests_per_unit: 500\n  - key: database\n    value: default\n    rate_limit:\n      unit: SECOND\n      requests_per_unit: 500\n",
+        )
+        .unwrap();
+        assert_eq!(c.domain, "mongo_cps");
+        assert_eq!(c.descriptors.len(), 2);
+        let rl = c.descriptors[1].rate_limit.as_ref().unwrap();
+        assert_eq!((rl.unit, rl.requests_per_unit), (Unit::Second, 500));
+    }
+
+    #[test]
+    fn errors_name_line_column_and_path() {
+        let e = err("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 5\n");
+        assert!(
+            e.starts_with("c.yaml:5:7: descriptors[0].rate_limit.unit: unknown unit \"fortnight\""),
+            "{e}"
+        );
+        let e = err("domain: d\ndescriptors:\n  - key: a\n    ratelimit: {}\n");
+        assert!(
+            e.contains("c.yaml:4:") && e.contains("unknown field `ratelimit`"),
+            "{e}"
+        );
+        let e = err("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -3}\n");
+        assert!(
+            e.contains("c.yaml:4:") && e.contains("requests_per_unit"),
+            "{e}"
+        );
+        let e = err("domain: d\ndescriptors:\n  - key: a\n  - key: a\n");
+        assert!(e.contains("duplicate descriptor key \"a\""), "{e}");
+        let e = err("domain: ''\n");
+        assert!(
+            e.contains("domain") && e.contains("must not be empty"),
+            "{e}"
+        );
+        let e = err("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 0}\n");
+        assert!(e.contains("requests_per_unit must be ≥ 1"), "{e}");
+        let e = err("domain: d\n  bad: [\n");
+        assert!(e.starts_with("c.yaml:"), "{e}");
+    }
+
+    #[test]
+    fn extensions_window_algorithm_burst() {
+        let c = parse(
+            Path::new("c.yaml"),
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {window: 30s, requests_per_unit: 3, algorithm: gcra, burst: 5}\n",
+        )
+        .unwrap();
+        let rl = c.descriptors[0].rate_limit.as_ref().unwrap();
+        assert_eq!(rl.window, Duration::from_secs(30));
+        assert_eq!(rl.algorithm, Algorithm::Gcra);
+        assert_eq!(rl.burst, Some(5));
+        assert!(err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {window: 30x, requests_per_unit: 3}\n").contains("window \"30x\""));
+        assert!(err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3, burst: 2}\n").contains("burst applies to gcra"));
+    }
+}

@@ -1,0 +1,696 @@
+//! Matching request descriptors to configured limits and deciding them (Lyft semantics).
+//!
+//! Matching is level by level: for each entry of a request descriptor, the configured node
+//! with the same key and value wins, then a node whose value is a `*` wildcard pattern matching
+//! it (the longest prefix first), then a node with the key and no value. A descriptor with N
+//! entries only matches an N-deep path; the limit is the last node's. No match, or a node
+//! without `rate_limit`, is no limit (OK). Counters are per matched rule and per the request's
+//! values, so a key without value keeps one counter per value, bounded by the store's key cap
+//! (idle keys evicted first).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use weir_core::Decision;
+use weir_redis::{RedisAlgorithm, RedisLimiter, RedisRule, RuleOptions};
+
+use super::config::{Algorithm, Descriptor, DomainConfig, RateLimit, Unit};
+
+/// Request bounds: anything larger is INVALID_ARGUMENT, never unbounded work or memory.
+pub const MAX_DESCRIPTORS: usize = 64;
+/// Most entries per descriptor.
+pub const MAX_ENTRIES: usize = 16;
+/// Longest entry key or value in bytes.
+pub const MAX_VALUE_BYTES: usize = 1_024;
+/// Distinct per-request limit overrides remembered (each keeps its own counters).
+pub const MAX_OVERRIDES: usize = 1_024;
+
+/// A request, whatever protocol it came in.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    /// The domain.
+    pub domain: String,
+    /// The descriptors.
+    pub descriptors: Vec<RequestDescriptor>,
+    /// Units per descriptor when the descriptor has none (0 = 1, as Envoy sends 0).
+    pub hits_addend: u32,
+}
+
+/// One descriptor of a request.
+#[derive(Debug, Clone, Default)]
+pub struct RequestDescriptor {
+    /// (key, value) entries.
+    pub entries: Vec<(String, String)>,
+    /// A limit given by the caller instead of the configured one.
+    pub limit: Option<(u32, Unit)>,
+    /// Units for this descriptor (0 = check only).
+    pub hits_addend: Option<u64>,
+}
+
+/// The answer for one descriptor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Status {
+    /// Over its limit (never in shadow mode).
+    pub over_limit: bool,
+    /// The limit applied: (name, requests per unit, unit); none when no limit matched.
+    pub limit: Option<(String, u64, Unit)>,
+    /// Units left in the window.
+    pub remaining: u64,
+    /// Time until the limit is fully reset.
+    pub reset: Duration,
+    /// Time until a denied request could pass (None = never).
+    pub retry_after: Option<Duration>,
+}
+
+/// The answer to a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    /// Any descriptor over its limit.
+    pub over_limit: bool,
+    /// One status per request descriptor, in order.
+    pub statuses: Vec<Status>,
+}
+
+/// A request the service refuses (gRPC INVALID_ARGUMENT / HTTP 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRequest(pub String);
+
+/// Where counters live.
+#[derive(Clone)]
+pub enum Store {
+    /// This process (bounded keyed limiters).
+    Memory,
+    /// Redis through weir-redis (its fallback decides while Redis is down).
+    Redis(RedisLimiter),
+}
+
+/// One configured limit.
+pub struct Rule {
+    /// `domain.key_value.key…`: stable across reloads while the path is unchanged.
+    pub id: String,
+    /// The configuration.
+    pub limit: RateLimit,
+    /// Shadow mode.
+    pub shadow: bool,
+    store_rule: Option<Arc<RedisRule>>,
+}
+
+impl Rule {
+    /// The name reported to Envoy and used in metrics (`name`, else the id).
+    pub fn display_name(&self) -> &str {
+        self.limit.name.as_deref().unwrap_or(&self.id)
+    }
+}
+
+struct Node {
+    key: String,
+    value: Option<String>,
+    rule: Option<Arc<Rule>>,
+    children: Vec<Node>,
+}
+
+/// Everything a loaded configuration needs to decide.
+pub struct Engine {
+    domains: HashMap<String, Vec<Node>>,
+    rules: Vec<Arc<Rule>>,
+    overrides: Mutex<HashMap<(String, u32, Unit), Arc<RedisRule>>>,
+    instances: u64,
+    local_keys: usize,
+}
+
+/// Options for building rules.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineOptions {
+    /// Instances sharing a Redis store (the local fallback uses limit / instances).
+    pub instances: u64,
+    /// Most counters per rule kept in memory.
+    pub local_keys: usize,
+    /// Force shadow mode on every rule (`--shadow`).
+    pub shadow: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            instances: 1,
+            local_keys: 100_000,
+            shadow: false,
+        }
+    }
+}
+
+fn store_rule(
+    id: &str,
+    limit: &RateLimit,
+    options: EngineOptions,
+) -> Result<Option<Arc<RedisRule>>, String> {
+    if limit.unlimited {
+        return Ok(None);
+    }
+    let n = limit.requests_per_unit;
+    let algorithm = match limit.algorithm {
+        Algorithm::FixedWindow => RedisAlgorithm::FixedWindow,
+        Algorithm::SlidingCounter => RedisAlgorithm::SlidingCounter,
+        Algorithm::SlidingLog => RedisAlgorithm::SlidingLog,
+        Algorithm::Gcra => RedisAlgorithm::Gcra {
+            burst: limit.burst.unwrap_or(n),
+        },
+        Algorithm::TokenBucket => RedisAlgorithm::TokenBucket {
+            burst: limit.burst.unwrap_or(n),
+        },
+    };
+    RedisRule::new(
+        id,
+        algorithm,
+        n,
+        limit.window,
+        RuleOptions {
+            instances: options.instances,
+            local_keys: options.local_keys,
+            ..RuleOptions::default()
+        },
+    )
+    .map(|r| Some(Arc::new(r)))
+    .map_err(|e| format!("rule {id}: {e}"))
+}
+
+impl Engine {
+    /// Builds from loaded domains. Rules whose path and limit are unchanged from `previous`
+    /// keep their counters.
+    pub fn build(
+        domains: &[DomainConfig],
+        options: EngineOptions,
+        previous: Option<&Engine>,
+    ) -> Result<Self, String> {
+        let old: HashMap<&str, &Arc<Rule>> = previous
+            .map(|p| p.rules.iter().map(|r| (r.id.as_str(), r)).collect())
+            .unwrap_or_default();
+        let mut rules = Vec::new();
+        let mut tree = HashMap::new();
+        for d in domains {
+            let nodes = build_nodes(&d.domain, &d.descriptors, options, &old, &mut rules)?;
+            tree.insert(d.domain.clone(), nodes);
+        }
+        Ok(Self {
+            domains: tree,
+            rules,
+            overrides: Mutex::new(HashMap::new()),
+            instances: options.instances,
+            local_keys: options.local_keys,
+        })
+    }
+
+    /// Every rule, in configuration order.
+    pub fn rules(&self) -> &[Arc<Rule>] {
+        &self.rules
+    }
+
+    /// The configured domains.
+    pub fn domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+
+    fn find(&self, domain: &str, entries: &[(String, String)]) -> Option<&Arc<Rule>> {
+        let mut level = self.domains.get(domain)?;
+        let mut found = None;
+        for (i, (k, v)) in entries.iter().enumerate() {
+            let node = match_level(level, k, v)?;
+            if i + 1 == entries.len() {
+                found = node.rule.as_ref();
+            }
+            level = &node.children;
+        }
+        found
+    }
+
+    /// Validates a request (bounds, empty fields).
+    pub fn validate(request: &Request) -> Result<(), BadRequest> {
+        if request.domain.is_empty() {
+            return Err(BadRequest("rate limit domain must not be empty".into()));
+        }
+        if request.descriptors.is_empty() {
+            return Err(BadRequest(
+                "rate limit descriptor list must not be empty".into(),
+            ));
+        }
+        if request.descriptors.len() > MAX_DESCRIPTORS {
+            return Err(BadRequest(format!(
+                "{} descriptors: at most {MAX_DESCRIPTORS}",
+                request.descriptors.len()
+            )));
+        }
+        if request.domain.len() > MAX_VALUE_BYTES {
+            return Err(BadRequest(format!(
+                "domain longer than {MAX_VALUE_BYTES} bytes"
+            )));
+        }
+        for (i, d) in request.descriptors.iter().enumerate() {
+            if d.entries.is_empty() {
+                return Err(BadRequest(format!("descriptors[{i}]: no entries")));
+            }
+            if d.entries.len() > MAX_ENTRIES {
+                return Err(BadRequest(format!(
+                    "descriptors[{i}]: {} entries, at most {MAX_ENTRIES}",
+                    d.entries.len()
+                )));
+            }
+            for (j, (k, v)) in d.entries.iter().enumerate() {
+                if k.is_empty() {
+                    return Err(BadRequest(format!(
+                        "descriptors[{i}].entries[{j}]: empty key"
+                    )));
+                }
+                if v.is_empty() {
+                    return Err(BadRequest(format!(
+                        "descriptors[{i}].entries[{j}] ({k}): empty value"
+                    )));
+                }
+                if k.len() > MAX_VALUE_BYTES || v.len() > MAX_VALUE_BYTES {
+                    return Err(BadRequest(format!(
+                        "descriptors[{i}].entries[{j}]: key or value longer than {MAX_VALUE_BYTES} bytes"
+                    )));
+                }
+            }
+            if let Some((0, _)) = d.limit {
+                return Err(BadRequest(format!(
+                    "descriptors[{i}].limit: requests_per_unit must be ≥ 1"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn override_rule(&self, id: &str, rpu: u32, unit: Unit) -> Result<Arc<RedisRule>, BadRequest> {
+        let mut map = self.overrides.lock();
+        let key = (id.to_string(), rpu, unit);
+        if let Some(r) = map.get(&key) {
+            return Ok(r.clone());
+        }
+        if map.len() >= MAX_OVERRIDES {
+            return Err(BadRequest(format!(
+                "more than {MAX_OVERRIDES} distinct limit overrides"
+            )));
+        }
+        let limit = RateLimit {
+            unit,
+            requests_per_unit: u64::from(rpu),
+            window: unit.duration(),
+            name: None,
+            unlimited: false,
+            replaces: Vec::new(),
+            algorithm: Algorithm::FixedWindow,
+            burst: None,
+        };
+        let options = EngineOptions {
+            instances: self.instances,
+            local_keys: self.local_keys,
+            shadow: false,
+        };
+        let rule = store_rule(
+            &format!("{id}~{rpu}/{}", unit.proto_name()),
+            &limit,
+            options,
+        )
+        .map_err(BadRequest)?
+        .ok_or_else(|| BadRequest("override without limit".into()))?;
+        map.insert(key, rule.clone());
+        Ok(rule)
+    }
+
+    /// Decides a request: every descriptor is evaluated (Lyft semantics, including
+    /// `replaces`); OVER_LIMIT if any is over.
+    pub async fn decide(&self, store: &Store, request: &Request) -> Result<Response, BadRequest> {
+        Self::validate(request)?;
+        let matched: Vec<Option<&Arc<Rule>>> = request
+            .descriptors
+            .iter()
+            .map(|d| self.find(&request.domain, &d.entries))
+            .collect();
+        let replaced: Vec<&str> = matched
+            .iter()
+            .flatten()
+            .flat_map(|r| r.limit.replaces.iter().map(String::as_str))
+            .collect();
+        let mut statuses = Vec::with_capacity(request.descriptors.len());
+        let mut over_limit = false;
+        for (d, rule) in request.descriptors.iter().zip(matched) {
+            let hits = d
+                .hits_addend
+                .unwrap_or(u64::from(request.hits_addend.max(1)));
+            let status = match (rule, d.limit) {
+                (_, Some((rpu, unit))) => {
+                    let id = rule
+                        .map_or_else(|| format!("{}.override", request.domain), |r| r.id.clone());
+                    let sr = self.override_rule(&id, rpu, unit)?;
+                    let key = counter_key(&d.entries);
+                    let decision = acquire(store, &sr, &key, hits).await;
+                    let shadow = rule.is_some_and(|r| r.shadow);
+                    status_of(&decision, (String::new(), u64::from(rpu), unit), shadow)
+                }
+                (None, None) => no_limit(),
+                (Some(r), None) => {
+                    if r.limit
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| replaced.contains(&n))
+                    {
+                        no_limit()
+                    } else if let Some(sr) = &r.store_rule {
+                        let key = counter_key(&d.entries);
+                        let decision = acquire(store, sr, &key, hits).await;
+                        let status = status_of(
+                            &decision,
+                            (
+                                r.display_name().to_string(),
+                                r.limit.requests_per_unit,
+                                r.limit.unit,
+                            ),
+                            r.shadow,
+                        );
+                        metrics_for(r, &decision, hits);
+                        status
+                    } else {
+                        // unlimited: OK without counting
+                        Status {
+                            limit: None,
+                            ..no_limit()
+                        }
+                    }
+                }
+            };
+            over_limit |= status.over_limit;
+            statuses.push(status);
+        }
+        Ok(Response {
+            over_limit,
+            statuses,
+        })
+    }
+}
+
+fn metrics_for(rule: &Rule, d: &Decision, hits: u64) {
+    let name = rule.id.clone();
+    metrics::counter!("weir_rls_hits_total", "rule" => name.clone()).increment(hits);
+    if !d.allowed() {
+        if rule.shadow {
+            metrics::counter!("weir_rls_shadow_over_limit_total", "rule" => name).increment(hits);
+        } else {
+            metrics::counter!("weir_rls_over_limit_total", "rule" => name).increment(hits);
+        }
+    } else if d.remaining() * 10 < rule.limit.requests_per_unit {
+        metrics::counter!("weir_rls_near_limit_total", "rule" => name).increment(hits);
+    }
+}
+
+async fn acquire(store: &Store, rule: &RedisRule, key: &str, n: u64) -> Decision {
+    match store {
+        Store::Memory => rule.local_acquire(key, n),
+        Store::Redis(r) => r.check(rule, key, n).await,
+    }
+}
+
+fn no_limit() -> Status {
+    Status {
+        over_limit: false,
+        limit: None,
+        remaining: 0,
+        reset: Duration::ZERO,
+        retry_after: None,
+    }
+}
+
+fn status_of(d: &Decision, limit: (String, u64, Unit), shadow: bool) -> Status {
+    Status {
+        over_limit: !d.allowed() && !shadow,
+        limit: Some(limit),
+        remaining: d.remaining(),
+        reset: d.reset_after(),
+        retry_after: if d.allowed() {
+            Some(Duration::ZERO)
+        } else {
+            d.retry_after()
+        },
+    }
+}
+
+/// The counter key: the request's values (the rule fixes the keys).
+fn counter_key(entries: &[(String, String)]) -> String {
+    let mut k = String::new();
+    for (i, (_, v)) in entries.iter().enumerate() {
+        if i > 0 {
+            k.push('\u{1f}');
+        }
+        k.push_str(v);
+    }
+    k
+}
+
+fn match_level<'a>(level: &'a [Node], key: &str, value: &str) -> Option<&'a Node> {
+    let mut wildcard: Option<(&Node, usize)> = None;
+    let mut key_only = None;
+    for n in level.iter().filter(|n| n.key == key) {
+        match &n.value {
+            Some(v) if v == value => return Some(n),
+            Some(v) => {
+                if let Some(len) = wildcard_match(v, value) {
+                    if wildcard.is_none_or(|(_, best)| len > best) {
+                        wildcard = Some((n, len));
+                    }
+                }
+            }
+            None => key_only = Some(n),
+        }
+    }
+    wildcard.map(|(n, _)| n).or(key_only)
+}
+
+/// Matches `value` against a pattern with `*` wildcards; answers the count of literal
+/// characters (to prefer the most specific pattern).
+fn wildcard_match(pattern: &str, value: &str) -> Option<usize> {
+    if !pattern.contains('*') {
+        return None;
+    }
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let mut rest = value;
+    let first = parts[0];
+    rest = rest.strip_prefix(first)?;
+    let last = parts[parts.len() - 1];
+    for p in &parts[1..parts.len() - 1] {
+        let i = rest.find(p)?;
+        rest = &rest[i + p.len()..];
+    }
+    if parts.len() > 1 && !rest.ends_with(last) {
+        return None;
+    }
+    Some(parts.iter().map(|p| p.len()).sum())
+}
+
+fn build_nodes(
+    prefix: &str,
+    descriptors: &[Descriptor],
+    options: EngineOptions,
+    old: &HashMap<&str, &Arc<Rule>>,
+    rules: &mut Vec<Arc<Rule>>,
+) -> Result<Vec<Node>, String> {
+    let mut nodes = Vec::with_capacity(descriptors.len());
+    for d in descriptors {
+        let id = match &d.value {
+            Some(v) => format!("{prefix}.{}_{v}", d.key),
+            None => format!("{prefix}.{}", d.key),
+        };
+        let rule = match &d.rate_limit {
+            Some(limit) => {
+                let shadow = d.shadow_mode || options.shadow;
+                let reuse = old
+                    .get(id.as_str())
+                    .filter(|r| r.limit == *limit)
+                    .and_then(|r| r.store_rule.clone());
+                let store_rule = match reuse {
+                    Some(r) => Some(r),
+                    None => store_rule(&id, limit, options)?,
+                };
+                let rule = Arc::new(Rule {
+                    id: id.clone(),
+                    limit: limit.clone(),
+                    shadow,
+                    store_rule,
+                });
+                rules.push(rule.clone());
+                Some(rule)
+            }
+            None => None,
+        };
+        let children = build_nodes(&id, &d.descriptors, options, old, rules)?;
+        nodes.push(Node {
+            key: d.key.clone(),
+            value: d.value.clone(),
+            rule,
+            children,
+        });
+    }
+    Ok(nodes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn engine(yaml: &str) -> Engine {
+        let c = super::super::config::parse(Path::new("t.yaml"), yaml).unwrap();
+        Engine::build(&[c], EngineOptions::default(), None).unwrap()
+    }
+
+    fn req(domain: &str, entries: &[(&str, &str)]) -> Request {
+        Request {
+            domain: domain.into(),
+            descriptors: vec![RequestDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        }
+    }
+
+    async fn pass(e: &Engine, r: &Request) -> bool {
+        !e.decide(&Store::Memory, r).await.unwrap().over_limit
+    }
+
+    const CONFIG: &str = "domain: d
+descriptors:
+  - key: k
+    value: exact
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: k
+    value: 'pre*'
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: a
+    value: x
+    descriptors:
+      - key: b
+        rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+
+    #[tokio::test]
+    async fn most_specific_match_first_and_per_value_counters() {
+        let e = engine(CONFIG);
+        let count = |n: &str| {
+            let r = req("d", &[("k", n)]);
+            let e = &e;
+            async move {
+                let mut ok = 0;
+                for _ in 0..5 {
+                    ok += u32::from(pass(e, &r).await);
+                }
+                ok
+            }
+        };
+        assert_eq!(count("exact").await, 1);
+        assert_eq!(count("prefix-1").await, 2);
+        assert_eq!(count("other").await, 3);
+        assert_eq!(count("other2").await, 3, "one counter per value");
+    }
+
+    #[tokio::test]
+    async fn nested_paths_match_only_at_full_depth() {
+        let e = engine(CONFIG);
+        assert!(pass(&e, &req("d", &[("a", "x"), ("b", "1")])).await);
+        assert!(!pass(&e, &req("d", &[("a", "x"), ("b", "1")])).await);
+        // one entry only: the path is 2 deep, no limit at depth 1
+        for _ in 0..3 {
+            assert!(pass(&e, &req("d", &[("a", "x")])).await);
+        }
+        // unknown domain / descriptor: no limit
+        let r = e
+            .decide(&Store::Memory, &req("nope", &[("k", "v")]))
+            .await
+            .unwrap();
+        assert!(!r.over_limit && r.statuses[0].limit.is_none());
+    }
+
+    #[tokio::test]
+    async fn shadow_mode_counts_but_never_blocks() {
+        let e = engine(CONFIG);
+        for _ in 0..5 {
+            let r = e
+                .decide(&Store::Memory, &req("d", &[("s", "v")]))
+                .await
+                .unwrap();
+            assert!(!r.over_limit);
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_requests_are_refused_with_a_reason() {
+        let e = engine(CONFIG);
+        let mut r = req("", &[("k", "v")]);
+        assert!(e
+            .decide(&Store::Memory, &r)
+            .await
+            .unwrap_err()
+            .0
+            .contains("domain"));
+        r = req("d", &[("", "v")]);
+        assert!(e
+            .decide(&Store::Memory, &r)
+            .await
+            .unwrap_err()
+            .0
+            .contains("empty key"));
+        r = req("d", &[("k", "")]);
+        assert!(e
+            .decide(&Store::Memory, &r)
+            .await
+            .unwrap_err()
+            .0
+            .contains("empty value"));
+        let big = "x".repeat(MAX_VALUE_BYTES + 1);
+        r = req("d", &[("k", &big)]);
+        assert!(e.decide(&Store::Memory, &r).await.is_err());
+        r = req("d", &[("k", "v")]);
+        r.descriptors = vec![r.descriptors[0].clone(); MAX_DESCRIPTORS + 1];
+        assert!(e.decide(&Store::Memory, &r).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn reload_keeps_counters_of_unchanged_rules() {
+        let e1 = engine(CONFIG);
+        assert!(pass(&e1, &req("d", &[("k", "exact")])).await);
+        let c = super::super::config::parse(Path::new("t.yaml"), CONFIG).unwrap();
+        let e2 = Engine::build(&[c], EngineOptions::default(), Some(&e1)).unwrap();
+        assert!(
+            !pass(&e2, &req("d", &[("k", "exact")])).await,
+            "counter kept"
+        );
+        let changed = CONFIG.replace(
+            "requests_per_unit: 1}\n  - key: k\n    value: 'pre*'",
+            "requests_per_unit: 5}\n  - key: k\n    value: 'pre*'",
+        );
+        let c = super::super::config::parse(Path::new("t.yaml"), &changed).unwrap();
+        let e3 = Engine::build(&[c], EngineOptions::default(), Some(&e2)).unwrap();
+        assert!(
+            pass(&e3, &req("d", &[("k", "exact")])).await,
+            "changed rule starts fresh"
+        );
+    }
+
+    #[test]
+    fn wildcards() {
+        assert_eq!(wildcard_match("pre*", "prefix"), Some(3));
+        assert_eq!(wildcard_match("*fix", "prefix"), Some(3));
+        assert_eq!(wildcard_match("p*f*x", "prefix"), Some(3));
+        assert_eq!(wildcard_match("pre*", "pr"), None);
+        assert_eq!(wildcard_match("plain", "plain"), None);
+    }
+}

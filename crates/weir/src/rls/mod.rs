@@ -1,0 +1,5 @@
+//! `weir serve`: the Envoy rate-limit service (RLS v3) on Lyft's configuration format.
+
+pub mod config;
+pub mod engine;
+pub mod server;

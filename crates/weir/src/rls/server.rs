@@ -1,0 +1,452 @@
+//! The running service: gRPC RLS v3, the HTTP API, metrics, hot reload.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    self as pbr, rate_limit::Unit as PbUnit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use parking_lot::RwLock;
+use serde::{Deserialize, Deserializer};
+use serde_json::{json, Value};
+
+use super::config::{self, DomainConfig, Unit};
+use super::engine::{
+    BadRequest, Engine, EngineOptions, Request, RequestDescriptor, Response, Store,
+};
+
+/// The bundled example configuration (served without `--config`).
+pub const EXAMPLE: &str = include_str!("../../config/example.yaml");
+
+/// Shared state of the service.
+pub struct Service {
+    engine: RwLock<Arc<Engine>>,
+    store: Store,
+    options: EngineOptions,
+    config: Option<PathBuf>,
+    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+impl Service {
+    /// Builds from the configuration at `config` (or the bundled example).
+    pub fn new(
+        config: Option<PathBuf>,
+        store: Store,
+        options: EngineOptions,
+        prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    ) -> Result<Self, Vec<String>> {
+        let domains = load(config.as_deref())?;
+        let engine = Engine::build(&domains, options, None).map_err(|e| vec![e])?;
+        Ok(Self {
+            engine: RwLock::new(Arc::new(engine)),
+            store,
+            options,
+            config,
+            prometheus,
+        })
+    }
+
+    /// The current engine.
+    pub fn engine(&self) -> Arc<Engine> {
+        self.engine.read().clone()
+    }
+
+    /// Decides a request, recording the latency.
+    pub async fn decide(&self, request: &Request) -> Result<Response, BadRequest> {
+        let start = Instant::now();
+        let engine = self.engine();
+        let r = engine.decide(&self.store, request).await;
+        metrics::histogram!("weir_rls_decision_seconds").record(start.elapsed().as_secs_f64());
+        if r.is_err() {
+            metrics::counter!("weir_rls_bad_requests_total").increment(1);
+        }
+        r
+    }
+
+    /// Reloads the configuration file(s); on error the previous configuration stays.
+    pub fn reload(&self) -> Result<(), Vec<String>> {
+        let domains = load(self.config.as_deref())?;
+        let current = self.engine();
+        let engine = Engine::build(&domains, self.options, Some(&current)).map_err(|e| vec![e])?;
+        *self.engine.write() = Arc::new(engine);
+        Ok(())
+    }
+
+    /// Watches the configuration's modification times every `interval`, reloading on change.
+    pub fn watch(self: &Arc<Self>, interval: Duration) {
+        let Some(path) = self.config.clone() else {
+            return;
+        };
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut last = stamp(&path);
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(me) = me.upgrade() else { return };
+                let now = stamp(&path);
+                if now == last {
+                    continue;
+                }
+                last = now;
+                match me.reload() {
+                    Ok(()) => {
+                        metrics::counter!("weir_rls_reloads_total", "result" => "ok").increment(1);
+                        eprintln!("weir: reloaded {}", path.display());
+                    }
+                    Err(errors) => {
+                        metrics::counter!("weir_rls_reloads_total", "result" => "error")
+                            .increment(1);
+                        for e in errors {
+                            eprintln!("weir: error: reload kept the previous configuration: {e}");
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Newest modification time and file count under `path` (a file or a directory).
+fn stamp(path: &std::path::Path) -> (Option<SystemTime>, usize) {
+    let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if path.is_dir() {
+        let entries: Vec<_> = std::fs::read_dir(path)
+            .map(|rd| rd.filter_map(|e| e.ok()).collect())
+            .unwrap_or_default();
+        let newest = entries.iter().filter_map(|e| mtime(&e.path())).max();
+        (newest, entries.len())
+    } else {
+        (mtime(path), 1)
+    }
+}
+
+/// Loads the configuration at `path`, or the bundled example.
+pub fn load(path: Option<&std::path::Path>) -> Result<Vec<DomainConfig>, Vec<String>> {
+    match path {
+        Some(p) => config::load(p).map_err(|es| es.iter().map(|e| e.to_string()).collect()),
+        None => config::parse(std::path::Path::new("<bundled example>"), EXAMPLE)
+            .map(|d| vec![d])
+            .map_err(|e| vec![e.to_string()]),
+    }
+}
+
+fn pb_unit(u: Unit) -> PbUnit {
+    match u {
+        Unit::Second => PbUnit::Second,
+        Unit::Minute => PbUnit::Minute,
+        Unit::Hour => PbUnit::Hour,
+        Unit::Day => PbUnit::Day,
+        Unit::Week => PbUnit::Week,
+        Unit::Month => PbUnit::Month,
+        Unit::Year => PbUnit::Year,
+    }
+}
+
+fn unit_from_pb(u: i32) -> Option<Unit> {
+    Some(match PbUnit::try_from(u).ok()? {
+        PbUnit::Second => Unit::Second,
+        PbUnit::Minute => Unit::Minute,
+        PbUnit::Hour => Unit::Hour,
+        PbUnit::Day => Unit::Day,
+        PbUnit::Week => Unit::Week,
+        PbUnit::Month => Unit::Month,
+        PbUnit::Year => Unit::Year,
+        PbUnit::Unknown => return None,
+    })
+}
+
+fn from_proto(r: RateLimitRequest) -> Result<Request, BadRequest> {
+    let descriptors = r
+        .descriptors
+        .into_iter()
+        .enumerate()
+        .map(|(i, d): (usize, RateLimitDescriptor)| {
+            let limit = match d.limit {
+                Some(l) => Some((
+                    l.requests_per_unit,
+                    unit_from_pb(l.unit).ok_or_else(|| {
+                        BadRequest(format!(
+                            "descriptors[{i}].limit.unit: unknown unit {}",
+                            l.unit
+                        ))
+                    })?,
+                )),
+                None => None,
+            };
+            Ok(RequestDescriptor {
+                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                limit,
+                hits_addend: d.hits_addend.map(|h| h.value),
+            })
+        })
+        .collect::<Result<_, BadRequest>>()?;
+    Ok(Request {
+        domain: r.domain,
+        descriptors,
+        hits_addend: r.hits_addend,
+    })
+}
+
+fn to_proto(r: &Response) -> RateLimitResponse {
+    let code = |over: bool| if over { pbr::Code::OverLimit } else { pbr::Code::Ok } as i32;
+    RateLimitResponse {
+        overall_code: code(r.over_limit),
+        statuses: r
+            .statuses
+            .iter()
+            .map(|s| pbr::DescriptorStatus {
+                code: code(s.over_limit),
+                current_limit: s.limit.as_ref().map(|(name, rpu, unit)| pbr::RateLimit {
+                    name: name.clone(),
+                    requests_per_unit: u32::try_from(*rpu).unwrap_or(u32::MAX),
+                    unit: pb_unit(*unit) as i32,
+                }),
+                limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
+                duration_until_reset: s.limit.as_ref().map(|_| prost_types_duration(s.reset)),
+                quota: None,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn prost_types_duration(d: Duration) -> envoy_types::pb::google::protobuf::Duration {
+    envoy_types::pb::google::protobuf::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// The gRPC side.
+#[derive(Clone)]
+pub struct Grpc(pub Arc<Service>);
+
+#[tonic::async_trait]
+impl RateLimitService for Grpc {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let req =
+            from_proto(request.into_inner()).map_err(|e| tonic::Status::invalid_argument(e.0))?;
+        let resp = self
+            .0
+            .decide(&req)
+            .await
+            .map_err(|e| tonic::Status::invalid_argument(e.0))?;
+        Ok(tonic::Response::new(to_proto(&resp)))
+    }
+}
+
+/// Serves gRPC on `addr` until the process ends.
+pub async fn serve_grpc(
+    service: Arc<Service>,
+    listener: tokio::net::TcpListener,
+) -> Result<(), String> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(Grpc(service)))
+        .serve_with_incoming(incoming)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+// ---- HTTP: proto3 JSON ----
+
+fn u64_any<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    use serde::de::Error;
+    Ok(match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => Some(
+            n.as_u64()
+                .ok_or_else(|| D::Error::custom("expected an unsigned integer"))?,
+        ),
+        Some(Value::String(s)) => {
+            Some(s.parse().map_err(|_| {
+                D::Error::custom(format!("expected an unsigned integer, got {s:?}"))
+            })?)
+        }
+        Some(other) => {
+            return Err(D::Error::custom(format!(
+                "expected an unsigned integer, got {other}"
+            )))
+        }
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    key: String,
+    value: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonOverride {
+    #[serde(
+        alias = "requests_per_unit",
+        rename = "requestsPerUnit",
+        default,
+        deserialize_with = "u64_any"
+    )]
+    requests_per_unit: Option<u64>,
+    unit: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonDescriptor {
+    #[serde(default)]
+    entries: Vec<JsonEntry>,
+    limit: Option<JsonOverride>,
+    #[serde(
+        alias = "hits_addend",
+        rename = "hitsAddend",
+        default,
+        deserialize_with = "u64_any"
+    )]
+    hits_addend: Option<u64>,
+    #[serde(alias = "is_negative_hits", rename = "isNegativeHits", default)]
+    _is_negative_hits: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest {
+    #[serde(default)]
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(
+        alias = "hits_addend",
+        rename = "hitsAddend",
+        default,
+        deserialize_with = "u64_any"
+    )]
+    hits_addend: Option<u64>,
+}
+
+fn from_json(body: &[u8]) -> Result<Request, BadRequest> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let r: JsonRequest = serde_path_to_error::deserialize(&mut de)
+        .map_err(|e| BadRequest(format!("request body: {}: {}", e.path(), e.inner())))?;
+    let descriptors = r
+        .descriptors
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let limit = match d.limit {
+                Some(l) => Some((
+                    u32::try_from(l.requests_per_unit.unwrap_or(0)).map_err(|_| {
+                        BadRequest(format!("descriptors[{i}].limit.requestsPerUnit: too large"))
+                    })?,
+                    Unit::parse(&l.unit).ok_or_else(|| {
+                        BadRequest(format!(
+                            "descriptors[{i}].limit.unit: unknown unit {:?}",
+                            l.unit
+                        ))
+                    })?,
+                )),
+                None => None,
+            };
+            Ok(RequestDescriptor {
+                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                limit,
+                hits_addend: d.hits_addend,
+            })
+        })
+        .collect::<Result<_, BadRequest>>()?;
+    Ok(Request {
+        domain: r.domain,
+        descriptors,
+        hits_addend: u32::try_from(r.hits_addend.unwrap_or(0))
+            .map_err(|_| BadRequest("hitsAddend: too large".into()))?,
+    })
+}
+
+fn to_json(r: &Response) -> Value {
+    let code = |over: bool| if over { "OVER_LIMIT" } else { "OK" };
+    json!({
+        "overallCode": code(r.over_limit),
+        "statuses": r.statuses.iter().map(|s| {
+            let mut v = json!({"code": code(s.over_limit)});
+            if let Some((name, rpu, unit)) = &s.limit {
+                v["currentLimit"] = json!({"name": name, "requestsPerUnit": rpu, "unit": unit.proto_name()});
+                v["limitRemaining"] = json!(s.remaining);
+                v["durationUntilReset"] = json!(format!("{}s", s.reset.as_secs_f64()));
+            }
+            v
+        }).collect::<Vec<_>>(),
+    })
+}
+
+async fn json_handler(
+    State(service): State<Arc<Service>>,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    let request = match from_json(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": e.0}))).into_response()
+        }
+    };
+    match service.decide(&request).await {
+        Ok(r) => {
+            let status = if r.over_limit {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (status, axum::Json(to_json(&r))).into_response()
+        }
+        Err(e) => (StatusCode::BAD_REQUEST, axum::Json(json!({"error": e.0}))).into_response(),
+    }
+}
+
+async fn metrics_handler(State(service): State<Arc<Service>>) -> axum::response::Response {
+    match &service.prometheus {
+        Some(h) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4",
+            )],
+            h.render(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "metrics recorder not installed").into_response(),
+    }
+}
+
+/// Serves the HTTP API (`POST /json`, `GET /healthz`, `GET /metrics`).
+pub async fn serve_http(
+    service: Arc<Service>,
+    listener: tokio::net::TcpListener,
+) -> Result<(), String> {
+    let app = Router::new()
+        .route("/json", post(json_handler))
+        .route("/healthz", get(|| async { "OK\n" }))
+        .route("/healthcheck", get(|| async { "OK\n" }))
+        .route("/metrics", get(metrics_handler))
+        .with_state(service);
+    axum::serve(listener, app).await.map_err(|e| e.to_string())
+}
+
+/// Binds an address, naming it in the error.
+pub async fn bind(addr: SocketAddr, what: &str) -> Result<tokio::net::TcpListener, String> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen for {what} on {addr}: {e}"))
+}

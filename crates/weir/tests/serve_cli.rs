@@ -1,0 +1,407 @@
+//! `weir serve` and `weir check-config` through the real binary: HTTP /json, gRPC RLS v3,
+//! bad input, hot reload, and two processes sharing one limit on a real Redis.
+
+#[path = "../../weir-redis/tests/support/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use serde_json::Value;
+
+struct Serve {
+    child: Child,
+    http: u16,
+    grpc: u16,
+}
+
+impl Serve {
+    fn start(args: &[&str]) -> Self {
+        let (http, grpc) = (support::free_port(), support::free_port());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .arg("serve")
+            .args(["--http-addr", &format!("127.0.0.1:{http}")])
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("weir serve starts");
+        // The first line says where it listens.
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("gRPC RLS v3 on"), "{line}");
+        let s = Self { child, http, grpc };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if s.get("/healthz").is_some_and(|(c, _)| c == 200) {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("weir serve did not answer /healthz");
+    }
+
+    fn request(&self, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.http)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        let code = out.get(9..12)?.parse().ok()?;
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Some((code, body))
+    }
+
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        self.request("GET", path, "")
+    }
+
+    fn json(&self, body: &str) -> (u16, Value) {
+        let (code, text) = self.request("POST", "/json", body).expect("answer");
+        (
+            code,
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("JSON: {text}")),
+        )
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn write_config(dir: &Path, text: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let p = dir.join("limits.yaml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("weir-serve-{}-{name}", std::process::id()))
+}
+
+const CONFIG: &str = "domain: shop
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: /cart
+    descriptors:
+      - key: user
+        rate_limit: {window: 30s, requests_per_unit: 2, algorithm: sliding_log}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+
+fn body(entries: &[(&str, &str)]) -> String {
+    let e: Vec<String> = entries
+        .iter()
+        .map(|(k, v)| format!(r#"{{"key":"{k}","value":"{v}"}}"#))
+        .collect();
+    format!(
+        r#"{{"domain":"shop","descriptors":[{{"entries":[{}]}}]}}"#,
+        e.join(",")
+    )
+}
+
+#[test]
+fn http_json_limits_exactly_then_429_and_refuses_bad_input() {
+    let dir = temp_dir("http");
+    let config = write_config(&dir, CONFIG);
+    let s = Serve::start(&["--config", config.to_str().unwrap()]);
+    let codes: Vec<u16> = (0..5)
+        .map(|_| s.json(&body(&[("user", "ann")])).0)
+        .collect();
+    assert_eq!(codes, [200, 200, 200, 429, 429]);
+    let (_, v) = s.json(&body(&[("user", "ann")]));
+    assert_eq!(v["overallCode"], "OVER_LIMIT");
+    assert_eq!(v["statuses"][0]["currentLimit"]["requestsPerUnit"], 3);
+    assert_eq!(v["statuses"][0]["currentLimit"]["unit"], "MINUTE");
+    assert_eq!(v["statuses"][0]["limitRemaining"], 0);
+    // another user has its own counter; nested path with a 30 s sliding log
+    assert_eq!(s.json(&body(&[("user", "bob")])).0, 200);
+    let cart = body(&[("path", "/cart"), ("user", "ann")]);
+    let codes: Vec<u16> = (0..3).map(|_| s.json(&cart).0).collect();
+    assert_eq!(codes, [200, 200, 429]);
+    // shadow mode: never blocks
+    assert!((0..3).all(|_| s.json(&body(&[("shadowed", "x")])).0 == 200));
+    // no matching rule: OK
+    assert_eq!(s.json(&body(&[("unknown", "x")])).0, 200);
+    // bad input: 400 with a reason
+    for (bad, needle) in [
+        (
+            r#"{"domain":"","descriptors":[{"entries":[{"key":"a","value":"b"}]}]}"#,
+            "domain",
+        ),
+        (r#"{"domain":"shop","descriptors":[]}"#, "descriptor list"),
+        (
+            r#"{"domain":"shop","descriptors":[{"entries":[{"key":"","value":"b"}]}]}"#,
+            "empty key",
+        ),
+        (
+            r#"{"domain":"shop","descriptors":[{"entries":[{"key":"a","value":""}]}]}"#,
+            "empty value",
+        ),
+        (
+            r#"{"domain":"shop","descriptors":[{"entries":[{"key":"a","value":"b"}],"bogus":1}]}"#,
+            "bogus",
+        ),
+        ("not json", "request body"),
+    ] {
+        let (code, v) = s.json(bad);
+        assert_eq!(code, 400, "{bad}");
+        assert!(v["error"].as_str().unwrap().contains(needle), "{bad}: {v}");
+    }
+    let (code, metrics) = s.get("/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("weir_rls_over_limit_total{rule=\"shop.user\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("weir_rls_shadow_over_limit_total"),
+        "{metrics}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn grpc_request(
+    entries: &[(&str, &str)],
+    hits: Option<u64>,
+    limit: Option<(u32, i32)>,
+) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "shop".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: k.to_string(),
+                    value: v.to_string(),
+                })
+                .collect(),
+            limit: limit.map(|(rpu, unit)| RateLimitOverride {
+                requests_per_unit: rpu,
+                unit,
+            }),
+            hits_addend: hits.map(|value| envoy_types::pb::google::protobuf::UInt64Value { value }),
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_should_rate_limit_with_hits_and_overrides() {
+    let dir = temp_dir("grpc");
+    let config = write_config(&dir, CONFIG);
+    let s =
+        tokio::task::spawn_blocking(move || Serve::start(&["--config", config.to_str().unwrap()]))
+            .await
+            .unwrap();
+    let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", s.grpc))
+        .await
+        .unwrap();
+    // hits_addend 0 on a descriptor = check only
+    let r = client
+        .should_rate_limit(grpc_request(&[("user", "g")], Some(0), None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 1, "OK");
+    assert_eq!(r.statuses[0].limit_remaining, 3);
+    // 2 then 1: exactly the limit of 3
+    let r = client
+        .should_rate_limit(grpc_request(&[("user", "g")], Some(2), None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (1, 1));
+    let r = client
+        .should_rate_limit(grpc_request(&[("user", "g")], None, None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (1, 0));
+    let r = client
+        .should_rate_limit(grpc_request(&[("user", "g")], None, None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 2, "OVER_LIMIT");
+    let reset = r.statuses[0].duration_until_reset.unwrap();
+    assert!(reset.seconds > 0 && reset.seconds <= 60);
+    // a per-descriptor override: 1 per second for this descriptor
+    let r = client
+        .should_rate_limit(grpc_request(&[("user", "o")], None, Some((1, 1))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            r.overall_code,
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit
+        ),
+        (1, 1)
+    );
+    let r = client
+        .should_rate_limit(grpc_request(&[("user", "o")], None, Some((1, 1))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 2);
+    // bad input: INVALID_ARGUMENT with a reason
+    let e = client
+        .should_rate_limit(grpc_request(&[("user", "")], None, None))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("empty value"), "{}", e.message());
+    drop(s);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn hot_reload_applies_changes_keeps_counters_and_survives_bad_files() {
+    let dir = temp_dir("reload");
+    let config = write_config(&dir, CONFIG);
+    let mut s = Serve::start(&["--config", config.to_str().unwrap()]);
+    assert_eq!(s.json(&body(&[("user", "kim")])).0, 200);
+    // An invalid file: reported, the old rules stay.
+    std::fs::write(
+        &config,
+        "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: nope}\n",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1_600));
+    let codes: Vec<u16> = (0..3)
+        .map(|_| s.json(&body(&[("user", "kim")])).0)
+        .collect();
+    assert_eq!(
+        codes,
+        [200, 200, 429],
+        "old rule (3 per minute) still in force, counter kept"
+    );
+    // A valid change: the new limit applies; the unchanged nested rule keeps its counter.
+    let cart = body(&[("path", "/cart"), ("user", "kim")]);
+    assert_eq!(s.json(&cart).0, 200);
+    std::fs::write(
+        &config,
+        CONFIG.replace("requests_per_unit: 3}", "requests_per_unit: 10}"),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.json(&body(&[("user", "lee")])).1["statuses"][0]["currentLimit"]["requestsPerUnit"]
+        != 10
+    {
+        assert!(Instant::now() < deadline, "reload not applied");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(s.json(&cart).0, 200);
+    assert_eq!(
+        s.json(&cart).0,
+        429,
+        "nested rule kept its count across the reload"
+    );
+    let _ = s.child.kill();
+    let mut err = String::new();
+    s.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        err.contains("reload kept the previous configuration") && err.contains("limits.yaml:4:"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn check_config_prints_rules_or_every_error() {
+    let dir = temp_dir("check");
+    let good = write_config(&dir, CONFIG);
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["check-config", good.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("shop.path_/cart.user: 2 per 30s (sliding_log)"),
+        "{text}"
+    );
+    std::fs::write(dir.join("b.yaml"), "domain: other\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 0}\n").unwrap();
+    std::fs::write(dir.join("c.yml"), "domain: shop\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["check-config", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("b.yaml:3:")
+            && err.contains("descriptors[0].rate_limit: requests_per_unit must be ≥ 1"),
+        "{err}"
+    );
+    assert!(
+        err.contains("c.yml") && err.contains("domain \"shop\" is also defined"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn two_processes_on_one_redis_share_one_limit() {
+    let redis = support::Redis::start();
+    let dir = temp_dir("redis");
+    let config = write_config(&dir, CONFIG);
+    let args = [
+        "--config",
+        config.to_str().unwrap(),
+        "--store",
+        &redis.url(),
+        "--instances",
+        "2",
+    ];
+    let (a, b) = (Serve::start(&args), Serve::start(&args));
+    let mut allowed = 0;
+    for i in 0..10 {
+        let s = if i % 2 == 0 { &a } else { &b };
+        allowed += u32::from(s.json(&body(&[("user", "shared")])).0 == 200);
+    }
+    assert_eq!(
+        allowed, 3,
+        "one global limit of 3 per minute across both processes"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
