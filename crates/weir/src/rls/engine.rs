@@ -96,6 +96,27 @@ pub struct Rule {
     /// Shadow mode.
     pub shadow: bool,
     store_rule: Option<Arc<RedisRule>>,
+    metrics: RuleMetrics,
+}
+
+/// Metric handles registered once per rule (no label allocation per request).
+struct RuleMetrics {
+    hits: metrics::Counter,
+    over_limit: metrics::Counter,
+    near_limit: metrics::Counter,
+    shadow_over_limit: metrics::Counter,
+}
+
+impl RuleMetrics {
+    fn new(id: &str) -> Self {
+        let rule = id.to_string();
+        Self {
+            hits: metrics::counter!("weir_rls_hits_total", "rule" => rule.clone()),
+            over_limit: metrics::counter!("weir_rls_over_limit_total", "rule" => rule.clone()),
+            near_limit: metrics::counter!("weir_rls_near_limit_total", "rule" => rule.clone()),
+            shadow_over_limit: metrics::counter!("weir_rls_shadow_over_limit_total", "rule" => rule),
+        }
+    }
 }
 
 impl Rule {
@@ -392,16 +413,16 @@ impl Engine {
 }
 
 fn metrics_for(rule: &Rule, d: &Decision, hits: u64) {
-    let name = rule.id.clone();
-    metrics::counter!("weir_rls_hits_total", "rule" => name.clone()).increment(hits);
+    let m = &rule.metrics;
+    m.hits.increment(hits);
     if !d.allowed() {
         if rule.shadow {
-            metrics::counter!("weir_rls_shadow_over_limit_total", "rule" => name).increment(hits);
+            m.shadow_over_limit.increment(hits);
         } else {
-            metrics::counter!("weir_rls_over_limit_total", "rule" => name).increment(hits);
+            m.over_limit.increment(hits);
         }
     } else if d.remaining() * 10 < rule.limit.requests_per_unit {
-        metrics::counter!("weir_rls_near_limit_total", "rule" => name).increment(hits);
+        m.near_limit.increment(hits);
     }
 }
 
@@ -513,6 +534,7 @@ fn build_nodes(
                     None => store_rule(&id, limit, options)?,
                 };
                 let rule = Arc::new(Rule {
+                    metrics: RuleMetrics::new(&id),
                     id: id.clone(),
                     limit: limit.clone(),
                     shadow,

@@ -257,6 +257,10 @@ pub async fn serve_grpc(
 ) -> Result<(), String> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .initial_connection_window_size(4 << 20)
+        .initial_stream_window_size(1 << 20)
+        .max_concurrent_streams(1_024)
         .add_service(RateLimitServiceServer::new(Grpc(service)))
         .serve_with_incoming(incoming)
         .await
