@@ -56,7 +56,11 @@ async fn run(args: Vec<String>) {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    let value = if random { format!("v{x:x}") } else { "bench".to_string() };
+                    let value = if random {
+                        format!("v{x:x}")
+                    } else {
+                        "bench".to_string()
+                    };
                     let req = RateLimitRequest {
                         domain: domain.clone(),
                         descriptors: vec![RateLimitDescriptor {

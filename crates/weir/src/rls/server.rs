@@ -255,7 +255,7 @@ pub async fn serve_grpc(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
 ) -> Result<(), String> {
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .initial_connection_window_size(4 << 20)
