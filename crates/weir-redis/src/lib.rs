@@ -286,20 +286,30 @@ impl RedisLimiter {
             return d;
         }
         let k = rule.batch();
-        let first = self.call(rule, key, k, i.now_arg(), None).await;
-        let result = match first {
-            Ok((d, _)) if d.allowed() => {
-                let hold = u64::try_from(rule.window().as_nanos() / 10).unwrap_or(u64::MAX);
-                i.reserve.keep(rule, key, k - 1, i.clock.now(), hold, &d);
-                return Decision::allow(
-                    d.limit(),
-                    d.remaining() + k - 1,
-                    duration_ns(d.reset_after()),
-                    0,
-                );
+        let result = if i.reserve.start(rule, key, i.clock.now()) {
+            match self.call(rule, key, k, i.now_arg(), None).await {
+                Ok((d, _)) if d.allowed() => {
+                    let hold = u64::try_from(rule.window().as_nanos() / 10).unwrap_or(u64::MAX);
+                    i.reserve.keep(rule, key, k - 1, i.clock.now(), hold, &d);
+                    return Decision::allow(
+                        d.limit(),
+                        d.remaining() + k - 1,
+                        duration_ns(d.reset_after()),
+                        0,
+                    );
+                }
+                Ok(_) => {
+                    i.reserve.abandon(rule, key);
+                    self.call(rule, key, 1, i.now_arg(), None).await
+                }
+                Err(e) => {
+                    i.reserve.abandon(rule, key);
+                    Err(e)
+                }
             }
-            Ok(_) => self.call(rule, key, 1, i.now_arg(), None).await,
-            Err(e) => Err(e),
+        } else {
+            // Another request of this instance is taking a batch for this key: one unit.
+            self.call(rule, key, 1, i.now_arg(), None).await
         };
         match result {
             Ok((d, _)) => {
