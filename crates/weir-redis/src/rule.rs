@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use weir_core::{
     ConfigError, Decision, FixedWindow, Gcra, KeyedLimiter, MonotonicClock, Quota, SlidingCounter,
-    SlidingLog, TokenBucket,
+    SlidingLog, SlidingWindow, TokenBucket,
 };
 
 use crate::scripts;
@@ -22,6 +22,11 @@ pub enum RedisAlgorithm {
     FixedWindow,
     /// Previous window weighted by overlap (Cloudflare); approximate.
     SlidingCounter,
+    /// Bucketed sliding window (Sentinel's LeapArray) with `buckets` sub-windows.
+    SlidingWindow {
+        /// Sub-windows (10 by default in weir-core); the window must divide into whole µs.
+        buckets: u32,
+    },
     /// Exact sliding window, a sorted set bounded to the limit.
     SlidingLog,
     /// GCRA with `burst` units at once.
@@ -45,6 +50,7 @@ impl RedisAlgorithm {
         match self {
             Self::FixedWindow => "fixed_window",
             Self::SlidingCounter => "sliding_counter",
+            Self::SlidingWindow { .. } => "sliding_window",
             Self::SlidingLog => "sliding_log",
             Self::Gcra { .. } => "gcra",
             Self::TokenBucket { .. } => "token_bucket",
@@ -69,6 +75,7 @@ pub struct RedisRule {
 enum Local {
     Fixed(KeyedLimiter<String, FixedWindow, MonotonicClock>),
     Counter(KeyedLimiter<String, SlidingCounter, MonotonicClock>),
+    Window(KeyedLimiter<String, SlidingWindow, MonotonicClock>),
     Log(KeyedLimiter<String, SlidingLog, MonotonicClock>),
     Gcra(KeyedLimiter<String, Gcra, MonotonicClock>),
     Bucket(KeyedLimiter<String, TokenBucket, MonotonicClock>),
@@ -180,6 +187,20 @@ impl RedisRule {
                     )?),
                 )
             }
+            RedisAlgorithm::SlidingWindow { buckets } => {
+                if buckets == 0 || window_us % u64::from(buckets) != 0 {
+                    return Err(invalid(format!(
+                        "rule {name}: a window of {window_us} µs does not divide into {buckets} buckets"
+                    )));
+                }
+                (
+                    [window_us / u64::from(buckets), u64::from(buckets)],
+                    Local::Window(keyed(
+                        SlidingWindow::new(Quota::new(share, window)?, buckets)?,
+                        options,
+                    )?),
+                )
+            }
             RedisAlgorithm::SlidingLog | RedisAlgorithm::Concurrency
                 if limit > MAX_MEMBER_LIMIT =>
             {
@@ -274,6 +295,7 @@ impl RedisRule {
         match self.algorithm {
             RedisAlgorithm::FixedWindow => &scripts::FIXED_WINDOW,
             RedisAlgorithm::SlidingCounter => &scripts::SLIDING_COUNTER,
+            RedisAlgorithm::SlidingWindow { .. } => &scripts::SLIDING_WINDOW,
             RedisAlgorithm::SlidingLog => &scripts::SLIDING_LOG,
             RedisAlgorithm::Gcra { .. } => &scripts::GCRA,
             RedisAlgorithm::TokenBucket { .. } => &scripts::TOKEN_BUCKET,
@@ -299,6 +321,7 @@ impl RedisRule {
         match &self.local {
             Local::Fixed(l) | Local::Leases(l) => l.acquire(key, n),
             Local::Counter(l) => l.acquire(key, n),
+            Local::Window(l) => l.acquire(key, n),
             Local::Log(l) => l.acquire(key, n),
             Local::Gcra(l) => l.acquire(key, n),
             Local::Bucket(l) => l.acquire(key, n),

@@ -22,6 +22,7 @@ macro_rules! script {
 
 script!(FIXED_WINDOW, "fixed_window.lua");
 script!(SLIDING_COUNTER, "sliding_counter.lua");
+script!(SLIDING_WINDOW, "sliding_window.lua");
 script!(SLIDING_LOG, "sliding_log.lua");
 script!(GCRA, "gcra.lua");
 script!(TOKEN_BUCKET, "token_bucket.lua");

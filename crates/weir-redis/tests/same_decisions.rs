@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use weir_core::{
     Algorithm, Decision, FixedWindow, Gcra, Limiter, ManualClock, Quota, SlidingCounter,
-    SlidingLog, TokenBucket,
+    SlidingLog, SlidingWindow, TokenBucket,
 };
 use weir_redis::{RedisAlgorithm, RedisConfig, RedisLimiter, RedisRule, RuleOptions};
 
@@ -93,6 +93,8 @@ async fn redis_scripts_decide_like_weir_core() {
             (RedisAlgorithm::FixedWindow, 100, 60_000),
             (RedisAlgorithm::SlidingCounter, 10, 1_000),
             (RedisAlgorithm::SlidingCounter, 7, 30_000),
+            (RedisAlgorithm::SlidingWindow { buckets: 10 }, 8, 1_000),
+            (RedisAlgorithm::SlidingWindow { buckets: 4 }, 20, 60_000),
             (RedisAlgorithm::SlidingLog, 5, 1_000),
             (RedisAlgorithm::SlidingLog, 20, 10_000),
             (RedisAlgorithm::Gcra { burst: 1 }, 10, 1_000),
@@ -125,6 +127,11 @@ async fn redis_scripts_decide_like_weir_core() {
             RedisAlgorithm::SlidingLog => {
                 core_run(SlidingLog::new(quota).unwrap(), start_us, &steps)
             }
+            RedisAlgorithm::SlidingWindow { buckets } => core_run(
+                SlidingWindow::new(quota, buckets).unwrap(),
+                start_us,
+                &steps,
+            ),
             RedisAlgorithm::Gcra { burst } => {
                 core_run(Gcra::new(quota, burst).unwrap(), start_us, &steps)
             }
@@ -164,5 +171,5 @@ async fn redis_scripts_decide_like_weir_core() {
             "the timeline exercises both outcomes"
         );
     }
-    assert_eq!(compared, 40 * 300);
+    assert_eq!(compared, 48 * 300);
 }

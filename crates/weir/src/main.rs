@@ -62,6 +62,10 @@ struct ServeArgs {
     /// Evaluate and count every rule, never answer OVER_LIMIT.
     #[arg(long)]
     shadow: bool,
+    /// Rate-limit headers Envoy adds to responses: none, draft03 (X-RateLimit-*) or ietf
+    /// (RateLimit-Policy, RateLimit, Retry-After).
+    #[arg(long, value_name = "STYLE", default_value = "none", value_parser = ["none", "draft03", "ietf"])]
+    response_headers: String,
 }
 
 #[derive(clap::Args)]
@@ -246,8 +250,13 @@ async fn serve(args: ServeArgs) -> ExitCode {
         shadow: args.shadow,
         ..Default::default()
     };
+    let style = match args.response_headers.as_str() {
+        "draft03" => rls::engine::HeaderStyle::Draft03,
+        "ietf" => rls::engine::HeaderStyle::Ietf,
+        _ => rls::engine::HeaderStyle::None,
+    };
     let service = match rls::server::Service::new(args.config.clone(), store, options, prometheus) {
-        Ok(s) => Arc::new(s),
+        Ok(s) => Arc::new(s.with_headers(style)),
         Err(errors) => {
             for e in errors {
                 eprintln!("weir: error: {e}");

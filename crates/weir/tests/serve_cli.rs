@@ -115,6 +115,8 @@ descriptors:
   - key: shadowed
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: api
+    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: sliding_window}
 ";
 
 fn body(entries: &[(&str, &str)]) -> String {
@@ -149,6 +151,9 @@ fn http_json_limits_exactly_then_429_and_refuses_bad_input() {
     assert_eq!(codes, [200, 200, 429]);
     // shadow mode: never blocks
     assert!((0..3).all(|_| s.json(&body(&[("shadowed", "x")])).0 == 200));
+    // the bucketed sliding window (extension)
+    let codes: Vec<u16> = (0..5).map(|_| s.json(&body(&[("api", "k")])).0).collect();
+    assert_eq!(codes, [200, 200, 200, 200, 429]);
     // no matching rule: OK
     assert_eq!(s.json(&body(&[("unknown", "x")])).0, 200);
     // bad input: 400 with a reason
@@ -402,6 +407,83 @@ fn two_processes_on_one_redis_share_one_limit() {
     assert_eq!(
         allowed, 3,
         "one global limit of 3 per minute across both processes"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn response_headers_ietf_and_draft03() {
+    let dir = temp_dir("headers");
+    let config = write_config(&dir, CONFIG);
+    let s = Serve::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--response-headers",
+        "ietf",
+    ]);
+    let cart = body(&[("path", "/cart"), ("user", "hh")]);
+    let (_, v) = s.json(&cart);
+    let headers = |v: &Value| -> Vec<(String, String)> {
+        v["responseHeadersToAdd"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|h| {
+                        (
+                            h["key"].as_str().unwrap().to_string(),
+                            h["value"].as_str().unwrap().to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let h = headers(&v);
+    assert!(
+        h.contains(&(
+            "ratelimit-policy".into(),
+            "\"shop.path_/cart.user\";q=2;w=30".into()
+        )),
+        "{h:?}"
+    );
+    assert!(
+        h.contains(&(
+            "ratelimit".into(),
+            "\"shop.path_/cart.user\";r=1;t=30".into()
+        )),
+        "{h:?}"
+    );
+    s.json(&cart);
+    let (code, v) = s.json(&cart);
+    assert_eq!(code, 429);
+    let h = headers(&v);
+    let retry: u64 = h
+        .iter()
+        .find(|(k, _)| k == "retry-after")
+        .expect("retry-after")
+        .1
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=30).contains(&retry),
+        "Retry-After {retry} rounds up, within the 30 s window"
+    );
+    drop(s);
+    let s = Serve::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--response-headers",
+        "draft03",
+    ]);
+    let (_, v) = s.json(&body(&[("user", "dd")]));
+    let h = headers(&v);
+    assert!(
+        h.contains(&("x-ratelimit-limit".into(), "3".into())),
+        "{h:?}"
+    );
+    assert!(
+        h.contains(&("x-ratelimit-remaining".into(), "2".into())),
+        "{h:?}"
     );
     let _ = std::fs::remove_dir_all(dir);
 }

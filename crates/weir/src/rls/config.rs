@@ -133,6 +133,8 @@ pub enum Algorithm {
     FixedWindow,
     /// Previous window weighted by overlap.
     SlidingCounter,
+    /// Bucketed sliding window (10 sub-windows).
+    SlidingWindow,
     /// Exact sliding window.
     SlidingLog,
     /// GCRA (burst = `burst`, default the limit).
@@ -147,6 +149,7 @@ impl Algorithm {
         match self {
             Self::FixedWindow => "fixed_window",
             Self::SlidingCounter => "sliding_counter",
+            Self::SlidingWindow => "sliding_window",
             Self::SlidingLog => "sliding_log",
             Self::Gcra => "gcra",
             Self::TokenBucket => "token_bucket",

@@ -62,6 +62,8 @@ pub struct Status {
     pub reset: Duration,
     /// Time until a denied request could pass (None = never).
     pub retry_after: Option<Duration>,
+    /// The limit's window (the unit, or the `window` extension).
+    pub window: Duration,
 }
 
 /// The answer to a request.
@@ -175,6 +177,9 @@ fn store_rule(
     let algorithm = match limit.algorithm {
         Algorithm::FixedWindow => RedisAlgorithm::FixedWindow,
         Algorithm::SlidingCounter => RedisAlgorithm::SlidingCounter,
+        Algorithm::SlidingWindow => RedisAlgorithm::SlidingWindow {
+            buckets: weir_core::sliding_window::DEFAULT_BUCKETS,
+        },
         Algorithm::SlidingLog => RedisAlgorithm::SlidingLog,
         Algorithm::Gcra => RedisAlgorithm::Gcra {
             burst: limit.burst.unwrap_or(n),
@@ -369,7 +374,12 @@ impl Engine {
                     let key = counter_key(&d.entries);
                     let decision = acquire(store, &sr, &key, hits).await;
                     let shadow = rule.is_some_and(|r| r.shadow);
-                    status_of(&decision, (String::new(), u64::from(rpu), unit), shadow)
+                    status_of(
+                        &decision,
+                        (String::new(), u64::from(rpu), unit),
+                        unit.duration(),
+                        shadow,
+                    )
                 }
                 (None, None) => no_limit(),
                 (Some(r), None) => {
@@ -389,6 +399,7 @@ impl Engine {
                                 r.limit.requests_per_unit,
                                 r.limit.unit,
                             ),
+                            r.limit.window,
                             r.shadow,
                         );
                         metrics_for(r, &decision, hits);
@@ -440,11 +451,13 @@ fn no_limit() -> Status {
         remaining: 0,
         reset: Duration::ZERO,
         retry_after: None,
+        window: Duration::ZERO,
     }
 }
 
-fn status_of(d: &Decision, limit: (String, u64, Unit), shadow: bool) -> Status {
+fn status_of(d: &Decision, limit: (String, u64, Unit), window: Duration, shadow: bool) -> Status {
     Status {
+        window,
         over_limit: !d.allowed() && !shadow,
         limit: Some(limit),
         remaining: d.remaining(),
@@ -714,5 +727,74 @@ descriptors:
         assert_eq!(wildcard_match("p*f*x", "prefix"), Some(3));
         assert_eq!(wildcard_match("pre*", "pr"), None);
         assert_eq!(wildcard_match("plain", "plain"), None);
+    }
+}
+
+/// Which rate-limit headers `weir serve` asks Envoy to add to responses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// None (Envoy's own `enable_x_ratelimit_headers` may still add draft-03 headers).
+    #[default]
+    None,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (draft-03, what Envoy's filter emits).
+    Draft03,
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers), plus
+    /// `Retry-After` when over the limit.
+    Ietf,
+}
+
+impl Response {
+    /// The headers of `style` for the most restrictive status (fewest units left, then the
+    /// longest reset); times are whole seconds rounded up, never down.
+    pub fn headers(&self, style: HeaderStyle) -> Vec<(String, String)> {
+        if style == HeaderStyle::None {
+            return Vec::new();
+        }
+        let Some(s) = self
+            .statuses
+            .iter()
+            .filter(|s| s.limit.is_some())
+            .min_by(|a, b| a.remaining.cmp(&b.remaining).then(b.reset.cmp(&a.reset)))
+        else {
+            return Vec::new();
+        };
+        let Some((name, limit, _)) = &s.limit else {
+            return Vec::new();
+        };
+        let secs = |d: Duration| d.as_nanos().div_ceil(1_000_000_000);
+        match style {
+            HeaderStyle::None => Vec::new(),
+            HeaderStyle::Draft03 => vec![
+                ("x-ratelimit-limit".into(), limit.to_string()),
+                ("x-ratelimit-remaining".into(), s.remaining.to_string()),
+                ("x-ratelimit-reset".into(), secs(s.reset).to_string()),
+            ],
+            HeaderStyle::Ietf => {
+                let quoted: String = name
+                    .chars()
+                    .filter(|c| c.is_ascii() && !c.is_ascii_control())
+                    .flat_map(|c| match c {
+                        '"' | '\\' => vec!['\\', c],
+                        c => vec![c],
+                    })
+                    .collect();
+                let mut h = vec![
+                    (
+                        "ratelimit-policy".into(),
+                        format!("\"{quoted}\";q={limit};w={}", secs(s.window).max(1)),
+                    ),
+                    (
+                        "ratelimit".into(),
+                        format!("\"{quoted}\";r={};t={}", s.remaining, secs(s.reset)),
+                    ),
+                ];
+                if s.over_limit {
+                    if let Some(retry) = s.retry_after {
+                        h.push(("retry-after".into(), secs(retry).max(1).to_string()));
+                    }
+                }
+                h
+            }
+        }
     }
 }

@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 
 use super::config::{self, DomainConfig, Unit};
 use super::engine::{
-    BadRequest, Engine, EngineOptions, Request, RequestDescriptor, Response, Store,
+    BadRequest, Engine, EngineOptions, HeaderStyle, Request, RequestDescriptor, Response, Store,
 };
 
 /// The bundled example configuration (served without `--config`).
@@ -37,6 +37,7 @@ pub struct Service {
     options: EngineOptions,
     config: Option<PathBuf>,
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    headers: HeaderStyle,
 }
 
 impl Service {
@@ -55,7 +56,14 @@ impl Service {
             options,
             config,
             prometheus,
+            headers: HeaderStyle::None,
         })
+    }
+
+    /// Asks Envoy to add rate-limit headers of `style` to responses.
+    pub fn with_headers(mut self, style: HeaderStyle) -> Self {
+        self.headers = style;
+        self
     }
 
     /// The current engine.
@@ -199,7 +207,7 @@ fn from_proto(r: RateLimitRequest) -> Result<Request, BadRequest> {
     })
 }
 
-fn to_proto(r: &Response) -> RateLimitResponse {
+fn to_proto(r: &Response, style: HeaderStyle) -> RateLimitResponse {
     let code = |over: bool| if over { pbr::Code::OverLimit } else { pbr::Code::Ok } as i32;
     RateLimitResponse {
         overall_code: code(r.over_limit),
@@ -217,6 +225,17 @@ fn to_proto(r: &Response) -> RateLimitResponse {
                 duration_until_reset: s.limit.as_ref().map(|_| prost_types_duration(s.reset)),
                 quota: None,
             })
+            .collect(),
+        response_headers_to_add: r
+            .headers(style)
+            .into_iter()
+            .map(
+                |(key, value)| envoy_types::pb::envoy::config::core::v3::HeaderValue {
+                    key,
+                    value,
+                    ..Default::default()
+                },
+            )
             .collect(),
         ..Default::default()
     }
@@ -246,7 +265,7 @@ impl RateLimitService for Grpc {
             .decide(&req)
             .await
             .map_err(|e| tonic::Status::invalid_argument(e.0))?;
-        Ok(tonic::Response::new(to_proto(&resp)))
+        Ok(tonic::Response::new(to_proto(&resp, self.0.headers)))
     }
 }
 
@@ -381,9 +400,14 @@ fn from_json(body: &[u8]) -> Result<Request, BadRequest> {
     })
 }
 
-fn to_json(r: &Response) -> Value {
+fn to_json(r: &Response, style: HeaderStyle) -> Value {
     let code = |over: bool| if over { "OVER_LIMIT" } else { "OK" };
-    json!({
+    let headers: Vec<Value> = r
+        .headers(style)
+        .into_iter()
+        .map(|(k, v)| json!({"key": k, "value": v}))
+        .collect();
+    let mut out = json!({
         "overallCode": code(r.over_limit),
         "statuses": r.statuses.iter().map(|s| {
             let mut v = json!({"code": code(s.over_limit)});
@@ -394,7 +418,11 @@ fn to_json(r: &Response) -> Value {
             }
             v
         }).collect::<Vec<_>>(),
-    })
+    });
+    if !headers.is_empty() {
+        out["responseHeadersToAdd"] = Value::Array(headers);
+    }
+    out
 }
 
 async fn json_handler(
@@ -414,7 +442,7 @@ async fn json_handler(
             } else {
                 StatusCode::OK
             };
-            (status, axum::Json(to_json(&r))).into_response()
+            (status, axum::Json(to_json(&r, service.headers))).into_response()
         }
         Err(e) => (StatusCode::BAD_REQUEST, axum::Json(json!({"error": e.0}))).into_response(),
     }
