@@ -34,6 +34,7 @@ fn rules(prefix: &str) -> Vec<RedisRule> {
         RedisAlgorithm::TokenBucket { burst: 10 },
         RedisAlgorithm::FixedWindow,
         RedisAlgorithm::SlidingCounter,
+        RedisAlgorithm::SlidingWindow { buckets: 10 },
     ]
     .into_iter()
     .map(|a| {
@@ -129,6 +130,17 @@ fn check(rule: &RedisRule, times: &mut [u64]) {
             assert!(
                 max_per_aligned_window(times, w) <= LIMIT,
                 "{}: aligned window over limit",
+                rule.name()
+            );
+            (2 * LIMIT, "2 × limit")
+        }
+        RedisAlgorithm::SlidingWindow { buckets } => {
+            // Exact over (B − 1) / B of the window; 2 × limit over a whole one (adversarial).
+            let b = u64::from(buckets);
+            let short = max_in_span(times, w * (b - 1) / b);
+            assert!(
+                short <= LIMIT,
+                "{}: {short} in (B−1)/B of a window",
                 rule.name()
             );
             (2 * LIMIT, "2 × limit")
