@@ -338,6 +338,11 @@ where
         self.evictions.load(Ordering::Relaxed)
     }
 
+    /// The default parameters (a copy).
+    pub fn algorithm(&self) -> A {
+        self.shards[0].lock().config.default.clone()
+    }
+
     /// Replaces the default parameters; every key keeps its state.
     pub fn set_algorithm(&self, algorithm: A) {
         self.update_config(|c| c.default = algorithm.clone());

@@ -4,6 +4,15 @@
 //!   (`x-weir-criticality`), so it propagates from call to call.
 //! - [`shed`]: overload shedding with BBR ([`shed::BbrLayer`]): a dropped request gets 503 with
 //!   an `application/problem+json` body, lower criticality first.
+//! - [`limit`]: rate limiting with any weir-core algorithm, keyed by a [`key::KeyExtractor`]
+//!   (client IP behind trusted proxies, header, method + path, closure): 429 with `Retry-After`
+//!   (rounded up), `RateLimit-Policy` / `RateLimit` and a problem body.
+//! - [`concurrency`]: at most N in flight, permits released when the response body ends or is
+//!   dropped; 503 when full.
 
+pub mod concurrency;
 pub mod criticality;
+pub mod key;
+pub mod limit;
+pub mod problem;
 pub mod shed;

@@ -1,0 +1,254 @@
+//! Which key a request is limited under: client IP (with trusted proxies), a header, the
+//! method and route, or a closure.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::Request;
+
+/// Maps a request to the key it is counted under (`None`: the request is not limited by this
+/// layer, e.g. a missing header).
+pub trait KeyExtractor: Clone + Send + Sync + 'static {
+    /// The key of `req`.
+    fn key<B>(&self, req: &Request<B>) -> Option<String>;
+}
+
+/// A CIDR block (`10.0.0.0/8`, `::1/128`, or a bare address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    net: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `ADDR` or `ADDR/PREFIX`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let net: IpAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| format!("bad CIDR {s:?}: address"))?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("bad CIDR {s:?}: prefix must be 0..={max}"))?,
+            None => max,
+        };
+        Ok(Self { net, prefix })
+    }
+
+    /// Whether `ip` is inside the block (IPv4-mapped IPv6 addresses count as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The peer address of a connection, as servers put it in request extensions: insert
+/// `PeerAddr` yourself, or use axum's `ConnectInfo<SocketAddr>` (read when the `axum` feature is
+/// on — see [`ClientIp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The client's IP: the connection's peer, unless the peer is a trusted proxy; then
+/// `X-Forwarded-For` is read **from the right**, skipping trusted proxies, and the first
+/// untrusted address is the client. The leftmost entry is never believed blindly: anyone can
+/// send `X-Forwarded-For: 1.2.3.4`.
+#[derive(Debug, Clone, Default)]
+pub struct ClientIp {
+    trusted: Vec<Cidr>,
+}
+
+impl ClientIp {
+    /// No trusted proxies: the peer address is the client.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Trusts proxies in these CIDR blocks.
+    pub fn trusting(cidrs: &[&str]) -> Result<Self, String> {
+        Ok(Self {
+            trusted: cidrs
+                .iter()
+                .map(|c| Cidr::parse(c))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    fn trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|c| c.contains(ip))
+    }
+
+    /// The client address of `req`.
+    pub fn client<B>(&self, req: &Request<B>) -> Option<IpAddr> {
+        let peer = peer(req)?;
+        if !self.trusted(peer) {
+            return Some(peer);
+        }
+        let mut client = peer;
+        for value in req.headers().get_all("x-forwarded-for").iter().rev() {
+            let Ok(text) = value.to_str() else {
+                return Some(client);
+            };
+            for hop in text.rsplit(',') {
+                let Ok(ip) = hop.trim().parse::<IpAddr>() else {
+                    return Some(client);
+                };
+                client = ip;
+                if !self.trusted(ip) {
+                    return Some(ip);
+                }
+            }
+        }
+        Some(client)
+    }
+}
+
+fn peer<B>(req: &Request<B>) -> Option<IpAddr> {
+    if let Some(PeerAddr(a)) = req.extensions().get::<PeerAddr>() {
+        return Some(a.ip());
+    }
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::ConnectInfo(a)) = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(a.ip());
+    }
+    req.extensions().get::<SocketAddr>().map(SocketAddr::ip)
+}
+
+impl KeyExtractor for ClientIp {
+    fn key<B>(&self, req: &Request<B>) -> Option<String> {
+        self.client(req).map(|ip| ip.to_string())
+    }
+}
+
+/// The value of a header (requests without it are not limited by this layer).
+#[derive(Debug, Clone)]
+pub struct Header(pub http::HeaderName);
+
+impl KeyExtractor for Header {
+    fn key<B>(&self, req: &Request<B>) -> Option<String> {
+        req.headers()
+            .get(&self.0)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    }
+}
+
+/// `METHOD path` (the route; query strings excluded).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MethodPath;
+
+impl KeyExtractor for MethodPath {
+    fn key<B>(&self, req: &Request<B>) -> Option<String> {
+        Some(format!("{} {}", req.method(), req.uri().path()))
+    }
+}
+
+/// One key for every request (a global limit).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Global;
+
+impl KeyExtractor for Global {
+    fn key<B>(&self, _: &Request<B>) -> Option<String> {
+        Some(String::new())
+    }
+}
+
+/// A closure over the request parts (method, URI, headers, extensions).
+#[derive(Clone)]
+pub struct FromParts<F>(pub F);
+
+impl<F> KeyExtractor for FromParts<F>
+where
+    F: Fn(&http::Method, &http::Uri, &http::HeaderMap, &http::Extensions) -> Option<String>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+{
+    fn key<B>(&self, req: &Request<B>) -> Option<String> {
+        (self.0)(req.method(), req.uri(), req.headers(), req.extensions())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(peer: &str, xff: &[&str]) -> Request<()> {
+        let mut b = Request::builder();
+        for v in xff {
+            b = b.header("x-forwarded-for", *v);
+        }
+        let mut r = b.body(()).unwrap();
+        r.extensions_mut().insert(PeerAddr(peer.parse().unwrap()));
+        r
+    }
+
+    #[test]
+    fn cidrs() {
+        let c = Cidr::parse("10.0.0.0/8").unwrap();
+        assert!(c.contains("10.9.8.7".parse().unwrap()));
+        assert!(c.contains("::ffff:10.1.1.1".parse().unwrap()));
+        assert!(!c.contains("11.0.0.1".parse().unwrap()));
+        assert!(Cidr::parse("::1").unwrap().contains("::1".parse().unwrap()));
+        assert!(Cidr::parse("fd00::/8")
+            .unwrap()
+            .contains("fd12::1".parse().unwrap()));
+        assert!(Cidr::parse("10.0.0.0/33").is_err());
+        assert!(Cidr::parse("nope/8").is_err());
+    }
+
+    #[test]
+    fn forwarded_for_is_read_from_the_right_and_only_behind_trusted_proxies() {
+        let ip = ClientIp::trusting(&["10.0.0.0/8"]).unwrap();
+        let key = |r: &Request<()>| ip.key(r).unwrap();
+        // untrusted peer: its own address, whatever it claims
+        assert_eq!(key(&req("203.0.113.9:1", &["1.2.3.4"])), "203.0.113.9");
+        // trusted proxy: the rightmost untrusted hop
+        assert_eq!(
+            key(&req("10.0.0.2:1", &["1.2.3.4, 198.51.100.7, 10.0.0.5"])),
+            "198.51.100.7"
+        );
+        // several headers: the last one is the nearest
+        assert_eq!(
+            key(&req("10.0.0.2:1", &["1.2.3.4", "198.51.100.8"])),
+            "198.51.100.8"
+        );
+        // garbage stops the walk at the last trusted hop
+        assert_eq!(key(&req("10.0.0.2:1", &["1.2.3.4, junk"])), "10.0.0.2");
+        // no trust configured: the peer
+        assert_eq!(
+            ClientIp::new()
+                .key(&req("10.0.0.2:1", &["1.2.3.4"]))
+                .unwrap(),
+            "10.0.0.2"
+        );
+    }
+}
