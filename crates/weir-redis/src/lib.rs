@@ -22,6 +22,7 @@ mod cache;
 mod reserve;
 mod rule;
 pub mod scripts;
+mod sharded;
 mod store;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -11,14 +11,10 @@
 //! by concurrent misses. Bounded: at most `capacity` keys hold units; when
 //! full, nothing new is held.
 
-use std::collections::HashMap;
-
-use parking_lot::Mutex;
 use weir_core::{Decision, Nanos};
 
+use crate::sharded::Sharded;
 use crate::RedisRule;
-
-const SHARDS: usize = 16;
 
 struct Held {
     /// A batch is being taken from Redis for this key by one request; others ask for one unit.
@@ -31,39 +27,24 @@ struct Held {
 }
 
 pub(crate) struct Reserve {
-    shards: Vec<Mutex<HashMap<String, Held, foldhash::fast::RandomState>>>,
-    per_shard: usize,
-    hasher: foldhash::fast::RandomState,
+    map: Sharded<Held>,
 }
 
 fn id(rule: &RedisRule, key: &str) -> String {
-    let mut id = String::with_capacity(rule.name().len() + key.len() + 1);
-    id.push_str(rule.name());
-    id.push('\0');
-    id.push_str(key);
-    id
+    Sharded::<Held>::id(rule, key)
 }
 
 impl Reserve {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            shards: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::default()))
-                .collect(),
-            per_shard: (capacity / SHARDS).max(1),
-            hasher: foldhash::fast::RandomState::default(),
+            map: Sharded::new(capacity),
         }
-    }
-
-    fn shard(&self, id: &str) -> &Mutex<HashMap<String, Held, foldhash::fast::RandomState>> {
-        let h = std::hash::BuildHasher::hash_one(&self.hasher, id) as usize;
-        &self.shards[h % SHARDS]
     }
 
     /// Spends one held unit of `key` if there is one still valid at `now`.
     pub(crate) fn take(&self, rule: &RedisRule, key: &str, now: Nanos) -> Option<Decision> {
         let id = id(rule, key);
-        let mut shard = self.shard(&id).lock();
+        let mut shard = self.map.lock(&id);
         let held = shard.get_mut(&id)?;
         if held.until <= now || held.units == 0 {
             if !held.reserving {
@@ -88,7 +69,7 @@ impl Reserve {
     /// one (then ask Redis for one unit), or if the table is full.
     pub(crate) fn start(&self, rule: &RedisRule, key: &str, now: Nanos) -> bool {
         let id = id(rule, key);
-        let mut shard = self.shard(&id).lock();
+        let mut shard = self.map.lock(&id);
         if let Some(h) = shard.get_mut(&id) {
             if h.reserving {
                 return false;
@@ -96,11 +77,11 @@ impl Reserve {
             h.reserving = true;
             return true;
         }
-        if shard.len() >= self.per_shard {
-            shard.retain(|_, h| h.until > now || h.reserving);
-            if shard.len() >= self.per_shard {
-                return false;
-            }
+        if !self
+            .map
+            .make_room(&mut shard, |_, h| h.until > now || h.reserving)
+        {
+            return false;
         }
         shard.insert(
             id,
@@ -119,7 +100,7 @@ impl Reserve {
     /// Ends a claim from [`Reserve::start`] that did not get a batch.
     pub(crate) fn abandon(&self, rule: &RedisRule, key: &str) {
         let id = id(rule, key);
-        let mut shard = self.shard(&id).lock();
+        let mut shard = self.map.lock(&id);
         if let Some(h) = shard.get_mut(&id) {
             h.reserving = false;
             if h.units == 0 {
@@ -142,12 +123,9 @@ impl Reserve {
             return;
         }
         let id = id(rule, key);
-        let mut shard = self.shard(&id).lock();
-        if shard.len() >= self.per_shard && !shard.contains_key(&id) {
-            shard.retain(|_, h| h.until > now);
-            if shard.len() >= self.per_shard {
-                return;
-            }
+        let mut shard = self.map.lock(&id);
+        if !shard.contains_key(&id) && !self.map.make_room(&mut shard, |_, h| h.until > now) {
+            return;
         }
         let reset_at =
             now.saturating_add(u64::try_from(d.reset_after().as_nanos()).unwrap_or(u64::MAX));

@@ -54,9 +54,6 @@ pub struct BbrService<S> {
     clock: MonotonicClock,
 }
 
-/// The 503 body: RFC 9457 problem details.
-const PROBLEM: &str = r#"{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"overloaded: request shed by weir (BBR)"}"#;
-
 impl<S, ReqB, ResB> Service<Request<ReqB>> for BbrService<S>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
@@ -124,14 +121,12 @@ where
                 Poll::Ready(out)
             }
             Projected::Shed => {
-                let mut r = Response::new(ResB::from(PROBLEM.to_string()));
-                *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-                let h = r.headers_mut();
-                h.insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/problem+json"),
+                let mut r = crate::problem::problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "overloaded: request shed by weir (BBR)",
                 );
-                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 Poll::Ready(Ok(r))
             }
         }

@@ -66,6 +66,7 @@ pub struct Redis {
     child: Option<Child>,
     dir: PathBuf,
     cluster: bool,
+    retries: u32,
 }
 
 impl Redis {
@@ -83,6 +84,7 @@ impl Redis {
             child: None,
             dir,
             cluster,
+            retries: 0,
         };
         r.spawn();
         r
@@ -100,18 +102,31 @@ impl Redis {
             cmd.args(["--cluster-enabled", "yes", "--cluster-config-file"])
                 .arg(format!("nodes-{}.conf", self.port));
         }
-        self.child = Some(cmd.spawn().expect("start redis-server"));
+        let child = cmd.spawn().expect("start redis-server");
+        let pid = child.id();
+        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if raw(self.port, "PING").is_ok_and(|r| r.starts_with("+PONG")) {
+            // Answering PING is not enough: another process may have taken the port between
+            // `free_port` and our bind. The server must be ours.
+            if raw(self.port, "INFO server")
+                .is_ok_and(|r| r.contains(&format!("process_id:{pid}\r\n")))
+            {
                 return;
+            }
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
+                break; // ours exited: the port was taken
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!(
-            "redis-server on port {} did not answer PING in 10 s",
-            self.port
+        self.kill();
+        assert!(
+            self.retries < 5,
+            "redis-server did not start on a free port after 5 tries"
         );
+        self.retries += 1;
+        self.port = free_port();
+        self.spawn();
     }
 
     /// `redis://127.0.0.1:PORT`.
