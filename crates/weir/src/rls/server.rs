@@ -38,6 +38,7 @@ pub struct Service {
     config: Option<PathBuf>,
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     headers: HeaderStyle,
+    latency: metrics::Histogram,
 }
 
 impl Service {
@@ -57,6 +58,7 @@ impl Service {
             config,
             prometheus,
             headers: HeaderStyle::None,
+            latency: metrics::histogram!("weir_rls_decision_seconds"),
         })
     }
 
@@ -76,7 +78,7 @@ impl Service {
         let start = Instant::now();
         let engine = self.engine();
         let r = engine.decide(&self.store, request).await;
-        metrics::histogram!("weir_rls_decision_seconds").record(start.elapsed().as_secs_f64());
+        self.latency.record(start.elapsed().as_secs_f64());
         if r.is_err() {
             metrics::counter!("weir_rls_bad_requests_total").increment(1);
         }
