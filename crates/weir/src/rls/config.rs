@@ -19,38 +19,14 @@
 //! keys at one level. YAML parsing is `serde_yaml_ng` (maintained fork of the deprecated
 //! serde_yaml; its errors carry line and column; see docs/serve.md).
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
-/// One configuration error, printable as one line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The file.
-    pub file: PathBuf,
-    /// 1-based line and column, when known.
-    pub position: Option<(usize, usize)>,
-    /// The field path, e.g. `descriptors[1].rate_limit.unit`.
-    pub path: String,
-    /// What is wrong.
-    pub reason: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if let Some((line, col)) = self.position {
-            write!(f, ":{line}:{col}")?;
-        }
-        if !self.path.is_empty() && self.path != "." {
-            write!(f, ": {}", self.path)?;
-        }
-        write!(f, ": {}", self.reason)
-    }
-}
+/// One configuration error (file, line, column, field path, reason), printable as one line.
+pub use weir_rules::yaml::LocatedError as ConfigError;
 
 /// Time units of the Lyft format (MONTH = 30 days, YEAR = 365 days).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -360,29 +336,7 @@ pub struct DomainConfig {
 
 /// Parses one YAML file's text.
 pub fn parse(file: &Path, text: &str) -> Result<DomainConfig, ConfigError> {
-    let de = serde_yaml_ng::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let position = inner.location().map(|l| (l.line(), l.column()));
-        let mut reason = inner.to_string();
-        // serde_yaml_ng appends " at line L column C"; the position is printed separately.
-        if let Some(i) = reason.find(" at line ") {
-            reason.truncate(i);
-        }
-        // … and may start with its own (shorter) path: keep the reason only.
-        if let Some((head, rest)) = reason.split_once(": ") {
-            if !head.contains(' ') && path.starts_with(head) {
-                reason = rest.to_string();
-            }
-        }
-        ConfigError {
-            file: file.to_path_buf(),
-            position,
-            path,
-            reason,
-        }
-    })
+    weir_rules::yaml::parse(file, text)
 }
 
 /// Loads `path`: a YAML file or a directory of `*.yaml` / `*.yml` files (sorted by name).

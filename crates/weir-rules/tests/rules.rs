@@ -1,0 +1,195 @@
+//! Every rule kind through the public API on a manual clock, shadow mode, and reloads that keep
+//! state.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use weir_core::stats::Outcome;
+use weir_core::ManualClock;
+use weir_rules::config::RuleSet;
+use weir_rules::engine::{Context, RuleKind, Rules};
+
+fn set(yaml: &str) -> RuleSet {
+    RuleSet::from_yaml(Path::new("rules.yaml"), yaml).unwrap()
+}
+
+fn rules(yaml: &str) -> (Rules<Arc<ManualClock>>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    (Rules::with_clock(&set(yaml), clock.clone()).unwrap(), clock)
+}
+
+const CTX: Context<'static> = Context {
+    origin: "web",
+    criticality: weir_core::Criticality::Critical,
+    params: &[],
+};
+
+fn passes(r: &Rules<Arc<ManualClock>>, resource: &str, ctx: &Context<'_>, n: usize) -> usize {
+    (0..n)
+        .filter(|_| {
+            r.entry(resource, ctx)
+                .map(|g| g.complete(Outcome::Success))
+                .is_ok()
+        })
+        .count()
+}
+
+#[test]
+fn flow_rate_blocks_with_rule_kind_and_retry_after() {
+    let (r, clock) = rules("resources:\n  - name: api\n    flow:\n      - {id: api-qps, qps: 3, window: 1s, algorithm: sliding_log}\n");
+    assert_eq!(passes(&r, "api", &CTX, 3), 3);
+    let block = r.entry("api", &CTX).err().unwrap();
+    assert_eq!((&*block.rule, block.kind), ("api-qps", RuleKind::Flow));
+    assert_eq!(block.retry_after, Some(Duration::from_secs(1)));
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(passes(&r, "api", &CTX, 5), 3);
+    assert_eq!(r.stats("api-qps").unwrap().1, 3, "blocks counted");
+    // Resources without rules always pass.
+    assert_eq!(passes(&r, "other", &CTX, 10), 10);
+}
+
+#[test]
+fn concurrency_slot_returns_when_the_guard_completes_or_drops() {
+    let (r, _) =
+        rules("resources:\n  - name: db\n    flow:\n      - {id: db-inflight, concurrency: 1}\n");
+    let g = r.entry("db", &CTX).unwrap();
+    assert_eq!(r.entry("db", &CTX).err().unwrap().kind, RuleKind::Flow);
+    g.complete(Outcome::Success);
+    let g = r.entry("db", &CTX).unwrap();
+    drop(g);
+    assert!(r.entry("db", &CTX).is_ok());
+}
+
+#[test]
+fn hot_params_limit_per_value_with_exceptions_and_count_evictions() {
+    let (r, _) = rules(
+        "resources:\n  - name: search\n    hot_params:\n      - {id: per-user, param: 0, threshold: 2, window: 1m, exceptions: {vip: 5}, max_values: 64}\n",
+    );
+    let ctx = |user: &'static [&'static str]| Context {
+        params: user,
+        ..CTX
+    };
+    assert_eq!(passes(&r, "search", &ctx(&["ann"]), 5), 2);
+    assert_eq!(
+        passes(&r, "search", &ctx(&["bob"]), 5),
+        2,
+        "a counter per value"
+    );
+    assert_eq!(passes(&r, "search", &ctx(&["vip"]), 9), 5, "exception");
+    assert_eq!(
+        r.entry("search", &ctx(&["ann"])).err().unwrap().kind,
+        RuleKind::HotParam
+    );
+    // Calls without the parameter are not limited by it.
+    assert_eq!(passes(&r, "search", &CTX, 5), 5);
+    // Past max_values, idle values are evicted and counted.
+    let values: Vec<String> = (0..200).map(|i| format!("u{i}")).collect();
+    for v in &values {
+        let p = [v.as_str()];
+        let _ = r.entry("search", &Context { params: &p, ..CTX });
+    }
+    assert!(r.stats("per-user").unwrap().3 > 0, "evictions counted");
+}
+
+#[test]
+fn authority_allow_and_deny_lists() {
+    let (r, _) = rules(
+        "resources:\n  - name: admin\n    authority: {id: admins, allow: [ops]}\n  - name: public\n    authority: {id: blocklist, deny: [scraper]}\n",
+    );
+    let from = |origin: &'static str| Context { origin, ..CTX };
+    assert!(r.entry("admin", &from("ops")).is_ok());
+    let b = r.entry("admin", &from("web")).err().unwrap();
+    assert_eq!((b.kind, b.retry_after), (RuleKind::Authority, None));
+    assert!(r.entry("public", &from("web")).is_ok());
+    assert!(r.entry("public", &from("scraper")).is_err());
+}
+
+#[test]
+fn breaker_opens_on_errors_and_blocks() {
+    let (r, clock) = rules(
+        "resources:\n  - name: pay\n    breaker: {id: pay-breaker, preset: resilience4j, error_ratio: 0.5, min_calls: 4, open_for: 10s}\n",
+    );
+    for _ in 0..4 {
+        r.entry("pay", &CTX).unwrap().complete(Outcome::Error);
+    }
+    let b = r.entry("pay", &CTX).err().unwrap();
+    assert_eq!(b.kind, RuleKind::Breaker);
+    assert!(b.retry_after.unwrap() <= Duration::from_secs(10));
+    clock.advance(Duration::from_secs(11));
+    assert!(
+        r.entry("pay", &CTX).is_ok(),
+        "half-open probe after the open time"
+    );
+}
+
+#[test]
+fn shadow_rules_count_but_never_block() {
+    let (r, _) =
+        rules("resources:\n  - name: api\n    flow:\n      - {id: trial, qps: 1, shadow: true}\n");
+    assert_eq!(passes(&r, "api", &CTX, 5), 5);
+    let (p, b, sh, _) = r.stats("trial").unwrap();
+    assert_eq!((p, b, sh), (1, 0, 4));
+}
+
+#[test]
+fn reload_keeps_counters_and_rejects_invalid_sets_atomically() {
+    let yaml = "resources:\n  - name: api\n    flow:\n      - {id: api-qps, qps: 3, window: 1m, algorithm: fixed_window}\n  - name: db\n    flow:\n      - {id: db-inflight, concurrency: 2}\n";
+    let (r, _) = rules(yaml);
+    assert_eq!(passes(&r, "api", &CTX, 2), 2);
+    let held = r.entry("db", &CTX).unwrap();
+    // Unchanged: the counter (2 used) and the holder survive.
+    r.apply(&set(yaml)).unwrap();
+    assert_eq!(passes(&r, "api", &CTX, 5), 1);
+    // Threshold raised to 5: the counter (3 used) is kept, 2 more pass.
+    r.apply(&set(&yaml.replace("qps: 3", "qps: 5"))).unwrap();
+    assert_eq!(passes(&r, "api", &CTX, 5), 2);
+    // Concurrency lowered to 1: the existing holder still counts.
+    r.apply(&set(&yaml
+        .replace("concurrency: 2", "concurrency: 1")
+        .replace("qps: 3", "qps: 5")))
+        .unwrap();
+    assert!(r.entry("db", &CTX).is_err());
+    drop(held);
+    // An invalid set changes nothing.
+    let mut bad = set(yaml);
+    bad.resources[0].flow[0].qps = None;
+    assert!(r.apply(&bad).is_err());
+    assert!(
+        r.entry("db", &CTX).is_ok(),
+        "the previous rules are still in force"
+    );
+}
+
+#[test]
+fn yaml_errors_name_file_line_column_and_path() {
+    let e = RuleSet::from_yaml(
+        Path::new("r.yaml"),
+        "resources:\n  - name: a\n    flow:\n      - {id: x, qps: 3, windw: 1s}\n",
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().starts_with("r.yaml:4:") && e.to_string().contains("unknown field `windw`"),
+        "{e}"
+    );
+    let e = RuleSet::from_yaml(
+        Path::new("r.yaml"),
+        "resources:\n  - name: a\n    flow:\n      - {id: x, qps: 3, window: 1y}\n",
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("resources[0].flow[0].window") && e.to_string().contains("\"1y\""),
+        "{e}"
+    );
+    let e = RuleSet::from_yaml(
+        Path::new("r.yaml"),
+        "resources:\n  - name: a\n    flow:\n      - {id: x, qps: 3, concurrency: 2}\n",
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "r.yaml: resources[0].flow[0]: give exactly one of qps or concurrency"
+    );
+    let e = RuleSet::from_yaml(Path::new("r.yaml"), "resources:\n  - name: a\n    flow:\n      - {id: x, qps: 3}\n  - name: b\n    flow:\n      - {id: x, qps: 3}\n").unwrap_err();
+    assert!(e.to_string().contains("duplicate rule id \"x\""), "{e}");
+}
