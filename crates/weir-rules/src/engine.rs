@@ -226,6 +226,8 @@ struct Resource<C: Clock> {
 
 struct Compiled<C: Clock> {
     resources: HashMap<String, Arc<Resource<C>>>,
+    /// What a resource without rules gets (no allocation per call).
+    empty: Arc<Resource<C>>,
 }
 
 /// A call admitted to a resource. [`Guard::complete`] reports how it ended; dropping it without
@@ -299,12 +301,7 @@ impl<C: Clock + Clone> Rules<C> {
         let compiled = self.current.read().clone();
         let Some(res) = compiled.resources.get(resource).cloned() else {
             return Ok(Guard {
-                resource: Arc::new(Resource {
-                    authority: None,
-                    hot: Vec::new(),
-                    flows: Vec::new(),
-                    breaker: None,
-                }),
+                resource: compiled.empty.clone(),
                 permit: None,
                 call: None,
                 clock: self.clock.clone(),
@@ -614,5 +611,11 @@ fn compile<C: Clock + Clone>(
             }),
         );
     }
-    Ok(Compiled { resources })
+    let empty = Arc::new(Resource {
+        authority: None,
+        hot: Vec::new(),
+        flows: Vec::new(),
+        breaker: None,
+    });
+    Ok(Compiled { resources, empty })
 }
