@@ -105,7 +105,11 @@ async fn redis_scripts_decide_like_weir_core() {
             cases.push(Case {
                 algorithm,
                 limit,
-                window_ms,
+                // Scaled up: the scripts' expiries (PEXPIRE, SET PX) run on Redis's real clock
+                // while this test feeds virtual time; with windows ≥ 10 s of virtual time, every
+                // TTL is seconds of real time, far above any scheduling stall (a 100 ms window once
+                // let a key expire under a stalled CI run and the decisions diverged).
+                window_ms: window_ms * 100,
                 seed,
             });
         }
