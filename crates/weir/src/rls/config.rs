@@ -178,24 +178,8 @@ struct RawRateLimit {
     window: Option<String>,
 }
 
-/// Parses `30s`, `500ms`, `5m`, `1h`, `1d`.
-pub fn parse_window(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit())?;
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let mult_ms = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    n.checked_mul(mult_ms)
-        .filter(|ms| *ms > 0)
-        .map(Duration::from_millis)
-}
+/// Parses `30s`, `500ms`, `5m`, `1h`, `1d` (the rule sets' parser).
+pub use weir_rules::config::parse_duration as parse_window;
 
 impl<'de> Deserialize<'de> for RateLimit {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
