@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use weir_core::{
-    ConfigError, Decision, FixedWindow, Gcra, KeyedLimiter, MonotonicClock, Quota, SlidingCounter,
-    SlidingLog, SlidingWindow, TokenBucket,
-};
+use weir_core::{ConfigError, Decision, MonotonicClock, Quota};
+use weir_rules::rate::{KeyedRate, RateAlgorithm, RateSpec};
 
 use crate::scripts;
 
@@ -68,20 +66,8 @@ pub struct RedisRule {
     params: [u64; 2],
     count_denied: bool,
     batch: u64,
-    local: Local,
-}
-
-/// The per-instance stand-in used during a fallback.
-enum Local {
-    Fixed(KeyedLimiter<String, FixedWindow, MonotonicClock>),
-    Counter(KeyedLimiter<String, SlidingCounter, MonotonicClock>),
-    Window(KeyedLimiter<String, SlidingWindow, MonotonicClock>),
-    Log(KeyedLimiter<String, SlidingLog, MonotonicClock>),
-    Gcra(KeyedLimiter<String, Gcra, MonotonicClock>),
-    Bucket(KeyedLimiter<String, TokenBucket, MonotonicClock>),
-    /// Concurrency: leases are not tracked locally; the fallback admits up to this instance's
-    /// share of the rate of leases per window.
-    Leases(KeyedLimiter<String, FixedWindow, MonotonicClock>),
+    /// The per-instance stand-in used during a fallback.
+    local: KeyedRate<MonotonicClock>,
 }
 
 /// Options of a [`RedisRule`] beyond algorithm and quota.
@@ -154,14 +140,10 @@ impl RedisRule {
         }
         let share = limit.div_ceil(options.instances).max(1);
         let interval = window_us.div_ceil(limit).max(1);
+        // This instance's share, same algorithm: the fallback while Redis is unreachable.
+        let local_spec = |alg: RateAlgorithm| RateSpec::new(alg, share, window);
         let (params, local) = match algorithm {
-            RedisAlgorithm::FixedWindow => (
-                [window_us, 0],
-                Local::Fixed(keyed(
-                    FixedWindow::new(Quota::new(share, window)?)?,
-                    options,
-                )?),
-            ),
+            RedisAlgorithm::FixedWindow => ([window_us, 0], local_spec(RateAlgorithm::FixedWindow)),
             RedisAlgorithm::SlidingCounter => {
                 // prev · w and limit · w must be exact: switch to ms when µs would not be.
                 let res = if u128::from(limit) * u128::from(window_us) < EXACT {
@@ -181,10 +163,7 @@ impl RedisRule {
                 }
                 (
                     [window_us / res, res],
-                    Local::Counter(keyed(
-                        SlidingCounter::new(Quota::new(share, window)?)?,
-                        options,
-                    )?),
+                    local_spec(RateAlgorithm::SlidingCounter),
                 )
             }
             RedisAlgorithm::SlidingWindow { buckets } => {
@@ -195,10 +174,10 @@ impl RedisRule {
                 }
                 (
                     [window_us / u64::from(buckets), u64::from(buckets)],
-                    Local::Window(keyed(
-                        SlidingWindow::new(Quota::new(share, window)?, buckets)?,
-                        options,
-                    )?),
+                    RateSpec {
+                        buckets,
+                        ..local_spec(RateAlgorithm::SlidingWindow)
+                    },
                 )
             }
             RedisAlgorithm::SlidingLog | RedisAlgorithm::Concurrency
@@ -210,13 +189,7 @@ impl RedisRule {
                     max: MAX_MEMBER_LIMIT,
                 });
             }
-            RedisAlgorithm::SlidingLog => (
-                [window_us, 0],
-                Local::Log(keyed(
-                    SlidingLog::new(Quota::new(share, window)?)?,
-                    options,
-                )?),
-            ),
+            RedisAlgorithm::SlidingLog => ([window_us, 0], local_spec(RateAlgorithm::SlidingLog)),
             RedisAlgorithm::Gcra { burst } | RedisAlgorithm::TokenBucket { burst } => {
                 if burst == 0 {
                     return Err(ConfigError::ZeroBurst);
@@ -232,26 +205,21 @@ impl RedisRule {
                         "rule {name}: burst × interval too large to be exact"
                     )));
                 }
-                let local_burst = burst.div_ceil(options.instances).max(1);
-                let local_quota = Quota::new(share, window)?;
-                let local = match algorithm {
-                    RedisAlgorithm::Gcra { .. } => {
-                        Local::Gcra(keyed(Gcra::new(local_quota, local_burst)?, options)?)
-                    }
-                    _ => {
-                        Local::Bucket(keyed(TokenBucket::new(local_quota, local_burst)?, options)?)
-                    }
+                let alg = match algorithm {
+                    RedisAlgorithm::Gcra { .. } => RateAlgorithm::Gcra,
+                    _ => RateAlgorithm::TokenBucket,
+                };
+                let local = RateSpec {
+                    burst: Some(burst.div_ceil(options.instances).max(1)),
+                    ..local_spec(alg)
                 };
                 ([interval, burst], local)
             }
-            RedisAlgorithm::Concurrency => (
-                [window_us, 0],
-                Local::Leases(keyed(
-                    FixedWindow::new(Quota::new(share, window)?)?,
-                    options,
-                )?),
-            ),
+            // Leases are not tracked locally: the fallback admits this instance's share of
+            // leases per window.
+            RedisAlgorithm::Concurrency => ([window_us, 0], local_spec(RateAlgorithm::FixedWindow)),
         };
+        let local = KeyedRate::new(&local, options.local_keys.max(1), MonotonicClock::new())?;
         Ok(Self {
             name,
             algorithm,
@@ -318,14 +286,7 @@ impl RedisRule {
 
     /// This instance's local decision for `key` (the fallback).
     pub fn local_acquire(&self, key: &str, n: u64) -> Decision {
-        match &self.local {
-            Local::Fixed(l) | Local::Leases(l) => l.acquire(key, n),
-            Local::Counter(l) => l.acquire(key, n),
-            Local::Window(l) => l.acquire(key, n),
-            Local::Log(l) => l.acquire(key, n),
-            Local::Gcra(l) => l.acquire(key, n),
-            Local::Bucket(l) => l.acquire(key, n),
-        }
+        self.local.acquire(key, n)
     }
 }
 
@@ -338,11 +299,4 @@ impl std::fmt::Debug for RedisRule {
             .field("count_denied", &self.count_denied)
             .finish_non_exhaustive()
     }
-}
-
-fn keyed<A: weir_core::Algorithm + Clone>(
-    algorithm: A,
-    options: RuleOptions,
-) -> Result<KeyedLimiter<String, A, MonotonicClock>, ConfigError> {
-    KeyedLimiter::with_clock(algorithm, options.local_keys.max(1), MonotonicClock::new())
 }

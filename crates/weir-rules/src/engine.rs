@@ -16,14 +16,12 @@ use parking_lot::RwLock;
 use weir_core::breaker::{Breaker, BreakerConfig, Call};
 use weir_core::stats::Outcome;
 use weir_core::{
-    Clock, ConcurrencyConfig, ConcurrencyLimiter, ConfigError, Criticality, Decision, FixedWindow,
-    Gcra, KeyedLimiter, MonotonicClock, Permit, QueueOrder, Quota, SlidingCounter, SlidingLog,
-    SlidingWindow, TokenBucket,
+    Clock, ConcurrencyConfig, ConcurrencyLimiter, ConfigError, Criticality, MonotonicClock, Permit,
+    QueueOrder,
 };
 
-use crate::config::{
-    AuthorityRule, BreakerPreset, BreakerRule, FlowRule, HotParamRule, RateAlgorithm, RuleSet,
-};
+use crate::config::{AuthorityRule, BreakerPreset, BreakerRule, FlowRule, HotParamRule, RuleSet};
+use crate::rate::{KeyedRate, RateSpec};
 
 /// Who calls and with what: the origin (caller), the criticality and the parameters that
 /// hot-parameter rules look at.
@@ -82,133 +80,15 @@ pub struct RuleStats {
     pub shadow_blocks: AtomicU64,
 }
 
-/// A rate limiter over any weir-core algorithm, keyed by parameter value (or `""`).
-enum Rate<C: Clock> {
-    Fixed(KeyedLimiter<String, FixedWindow, C>),
-    Window(KeyedLimiter<String, SlidingWindow, C>),
-    Log(KeyedLimiter<String, SlidingLog, C>),
-    Counter(KeyedLimiter<String, SlidingCounter, C>),
-    Gcra(KeyedLimiter<String, Gcra, C>),
-    Bucket(KeyedLimiter<String, TokenBucket, C>),
-}
-
-/// Generates (new limiter, set default, set override) for each algorithm.
-macro_rules! each_rate {
-    ($self:expr, $l:ident => $body:expr) => {
-        match $self {
-            Rate::Fixed($l) => $body,
-            Rate::Window($l) => $body,
-            Rate::Log($l) => $body,
-            Rate::Counter($l) => $body,
-            Rate::Gcra($l) => $body,
-            Rate::Bucket($l) => $body,
-        }
-    };
-}
-
-impl<C: Clock + Clone> Rate<C> {
-    fn new(
-        alg: RateAlgorithm,
-        limit: u64,
-        window: Duration,
-        burst: Option<u64>,
-        keys: usize,
-        clock: C,
-    ) -> Result<Self, ConfigError> {
-        let q = Quota::new(limit, window)?;
-        let b = burst.unwrap_or(limit);
-        Ok(match alg {
-            RateAlgorithm::FixedWindow => {
-                Self::Fixed(KeyedLimiter::with_clock(FixedWindow::new(q)?, keys, clock)?)
-            }
-            RateAlgorithm::SlidingWindow => Self::Window(KeyedLimiter::with_clock(
-                SlidingWindow::new(q, weir_core::sliding_window::DEFAULT_BUCKETS)?,
-                keys,
-                clock,
-            )?),
-            RateAlgorithm::SlidingLog => {
-                Self::Log(KeyedLimiter::with_clock(SlidingLog::new(q)?, keys, clock)?)
-            }
-            RateAlgorithm::SlidingCounter => Self::Counter(KeyedLimiter::with_clock(
-                SlidingCounter::new(q)?,
-                keys,
-                clock,
-            )?),
-            RateAlgorithm::Gcra => {
-                Self::Gcra(KeyedLimiter::with_clock(Gcra::new(q, b)?, keys, clock)?)
-            }
-            RateAlgorithm::TokenBucket => Self::Bucket(KeyedLimiter::with_clock(
-                TokenBucket::new(q, b)?,
-                keys,
-                clock,
-            )?),
-        })
-    }
-
-    /// New parameters of the same algorithm, keeping every key's state.
-    fn retune(&self, limit: u64, window: Duration, burst: Option<u64>) -> Result<(), ConfigError> {
-        let q = Quota::new(limit, window)?;
-        let b = burst.unwrap_or(limit);
-        match self {
-            Self::Fixed(l) => l.set_algorithm(FixedWindow::new(q)?),
-            Self::Window(l) => l.set_algorithm(SlidingWindow::new(
-                q,
-                weir_core::sliding_window::DEFAULT_BUCKETS,
-            )?),
-            Self::Log(l) => l.set_algorithm(SlidingLog::new(q)?),
-            Self::Counter(l) => l.set_algorithm(SlidingCounter::new(q)?),
-            Self::Gcra(l) => l.set_algorithm(Gcra::new(q, b)?),
-            Self::Bucket(l) => l.set_algorithm(TokenBucket::new(q, b)?),
-        }
-        Ok(())
-    }
-
-    fn set_exception(
-        &self,
-        value: &str,
-        limit: u64,
-        window: Duration,
-        burst: Option<u64>,
-    ) -> Result<(), ConfigError> {
-        let q = Quota::new(limit, window)?;
-        let b = burst.unwrap_or(limit);
-        let k = value.to_string();
-        match self {
-            Self::Fixed(l) => l.set_override(k, FixedWindow::new(q)?),
-            Self::Window(l) => l.set_override(
-                k,
-                SlidingWindow::new(q, weir_core::sliding_window::DEFAULT_BUCKETS)?,
-            ),
-            Self::Log(l) => l.set_override(k, SlidingLog::new(q)?),
-            Self::Counter(l) => l.set_override(k, SlidingCounter::new(q)?),
-            Self::Gcra(l) => l.set_override(k, Gcra::new(q, b)?),
-            Self::Bucket(l) => l.set_override(k, TokenBucket::new(q, b)?),
-        }
-        Ok(())
-    }
-
-    fn remove_exception(&self, value: &str) {
-        each_rate!(self, l => l.remove_override(value))
-    }
-
-    fn acquire(&self, key: &str, n: u64) -> Decision {
-        each_rate!(self, l => l.acquire(key, n))
-    }
-
-    fn evictions(&self) -> u64 {
-        each_rate!(self, l => l.evictions())
-    }
-}
-
 /// State of a flow rule, shared across reloads while the rule keeps its id and kind.
 struct FlowState<C: Clock> {
-    rate: Option<Rate<C>>,
+    rate: Option<KeyedRate<C>>,
     concurrency: Option<ConcurrencyLimiter>,
     stats: RuleStats,
 }
 
 struct HotState<C: Clock> {
-    rate: Rate<C>,
+    rate: KeyedRate<C>,
     stats: RuleStats,
 }
 
@@ -503,7 +383,11 @@ fn compile<C: Clock + Clone>(
             let state = match (reused, f.qps, f.concurrency) {
                 (Some((_, s)), Some(qps), _) => {
                     if let Some(rate) = &s.rate {
-                        rate.retune(qps, window, f.burst).map_err(err(&f.id))?;
+                        let spec = RateSpec {
+                            burst: f.burst,
+                            ..RateSpec::new(f.algorithm, qps, window)
+                        };
+                        rate.retune(&spec).map_err(err(&f.id))?;
                     }
                     Arc::clone(s)
                 }
@@ -514,10 +398,13 @@ fn compile<C: Clock + Clone>(
                     Arc::clone(s)
                 }
                 (_, Some(qps), _) => Arc::new(FlowState {
-                    rate: Some(
-                        Rate::new(f.algorithm, qps, window, f.burst, 1, clock.clone())
-                            .map_err(err(&f.id))?,
-                    ),
+                    rate: Some({
+                        let spec = RateSpec {
+                            burst: f.burst,
+                            ..RateSpec::new(f.algorithm, qps, window)
+                        };
+                        KeyedRate::new(&spec, 1, clock.clone()).map_err(err(&f.id))?
+                    }),
                     concurrency: None,
                     stats: RuleStats::default(),
                 }),
@@ -545,11 +432,10 @@ fn compile<C: Clock + Clone>(
                     && c.window.unwrap_or(ONE_SECOND) == window
                     && c.max_values == h.max_values
             });
+            let spec = |limit| RateSpec::new(h.algorithm, limit, window);
             let state = match reused {
                 Some((c, s)) => {
-                    s.rate
-                        .retune(h.threshold, window, None)
-                        .map_err(err(&h.id))?;
+                    s.rate.retune(&spec(h.threshold)).map_err(err(&h.id))?;
                     for value in c
                         .exceptions
                         .keys()
@@ -559,23 +445,16 @@ fn compile<C: Clock + Clone>(
                     }
                     for (value, limit) in &h.exceptions {
                         s.rate
-                            .set_exception(value, *limit, window, None)
+                            .set_exception(value, &spec(*limit))
                             .map_err(err(&h.id))?;
                     }
                     Arc::clone(s)
                 }
                 None => {
-                    let rate = Rate::new(
-                        h.algorithm,
-                        h.threshold,
-                        window,
-                        None,
-                        h.max_values,
-                        clock.clone(),
-                    )
-                    .map_err(err(&h.id))?;
+                    let rate = KeyedRate::new(&spec(h.threshold), h.max_values, clock.clone())
+                        .map_err(err(&h.id))?;
                     for (value, limit) in &h.exceptions {
-                        rate.set_exception(value, *limit, window, None)
+                        rate.set_exception(value, &spec(*limit))
                             .map_err(err(&h.id))?;
                     }
                     Arc::new(HotState {

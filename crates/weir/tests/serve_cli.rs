@@ -156,6 +156,14 @@ fn http_json_limits_exactly_then_429_and_refuses_bad_input() {
     assert_eq!(codes, [200, 200, 200, 200, 429]);
     // no matching rule: OK
     assert_eq!(s.json(&body(&[("unknown", "x")])).0, 200);
+    // a per-descriptor override in the JSON form: 1 per hour
+    let over = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"ovr"}],"limit":{"requestsPerUnit":1,"unit":"HOUR"}}]}"#;
+    assert_eq!(s.json(over).0, 200);
+    let (code, v) = s.json(over);
+    assert_eq!(
+        (code, v["statuses"][0]["currentLimit"]["unit"].as_str()),
+        (429, Some("HOUR"))
+    );
     // bad input: 400 with a reason
     for (bad, needle) in [
         (
@@ -176,6 +184,10 @@ fn http_json_limits_exactly_then_429_and_refuses_bad_input() {
             "bogus",
         ),
         ("not json", "request body"),
+        (
+            r#"{"domain":"shop","descriptors":[{"entries":[{"key":"a","value":"b"}],"limit":{"requestsPerUnit":1,"unit":"fortnight"}}]}"#,
+            "unknown unit \"fortnight\"",
+        ),
     ] {
         let (code, v) = s.json(bad);
         assert_eq!(code, 400, "{bad}");

@@ -10,6 +10,9 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     self as pbr, rate_limit::Unit as PbUnit,
@@ -368,33 +371,48 @@ fn from_json(body: &[u8]) -> Result<Request, BadRequest> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let r: JsonRequest = serde_path_to_error::deserialize(&mut de)
         .map_err(|e| BadRequest(format!("request body: {}: {}", e.path(), e.inner())))?;
+    // The JSON form is the proto's: map it onto the proto types and decode once.
     let descriptors = r
         .descriptors
         .into_iter()
         .enumerate()
         .map(|(i, d)| {
             let limit = match d.limit {
-                Some(l) => Some((
-                    u32::try_from(l.requests_per_unit.unwrap_or(0)).map_err(|_| {
-                        BadRequest(format!("descriptors[{i}].limit.requestsPerUnit: too large"))
-                    })?,
-                    Unit::parse(&l.unit).ok_or_else(|| {
-                        BadRequest(format!(
-                            "descriptors[{i}].limit.unit: unknown unit {:?}",
-                            l.unit
-                        ))
-                    })?,
-                )),
+                Some(l) => Some(RateLimitOverride {
+                    requests_per_unit: u32::try_from(l.requests_per_unit.unwrap_or(0)).map_err(
+                        |_| {
+                            BadRequest(format!("descriptors[{i}].limit.requestsPerUnit: too large"))
+                        },
+                    )?,
+                    unit: Unit::parse(&l.unit)
+                        .map(|u| pb_unit(u) as i32)
+                        .ok_or_else(|| {
+                            BadRequest(format!(
+                                "descriptors[{i}].limit.unit: unknown unit {:?}",
+                                l.unit
+                            ))
+                        })?,
+                }),
                 None => None,
             };
-            Ok(RequestDescriptor {
-                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+            Ok(RateLimitDescriptor {
+                entries: d
+                    .entries
+                    .into_iter()
+                    .map(|e| Entry {
+                        key: e.key,
+                        value: e.value,
+                    })
+                    .collect(),
                 limit,
-                hits_addend: d.hits_addend,
+                hits_addend: d
+                    .hits_addend
+                    .map(|value| envoy_types::pb::google::protobuf::UInt64Value { value }),
+                ..Default::default()
             })
         })
         .collect::<Result<_, BadRequest>>()?;
-    Ok(Request {
+    from_proto(RateLimitRequest {
         domain: r.domain,
         descriptors,
         hits_addend: u32::try_from(r.hits_addend.unwrap_or(0))

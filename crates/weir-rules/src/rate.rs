@@ -1,0 +1,162 @@
+//! A keyed rate limiter over any weir-core algorithm, chosen at run time: what flow and
+//! hot-parameter rules count with, and what weir-redis decides with locally when Redis fails.
+
+use std::time::Duration;
+
+use weir_core::sliding_window::DEFAULT_BUCKETS;
+use weir_core::{
+    Clock, ConfigError, Decision, FixedWindow, Gcra, KeyedLimiter, Quota, SlidingCounter,
+    SlidingLog, SlidingWindow, TokenBucket,
+};
+
+pub use crate::config::RateAlgorithm;
+
+/// Algorithm and parameters of a rate limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateSpec {
+    /// The algorithm.
+    pub algorithm: RateAlgorithm,
+    /// Units per window.
+    pub limit: u64,
+    /// The window.
+    pub window: Duration,
+    /// Burst for GCRA / token bucket (default: the limit).
+    pub burst: Option<u64>,
+    /// Sub-windows of the sliding window (0 = weir-core's default, 10).
+    pub buckets: u32,
+}
+
+impl RateSpec {
+    /// `limit` per `window` with `algorithm`, default burst and buckets.
+    pub fn new(algorithm: RateAlgorithm, limit: u64, window: Duration) -> Self {
+        Self {
+            algorithm,
+            limit,
+            window,
+            burst: None,
+            buckets: 0,
+        }
+    }
+}
+
+/// A spec turned into the weir-core algorithm value.
+enum Built {
+    Fixed(FixedWindow),
+    Window(SlidingWindow),
+    Log(SlidingLog),
+    Counter(SlidingCounter),
+    Gcra(Gcra),
+    Bucket(TokenBucket),
+}
+
+impl RateSpec {
+    fn build(&self) -> Result<Built, ConfigError> {
+        let q = Quota::new(self.limit, self.window)?;
+        let burst = self.burst.unwrap_or(self.limit);
+        let buckets = if self.buckets == 0 {
+            DEFAULT_BUCKETS
+        } else {
+            self.buckets
+        };
+        Ok(match self.algorithm {
+            RateAlgorithm::FixedWindow => Built::Fixed(FixedWindow::new(q)?),
+            RateAlgorithm::SlidingWindow => Built::Window(SlidingWindow::new(q, buckets)?),
+            RateAlgorithm::SlidingLog => Built::Log(SlidingLog::new(q)?),
+            RateAlgorithm::SlidingCounter => Built::Counter(SlidingCounter::new(q)?),
+            RateAlgorithm::Gcra => Built::Gcra(Gcra::new(q, burst)?),
+            RateAlgorithm::TokenBucket => Built::Bucket(TokenBucket::new(q, burst)?),
+        })
+    }
+}
+
+/// A bounded keyed limiter whose algorithm is chosen at run time.
+pub enum KeyedRate<C: Clock> {
+    /// Fixed window.
+    Fixed(KeyedLimiter<String, FixedWindow, C>),
+    /// Bucketed sliding window.
+    Window(KeyedLimiter<String, SlidingWindow, C>),
+    /// Sliding log.
+    Log(KeyedLimiter<String, SlidingLog, C>),
+    /// Sliding counter.
+    Counter(KeyedLimiter<String, SlidingCounter, C>),
+    /// GCRA.
+    Gcra(KeyedLimiter<String, Gcra, C>),
+    /// Token bucket.
+    Bucket(KeyedLimiter<String, TokenBucket, C>),
+}
+
+macro_rules! each {
+    ($self:expr, $l:ident => $body:expr) => {
+        match $self {
+            KeyedRate::Fixed($l) => $body,
+            KeyedRate::Window($l) => $body,
+            KeyedRate::Log($l) => $body,
+            KeyedRate::Counter($l) => $body,
+            KeyedRate::Gcra($l) => $body,
+            KeyedRate::Bucket($l) => $body,
+        }
+    };
+}
+
+fn other_algorithm() -> ConfigError {
+    ConfigError::Invalid("new parameters must keep the limiter's algorithm".into())
+}
+
+impl<C: Clock + Clone> KeyedRate<C> {
+    /// A limiter for `spec` holding at most `keys` keys, reading `clock`.
+    pub fn new(spec: &RateSpec, keys: usize, clock: C) -> Result<Self, ConfigError> {
+        Ok(match spec.build()? {
+            Built::Fixed(a) => Self::Fixed(KeyedLimiter::with_clock(a, keys, clock)?),
+            Built::Window(a) => Self::Window(KeyedLimiter::with_clock(a, keys, clock)?),
+            Built::Log(a) => Self::Log(KeyedLimiter::with_clock(a, keys, clock)?),
+            Built::Counter(a) => Self::Counter(KeyedLimiter::with_clock(a, keys, clock)?),
+            Built::Gcra(a) => Self::Gcra(KeyedLimiter::with_clock(a, keys, clock)?),
+            Built::Bucket(a) => Self::Bucket(KeyedLimiter::with_clock(a, keys, clock)?),
+        })
+    }
+
+    /// New default parameters of the same algorithm; every key keeps its state.
+    pub fn retune(&self, spec: &RateSpec) -> Result<(), ConfigError> {
+        match (self, spec.build()?) {
+            (Self::Fixed(l), Built::Fixed(a)) => l.set_algorithm(a),
+            (Self::Window(l), Built::Window(a)) => l.set_algorithm(a),
+            (Self::Log(l), Built::Log(a)) => l.set_algorithm(a),
+            (Self::Counter(l), Built::Counter(a)) => l.set_algorithm(a),
+            (Self::Gcra(l), Built::Gcra(a)) => l.set_algorithm(a),
+            (Self::Bucket(l), Built::Bucket(a)) => l.set_algorithm(a),
+            _ => return Err(other_algorithm()),
+        }
+        Ok(())
+    }
+
+    /// Gives `key` its own parameters (same algorithm), keeping its state.
+    pub fn set_exception(&self, key: &str, spec: &RateSpec) -> Result<(), ConfigError> {
+        let k = key.to_string();
+        match (self, spec.build()?) {
+            (Self::Fixed(l), Built::Fixed(a)) => l.set_override(k, a),
+            (Self::Window(l), Built::Window(a)) => l.set_override(k, a),
+            (Self::Log(l), Built::Log(a)) => l.set_override(k, a),
+            (Self::Counter(l), Built::Counter(a)) => l.set_override(k, a),
+            (Self::Gcra(l), Built::Gcra(a)) => l.set_override(k, a),
+            (Self::Bucket(l), Built::Bucket(a)) => l.set_override(k, a),
+            _ => return Err(other_algorithm()),
+        }
+        Ok(())
+    }
+
+    /// Back to the default parameters for `key`.
+    pub fn remove_exception(&self, key: &str) {
+        each!(self, l => l.remove_override(key))
+    }
+
+    /// Asks for `n` units for `key` now (avoid an empty key on hot paths: see
+    /// `KeyedLimiter::acquire`).
+    pub fn acquire(&self, key: &str, n: u64) -> Decision {
+        each!(self, l => l.acquire(key, n))
+    }
+
+    /// Keys evicted at the bound so far.
+    pub fn evictions(&self) -> u64 {
+        each!(self, l => l.evictions())
+    }
+}
