@@ -155,6 +155,28 @@ impl<K: Hash + Eq, S> Table<K, S> {
         }
     }
 
+    /// An idle key within a bounded scan from the hand, if any.
+    fn find_idle(&mut self, mut is_idle: impl FnMut(&S) -> bool) -> Option<usize> {
+        let size = self.slots.len();
+        let mut i = self.hand % size;
+        let mut seen = 0;
+        for _ in 0..size {
+            if let Some(e) = &self.slots[i] {
+                if is_idle(&e.state) {
+                    self.hand = self.next(i);
+                    return Some(i);
+                }
+                seen += 1;
+                if seen == EVICTION_SCAN {
+                    break;
+                }
+            }
+            i = self.next(i);
+        }
+        self.hand = i;
+        None
+    }
+
     /// Bounded CLOCK sweep: an idle key first, else one not referenced since the hand passed,
     /// else the first key scanned. The table is not empty.
     fn pick_victim(&mut self, mut is_idle: impl FnMut(&S) -> bool) -> usize {
@@ -275,6 +297,29 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        match self.acquire_inner(key, n, now, true) {
+            Some(d) => d,
+            None => unreachable_full(),
+        }
+    }
+
+    /// As [`KeyedLimiter::acquire`], but never evicts: `None` when `key` is new, would have to
+    /// be stored, and its shard already holds its share of the bound (the bound is split
+    /// evenly over the shards, so this can answer `None` a little below `max_keys`).
+    pub fn acquire_if_room<Q>(&self, key: &Q, n: u64) -> Option<Decision>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.acquire_inner(key, n, self.clock.now(), false)
+    }
+
+    #[inline]
+    fn acquire_inner<Q>(&self, key: &Q, n: u64, now: Nanos, evict: bool) -> Option<Decision>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let mut guard = self.shards[hash as usize & self.shard_mask].lock();
         let shard = &mut *guard;
@@ -289,7 +334,7 @@ where
             if let Ok(i) = table.find(hash, key) {
                 if let Some(e) = &mut table.slots[i] {
                     e.meta = NonZeroU8::new(e.meta.get() | REFERENCED).unwrap_or(e.meta);
-                    return algorithm.decide(&mut e.state, n, now);
+                    return Some(algorithm.decide(&mut e.state, n, now));
                 }
             }
         }
@@ -297,10 +342,15 @@ where
         let mut state = algorithm.initial_state(now);
         let decision = algorithm.decide(&mut state, n, now);
         if algorithm.is_idle(&state, now) {
-            return decision;
+            return Some(decision);
         }
         if table.len >= self.per_shard {
-            let victim = table.pick_victim(|s| algorithm.is_idle(s, now));
+            let victim = if evict {
+                table.pick_victim(|s| algorithm.is_idle(s, now))
+            } else {
+                // Only a key whose state equals a fresh one may go.
+                table.find_idle(|s| algorithm.is_idle(s, now))?
+            };
             table.remove(victim, &self.hasher);
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
@@ -317,7 +367,7 @@ where
             });
             table.len += 1;
         }
-        decision
+        Some(decision)
     }
 
     /// Live keys (sums the shards).
@@ -386,4 +436,10 @@ where
     pub fn clock(&self) -> &C {
         &self.clock
     }
+}
+
+/// `acquire_inner` with `evict = true` always answers; this is never called.
+#[cold]
+fn unreachable_full() -> Decision {
+    Decision::never(0, 0, 0)
 }

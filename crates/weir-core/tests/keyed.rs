@@ -158,3 +158,22 @@ mod table_model {
         }
     }
 }
+
+#[test]
+fn acquire_if_room_never_evicts_a_busy_key_but_reuses_idle_slots() {
+    let clock = ManualClock::new(0);
+    let keyed = KeyedLimiter::<u64, _, _>::with_clock(gcra(1), 4, &clock).unwrap();
+    for k in 0..4u64 {
+        assert!(keyed.acquire_if_room(&k, 1).unwrap().allowed());
+    }
+    assert!(keyed.acquire_if_room(&9, 1).is_none(), "full of busy keys");
+    assert_eq!(keyed.evictions(), 0);
+    assert!(
+        !keyed.acquire_if_room(&0, 1).unwrap().allowed(),
+        "known keys still decide"
+    );
+    // Once the keys are idle (their state equals a fresh one), a newcomer takes a slot.
+    clock.advance(Duration::from_secs(2));
+    assert!(keyed.acquire_if_room(&9, 1).unwrap().allowed());
+    assert_eq!(keyed.len(), 4);
+}

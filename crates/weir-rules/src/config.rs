@@ -10,6 +10,18 @@
 //!       - {id: per-user, param: 0, threshold: 5, window: 1s, exceptions: {vip: 50}, max_values: 10000}
 //!     authority: {id: callers, allow: [web, mobile]}
 //!     breaker: {id: payment, preset: resilience4j, shadow: true}
+//!   - name: search
+//!     flow:
+//!       - {id: search-paced, qps: 50, behavior: pace, max_wait: 500ms}
+//!       - {id: search-batch, qps: 5, origin: batch}
+//!       - {id: search-when-checkout-busy, qps: 80, relate: checkout}
+//! system: {max_in_flight: 500, bbr: {cpu_threshold: 0.8}}
+//! http:
+//!   trusted_proxies: [10.0.0.0/8]
+//!   origin_header: x-caller
+//!   routes:
+//!     - {resource: checkout, prefix: /api/checkout, methods: [POST], params: [{header: x-user-id}]}
+//!     - {resource: search, prefix: /api/search, params: [client_ip]}
 //! ```
 
 use std::collections::BTreeMap;
@@ -27,6 +39,10 @@ pub struct RuleSet {
     /// The resources.
     #[serde(default)]
     pub resources: Vec<ResourceConfig>,
+    /// Rules on all inbound traffic together.
+    pub system: Option<SystemRule>,
+    /// How HTTP requests map to resources (weir-tower's `RulesLayer`, `weir proxy`).
+    pub http: Option<HttpConfig>,
 }
 
 /// One resource (an endpoint, a method, a dependency) and its rules.
@@ -64,6 +80,29 @@ pub enum RateAlgorithm {
     Gcra,
     /// Token bucket (`burst`, default the threshold).
     TokenBucket,
+    /// Pacing queue (from `behavior: pace`, not selectable as `algorithm`).
+    #[serde(skip)]
+    Pacing,
+    /// Warming-up token bucket (from `behavior: warm_up*`, not selectable as `algorithm`).
+    #[serde(skip)]
+    WarmUp,
+}
+
+/// What a flow rate rule does with a call over the rate (Sentinel's control behaviours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Behavior {
+    /// Block at once (with the rule's `algorithm`).
+    #[default]
+    Reject,
+    /// Space calls evenly at the rate; a call waits its turn if that is within `max_wait`
+    /// (default 500 ms), else it is blocked (leaky bucket as a queue).
+    Pace,
+    /// Token bucket ramping from `qps / cold_factor` to `qps` over `warmup` after a quiet
+    /// period (Guava `SmoothWarmingUp`); no waiting.
+    WarmUp,
+    /// Warm-up, and calls may wait up to `max_wait` (default 500 ms).
+    WarmUpPace,
 }
 
 /// A flow rule: a rate (`qps` units per `window`) or a concurrency limit.
@@ -79,15 +118,41 @@ pub struct FlowRule {
     /// The window of `qps` (default `1s`).
     #[serde(default, deserialize_with = "window")]
     pub window: Option<Duration>,
-    /// The algorithm of `qps`.
-    #[serde(default)]
-    pub algorithm: RateAlgorithm,
+    /// The algorithm of `qps` with behaviour `reject` (default sliding_window).
+    pub algorithm: Option<RateAlgorithm>,
     /// Burst for GCRA / token bucket.
     pub burst: Option<u64>,
+    /// What happens over the rate.
+    #[serde(default)]
+    pub behavior: Behavior,
+    /// Longest wait of `pace` / `warm_up_pace` (default 500ms).
+    #[serde(default, deserialize_with = "window")]
+    pub max_wait: Option<Duration>,
+    /// Warm-up period of `warm_up` / `warm_up_pace` (default 10s).
+    #[serde(default, deserialize_with = "window")]
+    pub warmup: Option<Duration>,
+    /// Cold rate = qps / cold_factor (default 3, ≥ 2).
+    pub cold_factor: Option<u32>,
+    /// Which callers the rule counts: absent = all together; a name = only that origin;
+    /// `other` = each origin not named by another flow rule of the resource, each counted
+    /// on its own.
+    pub origin: Option<String>,
+    /// Limit this resource by the pass rate of another resource (Sentinel's relate strategy):
+    /// calls here are blocked while that resource passed `qps` or more in the last second.
+    pub relate: Option<String>,
     /// Evaluate and count, never block.
     #[serde(default)]
     pub shadow: bool,
 }
+
+/// The origin value of [`FlowRule::origin`] that means "every caller not named elsewhere".
+pub const OTHER_ORIGIN: &str = "other";
+
+/// Sentinel's default longest queueing time of paced rules.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_millis(500);
+
+/// Sentinel's default warm-up period.
+pub const DEFAULT_WARMUP: Duration = Duration::from_secs(10);
 
 /// What a hot-parameter rule does when it tracks `max_values` values and a new one comes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -96,6 +161,10 @@ pub enum OnFull {
     /// Forget the least recently active value (idle first); counted as an eviction.
     #[default]
     Evict,
+    /// Block calls with a new value until a tracked value goes idle; counted as `full`.
+    Reject,
+    /// Let calls with a new value through unlimited (an explicit fail-open); counted as `full`.
+    Allow,
 }
 
 /// A limit per value of one request parameter (user id, IP, tenant).
@@ -114,6 +183,8 @@ pub struct HotParamRule {
     /// The algorithm.
     #[serde(default)]
     pub algorithm: RateAlgorithm,
+    /// Burst for GCRA / token bucket.
+    pub burst: Option<u64>,
     /// Values with their own threshold.
     #[serde(default)]
     pub exceptions: BTreeMap<String, u64>,
@@ -181,6 +252,160 @@ pub struct BreakerRule {
     pub shadow: bool,
 }
 
+/// Rules on all inbound traffic together (Sentinel's system rules; BBR and adaptive
+/// concurrency from the overload module). Each part is optional; block ids are
+/// `system:max_qps`, `system:max_in_flight`, `system:max_avg_rt`, `system:max_cpu`,
+/// `system:bbr`, `system:adaptive`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SystemRule {
+    /// Inbound calls per second over all resources.
+    pub max_qps: Option<u64>,
+    /// Inbound calls in flight over all resources.
+    pub max_in_flight: Option<u64>,
+    /// Block while the average response time of the last second is above this.
+    #[serde(default, deserialize_with = "window")]
+    pub max_avg_rt: Option<Duration>,
+    /// Block while the CPU usage in [0, 1] is at or above this (a plain threshold; `bbr`
+    /// is the better tool).
+    pub max_cpu: Option<f64>,
+    /// BBR shedding (kratos): CPU-gated Little's-law limit.
+    pub bbr: Option<BbrRule>,
+    /// Adaptive concurrency limit.
+    pub adaptive: Option<AdaptiveRule>,
+    /// Evaluate and count, never block.
+    #[serde(default)]
+    pub shadow: bool,
+}
+
+/// BBR parameters (defaults: kratos's).
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct BbrRule {
+    /// CPU usage in [0, 1] at which shedding may start (default 0.8).
+    pub cpu_threshold: Option<f64>,
+    /// Statistics window (default 10s).
+    #[serde(default, deserialize_with = "window")]
+    pub window: Option<Duration>,
+    /// Buckets in the window (default 100).
+    pub buckets: Option<u32>,
+    /// Keep shedding this long after a drop (default 1s).
+    #[serde(default, deserialize_with = "window")]
+    pub cooldown: Option<Duration>,
+}
+
+/// Limit algorithm of an adaptive concurrency rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AdaptiveAlgorithm {
+    /// Netflix Gradient2.
+    #[default]
+    Gradient2,
+    /// TCP Vegas.
+    Vegas,
+    /// Additive increase, multiplicative decrease.
+    Aimd,
+}
+
+/// An adaptive concurrency limit (Netflix concurrency-limits defaults).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveRule {
+    /// The estimator.
+    #[serde(default)]
+    pub algorithm: AdaptiveAlgorithm,
+    /// Smallest limit (Gradient2, AIMD).
+    pub min: Option<u64>,
+    /// Largest limit.
+    pub max: Option<u64>,
+}
+
+/// How HTTP requests map to resources, for weir-tower's `RulesLayer` and `weir proxy`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Proxies (CIDR blocks) whose `X-Forwarded-For` is believed, read right to left.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    /// Request header naming the caller (the origin of authority and per-origin rules).
+    pub origin_header: Option<String>,
+    /// Routes, first match wins; a request matching none is not limited.
+    #[serde(default)]
+    pub routes: Vec<Route>,
+}
+
+/// One route: which requests belong to a resource and which parameters they carry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// The resource (declared under `resources`).
+    pub resource: String,
+    /// Path prefix (default `/`).
+    #[serde(default = "root")]
+    pub prefix: String,
+    /// Methods (default: any).
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Headers that must be present with these values (`"*"`: any value).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The call's parameters, by position (what hot-parameter rules index).
+    #[serde(default)]
+    pub params: Vec<Param>,
+}
+
+fn root() -> String {
+    "/".to_string()
+}
+
+/// A request parameter. In YAML: `client_ip`, `method`, `path` or `{header: NAME}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Param {
+    /// The client address (trusted proxies applied).
+    ClientIp,
+    /// The method.
+    Method,
+    /// The path.
+    Path,
+    /// A header's value.
+    Header(String),
+}
+
+impl<'de> Deserialize<'de> for Param {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const EXPECTED: &str = "client_ip, method, path or {header: NAME}";
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Param;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Param, E> {
+                match s {
+                    "client_ip" => Ok(Param::ClientIp),
+                    "method" => Ok(Param::Method),
+                    "path" => Ok(Param::Path),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(s), &EXPECTED)),
+                }
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Param, A::Error> {
+                let key: String = m
+                    .next_key()?
+                    .ok_or_else(|| serde::de::Error::invalid_length(0, &EXPECTED))?;
+                if key != "header" {
+                    return Err(serde::de::Error::unknown_field(&key, &["header"]));
+                }
+                let name: String = m.next_value()?;
+                if m.next_key::<String>()?.is_some() {
+                    return Err(serde::de::Error::invalid_length(2, &EXPECTED));
+                }
+                Ok(Param::Header(name))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 fn window<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     let s = Option::<String>::deserialize(d)?;
     s.map(|s| {
@@ -227,9 +452,18 @@ impl RuleSet {
 
     /// Checks what the types cannot: unique names and ids, exactly one of `qps` /
     /// `concurrency`, at most one concurrency rule per resource, non-zero thresholds, ratios in
-    /// [0, 1]. Answers (field path, reason).
+    /// [0, 1], options that fit the behaviour, declared resources in `relate` and routes,
+    /// valid CIDR blocks and header names. Answers (field path, reason).
     pub fn validate(&self) -> Result<(), (String, String)> {
         let mut names = std::collections::HashSet::new();
+        for (i, r) in self.resources.iter().enumerate() {
+            if r.name.is_empty() || !names.insert(r.name.as_str()) {
+                return Err((
+                    format!("resources[{i}].name"),
+                    format!("resource name {:?} empty or duplicated", r.name),
+                ));
+            }
+        }
         let mut ids = std::collections::HashSet::new();
         let mut id = |path: String, id: &str| {
             if id.is_empty() {
@@ -240,65 +474,207 @@ impl RuleSet {
             }
             Ok(())
         };
+        let fail = |path: String, reason: &str| Err((path, reason.to_string()));
         for (i, r) in self.resources.iter().enumerate() {
             let at = format!("resources[{i}]");
-            if r.name.is_empty() || !names.insert(r.name.as_str()) {
-                return Err((
-                    format!("{at}.name"),
-                    format!("resource name {:?} empty or duplicated", r.name),
-                ));
-            }
             let mut concurrency = 0;
             for (j, f) in r.flow.iter().enumerate() {
                 let p = format!("{at}.flow[{j}]");
                 id(format!("{p}.id"), &f.id)?;
                 match (f.qps, f.concurrency) {
-                    (Some(0), _) | (_, Some(0)) => {
-                        return Err((p, "qps / concurrency must be ≥ 1".into()))
-                    }
+                    (Some(0), _) | (_, Some(0)) => return fail(p, "qps / concurrency must be ≥ 1"),
                     (Some(_), None) => {}
                     (None, Some(_)) => concurrency += 1,
-                    _ => return Err((p, "give exactly one of qps or concurrency".into())),
+                    _ => return fail(p, "give exactly one of qps or concurrency"),
                 }
                 if f.burst == Some(0) {
-                    return Err((format!("{p}.burst"), "burst must be ≥ 1".into()));
+                    return fail(format!("{p}.burst"), "burst must be ≥ 1");
                 }
+                validate_flow(f, &p, &r.name, &names)?;
             }
             if concurrency > 1 {
-                return Err((
+                return fail(
                     format!("{at}.flow"),
-                    "at most one concurrency rule per resource".into(),
-                ));
+                    "at most one concurrency rule per resource",
+                );
             }
             for (j, h) in r.hot_params.iter().enumerate() {
                 let p = format!("{at}.hot_params[{j}]");
                 id(format!("{p}.id"), &h.id)?;
                 if h.threshold == 0 || h.exceptions.values().any(|v| *v == 0) {
-                    return Err((p, "thresholds must be ≥ 1".into()));
+                    return fail(p, "thresholds must be ≥ 1");
                 }
                 if h.max_values == 0 {
-                    return Err((format!("{p}.max_values"), "max_values must be ≥ 1".into()));
+                    return fail(format!("{p}.max_values"), "max_values must be ≥ 1");
+                }
+                if h.burst == Some(0) {
+                    return fail(format!("{p}.burst"), "burst must be ≥ 1");
                 }
             }
             if let Some(a) = &r.authority {
                 id(format!("{at}.authority.id"), &a.id)?;
                 if a.allow.is_empty() == a.deny.is_empty() {
-                    return Err((
+                    return fail(
                         format!("{at}.authority"),
-                        "give exactly one of allow or deny".into(),
-                    ));
+                        "give exactly one of allow or deny",
+                    );
                 }
             }
             if let Some(b) = &r.breaker {
                 id(format!("{at}.breaker.id"), &b.id)?;
                 if b.error_ratio.is_some_and(|x| !(0.0..=1.0).contains(&x)) {
+                    return fail(format!("{at}.breaker.error_ratio"), "must be in [0, 1]");
+                }
+            }
+        }
+        if let Some(s) = &self.system {
+            validate_system(s)?;
+        }
+        if let Some(h) = &self.http {
+            validate_http(h, &names)?;
+        }
+        Ok(())
+    }
+}
+
+fn validate_flow(
+    f: &FlowRule,
+    p: &str,
+    resource: &str,
+    names: &std::collections::HashSet<&str>,
+) -> Result<(), (String, String)> {
+    let fail = |field: &str, reason: &str| Err((format!("{p}.{field}"), reason.to_string()));
+    let paced = matches!(f.behavior, Behavior::Pace | Behavior::WarmUpPace);
+    let warm = matches!(f.behavior, Behavior::WarmUp | Behavior::WarmUpPace);
+    if f.behavior != Behavior::Reject {
+        if f.qps.is_none() {
+            return fail("behavior", "pace and warm-up need qps");
+        }
+        if f.algorithm.is_some() || f.burst.is_some() {
+            return fail(
+                "behavior",
+                "algorithm and burst apply to behavior reject only",
+            );
+        }
+    }
+    if f.max_wait.is_some() && !paced {
+        return fail("max_wait", "applies to behavior pace or warm_up_pace");
+    }
+    if (f.warmup.is_some() || f.cold_factor.is_some()) && !warm {
+        return fail(
+            "warmup",
+            "warmup and cold_factor apply to behavior warm_up or warm_up_pace",
+        );
+    }
+    if f.cold_factor.is_some_and(|c| c < 2) {
+        return fail("cold_factor", "must be ≥ 2");
+    }
+    if f.origin.as_deref() == Some("") {
+        return fail("origin", "must not be empty");
+    }
+    if let Some(other) = &f.relate {
+        if !names.contains(other.as_str()) || other == resource {
+            return fail(
+                "relate",
+                &format!("{other:?} must be another resource declared under resources"),
+            );
+        }
+        if f.qps.is_none() || f.behavior != Behavior::Reject || f.origin.is_some() {
+            return fail("relate", "relate needs qps, behavior reject and no origin");
+        }
+        if f.window.is_some_and(|w| w != Duration::from_secs(1)) {
+            return fail(
+                "window",
+                "relate rules count the last second: window must be 1s",
+            );
+        }
+    }
+    Ok(())
+}
+
+fn validate_system(s: &SystemRule) -> Result<(), (String, String)> {
+    let fail = |field: &str, reason: &str| Err((format!("system.{field}"), reason.to_string()));
+    if s.max_qps == Some(0) {
+        return fail("max_qps", "must be ≥ 1");
+    }
+    if s.max_in_flight == Some(0) {
+        return fail("max_in_flight", "must be ≥ 1");
+    }
+    if s.max_cpu.is_some_and(|c| !(c > 0.0 && c <= 1.0)) {
+        return fail("max_cpu", "must be in (0, 1]");
+    }
+    if let Some(b) = &s.bbr {
+        if b.cpu_threshold.is_some_and(|c| !(0.0..=1.0).contains(&c)) {
+            return fail("bbr.cpu_threshold", "must be in [0, 1]");
+        }
+        if b.buckets == Some(0) {
+            return fail("bbr.buckets", "must be ≥ 1");
+        }
+    }
+    if let Some(a) = &s.adaptive {
+        if a.max == Some(0) || a.min.zip(a.max).is_some_and(|(lo, hi)| lo > hi) {
+            return fail("adaptive", "need 1 ≤ max and min ≤ max");
+        }
+    }
+    Ok(())
+}
+
+/// RFC 9110 token characters (header names).
+pub fn is_header_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+fn validate_http(
+    h: &HttpConfig,
+    names: &std::collections::HashSet<&str>,
+) -> Result<(), (String, String)> {
+    for (i, c) in h.trusted_proxies.iter().enumerate() {
+        crate::cidr::Cidr::parse(c).map_err(|e| (format!("http.trusted_proxies[{i}]"), e))?;
+    }
+    if let Some(o) = &h.origin_header {
+        if !is_header_name(o) {
+            return Err((
+                "http.origin_header".into(),
+                format!("{o:?} is not a header name"),
+            ));
+        }
+    }
+    for (i, r) in h.routes.iter().enumerate() {
+        let p = format!("http.routes[{i}]");
+        if !names.contains(r.resource.as_str()) {
+            return Err((
+                format!("{p}.resource"),
+                format!("{:?} is not declared under resources", r.resource),
+            ));
+        }
+        if !r.prefix.starts_with('/') {
+            return Err((format!("{p}.prefix"), "must start with /".into()));
+        }
+        for (j, m) in r.methods.iter().enumerate() {
+            if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
+                return Err((
+                    format!("{p}.methods[{j}]"),
+                    format!("{m:?} is not a method (GET, POST …)"),
+                ));
+            }
+        }
+        for name in r.headers.keys() {
+            if !is_header_name(name) {
+                return Err((format!("{p}.headers.{name}"), "not a header name".into()));
+            }
+        }
+        for (j, param) in r.params.iter().enumerate() {
+            if let Param::Header(name) = param {
+                if !is_header_name(name) {
                     return Err((
-                        format!("{at}.breaker.error_ratio"),
-                        "must be in [0, 1]".into(),
+                        format!("{p}.params[{j}].header"),
+                        format!("{name:?} is not a header name"),
                     ));
                 }
             }
         }
-        Ok(())
     }
+    Ok(())
 }

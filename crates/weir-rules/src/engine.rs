@@ -1,30 +1,41 @@
 //! Deciding calls to resources under a rule set, and swapping rule sets without losing state.
 //!
-//! Order of checks (Sentinel's slot order): authority, hot parameters, flow, breaker. A call
-//! that passes them all gets a [`Guard`]; completing it reports the outcome (breaker) and
-//! releases the concurrency slot; dropping it releases the slot too. A blocked call gets a
-//! [`Block`] naming the rule, its kind and when to retry. Rules in shadow mode are evaluated
-//! and counted, never block. The pass path of a configured resource does not allocate
-//! (hot-parameter rules allocate the value's key only when the value is new to the table).
+//! Order of checks (Sentinel's slot order): authority, system (inbound calls only), hot
+//! parameters, flow, breaker. A call that passes them all gets a [`Guard`]; completing it
+//! reports the outcome (breaker, adaptive limit) and the response time (resource statistics);
+//! dropping it releases what it holds and records the response time without an outcome. A
+//! paced call gets a guard with a [`Guard::wait`] the caller must wait before proceeding. A
+//! blocked call gets a [`Block`] naming the rule, its kind and when to retry. Rules in shadow
+//! mode are evaluated and counted, never block. The pass path of a configured resource does
+//! not allocate (hot-parameter and `origin: other` rules allocate a key only when the value is
+//! new to their table).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::RwLock;
-use weir_core::breaker::{Breaker, BreakerConfig, Call};
+use arc_swap::ArcSwap;
+use weir_core::adaptive::cpu::CpuSource;
+use weir_core::breaker::{Breaker, BreakerConfig, Call, Transition};
 use weir_core::stats::Outcome;
 use weir_core::{
-    Clock, ConcurrencyConfig, ConcurrencyLimiter, ConfigError, Criticality, MonotonicClock, Permit,
-    QueueOrder,
+    Clock, ConcurrencyConfig, ConcurrencyLimiter, ConfigError, Criticality, MonotonicClock, Nanos,
+    Permit, QueueOrder,
 };
 
-use crate::config::{AuthorityRule, BreakerPreset, BreakerRule, FlowRule, HotParamRule, RuleSet};
+use crate::config::{
+    AuthorityRule, Behavior, BreakerPreset, BreakerRule, FlowRule, HotParamRule, OnFull,
+    RateAlgorithm, RuleSet, DEFAULT_MAX_WAIT, DEFAULT_WARMUP, OTHER_ORIGIN,
+};
+pub use crate::metrics::RuleKind;
+use crate::metrics::{ResourceStats, RuleSnapshot, RuleStats, Snapshot};
 use crate::rate::{KeyedRate, RateSpec};
+use crate::system::{Inbound, Part, System, SystemPermits};
 
-/// Who calls and with what: the origin (caller), the criticality and the parameters that
-/// hot-parameter rules look at.
+/// Who calls and with what: the origin (caller), the criticality, the parameters that
+/// hot-parameter rules look at, and whether the call comes into this service (system rules
+/// apply to inbound calls only).
 #[derive(Debug, Clone, Copy)]
 pub struct Context<'a> {
     /// The caller's name (`""` when unknown).
@@ -33,6 +44,8 @@ pub struct Context<'a> {
     pub criticality: Criticality,
     /// Parameters by position (user id, IP, tenant …).
     pub params: &'a [&'a str],
+    /// A call into this service (true, the default) or out of it to a dependency (false).
+    pub inbound: bool,
 }
 
 impl Default for Context<'_> {
@@ -41,21 +54,9 @@ impl Default for Context<'_> {
             origin: "",
             criticality: Criticality::Critical,
             params: &[],
+            inbound: true,
         }
     }
-}
-
-/// The kind of rule that blocked a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RuleKind {
-    /// A flow rule (rate or concurrency).
-    Flow,
-    /// A hot-parameter rule.
-    HotParam,
-    /// An authority rule.
-    Authority,
-    /// A circuit breaker.
-    Breaker,
 }
 
 /// Why a call was blocked.
@@ -69,15 +70,15 @@ pub struct Block {
     pub retry_after: Option<Duration>,
 }
 
-/// Counters of one rule.
-#[derive(Debug, Default)]
-pub struct RuleStats {
-    /// Calls it let through.
-    pub passes: AtomicU64,
-    /// Calls it blocked.
-    pub blocks: AtomicU64,
-    /// Calls it would have blocked in shadow mode.
-    pub shadow_blocks: AtomicU64,
+/// Who a flow rule counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Origins {
+    /// Every call together.
+    All,
+    /// Calls from this origin.
+    Named(Box<str>),
+    /// Calls from origins no other flow rule of the resource names, each counted on its own.
+    Other,
 }
 
 /// State of a flow rule, shared across reloads while the rule keeps its id and kind.
@@ -85,6 +86,15 @@ struct FlowState<C: Clock> {
     rate: Option<KeyedRate<C>>,
     concurrency: Option<ConcurrencyLimiter>,
     stats: RuleStats,
+}
+
+struct Flow<C: Clock> {
+    config: FlowRule,
+    id: Arc<str>,
+    state: Arc<FlowState<C>>,
+    origins: Origins,
+    /// Relate strategy: the resource whose passes count.
+    relate: Option<Arc<ResourceStats>>,
 }
 
 struct HotState<C: Clock> {
@@ -98,35 +108,106 @@ struct BreakerState {
 }
 
 struct Resource<C: Clock> {
+    /// The rules' clock (here so a guard needs no copy of it).
+    clock: C,
+    stats: Arc<ResourceStats>,
     authority: Option<(AuthorityRule, Arc<str>, Arc<RuleStats>)>,
     hot: Vec<(HotParamRule, Arc<HotState<C>>, Arc<str>)>,
-    flows: Vec<(FlowRule, Arc<FlowState<C>>, Arc<str>)>,
+    flows: Vec<Flow<C>>,
+    /// Origins named by this resource's flow rules (what `other` excludes).
+    named_origins: Vec<Box<str>>,
     breaker: Option<(BreakerRule, Arc<BreakerState>, Arc<str>)>,
 }
 
+/// Resource names to resources (foldhash: a quarter of SipHash's cost on short names).
+type ResourceMap<C> = HashMap<String, Arc<Resource<C>>, foldhash::fast::RandomState>;
+
 struct Compiled<C: Clock> {
-    resources: HashMap<String, Arc<Resource<C>>>,
-    /// What a resource without rules gets (no allocation per call).
-    empty: Arc<Resource<C>>,
+    resources: ResourceMap<C>,
+    system: Option<System<C>>,
+    /// The rule set it was compiled from.
+    set: Arc<RuleSet>,
 }
 
-/// A call admitted to a resource. [`Guard::complete`] reports how it ended; dropping it without
-/// that releases the concurrency slot and reports nothing.
+/// A call admitted to a resource. [`Guard::complete`] reports how it ended; dropping it
+/// without that releases what it holds and records its response time with no outcome.
 #[must_use = "complete the guard with the call's outcome"]
 pub struct Guard<C: Clock = MonotonicClock> {
-    resource: Arc<Resource<C>>,
+    resource: Option<Arc<Resource<C>>>,
+    inbound: Option<Arc<Shared<C>>>,
     permit: Option<Permit>,
     call: Option<Call>,
+    /// BBR / adaptive permits (boxed: rare, and a guard under 128 bytes moves without memcpy).
+    system: Option<Box<SystemPermits>>,
+    /// When the call may proceed (entry time + wait).
+    start: Nanos,
+    wait: Nanos,
+}
+
+/// What the rules and their guards share.
+struct Shared<C: Clock> {
+    inbound: Inbound,
     clock: C,
 }
 
 impl<C: Clock> Guard<C> {
-    /// The call ended with `outcome` (its duration is measured from the entry).
+    /// How long the caller must wait before proceeding (paced rules); zero otherwise.
+    pub fn wait(&self) -> Duration {
+        Duration::from_nanos(self.wait)
+    }
+
+    /// The call ended with `outcome` (its response time is measured from the end of the wait).
     pub fn complete(mut self, outcome: Outcome) {
-        if let (Some(call), Some((_, b, _))) = (self.call.take(), &self.resource.breaker) {
-            b.breaker.record(call, self.clock.now(), outcome);
+        self.finish(Some(outcome));
+    }
+
+    fn finish(&mut self, outcome: Option<Outcome>) {
+        let res = self.resource.take();
+        let now = match (&res, &self.inbound) {
+            (Some(r), _) => r.clock.now(),
+            (None, Some(s)) => s.clock.now(),
+            (None, None) => return,
+        };
+        let rt = now.saturating_sub(self.start);
+        if let (Some(call), Some((_, b, _))) = (
+            self.call.take(),
+            res.as_ref().and_then(|r| r.breaker.as_ref()),
+        ) {
+            match outcome {
+                Some(o) => b.breaker.record(call, now, o),
+                None => drop(call),
+            }
         }
         self.permit.take();
+        let mut system = self.system.take().map(|b| *b).unwrap_or_default();
+        if let Some(p) = system.bbr.take() {
+            p.finish(now, outcome.unwrap_or(Outcome::Success));
+        }
+        if let Some(p) = system.adaptive.take() {
+            match outcome {
+                Some(Outcome::Success) => p.success(now),
+                // Cancelled: likely a caller's timeout, a congestion signal.
+                None => p.dropped(now),
+                // Errors say nothing about capacity: no sample.
+                Some(Outcome::Error) => drop(p),
+            }
+        }
+        if let Some(shared) = self.inbound.take() {
+            shared.inbound.window.end();
+            shared
+                .inbound
+                .window
+                .add_complete(now, rt, outcome.unwrap_or(Outcome::Success));
+        }
+        if let Some(res) = res {
+            res.stats.end(rt, outcome);
+        }
+    }
+}
+
+impl<C: Clock> Drop for Guard<C> {
+    fn drop(&mut self) {
+        self.finish(None);
     }
 }
 
@@ -143,12 +224,12 @@ pub enum RulesError {
 
 /// The rules in force. `Send + Sync`; share it (e.g. in an `Arc`).
 pub struct Rules<C: Clock + Clone = MonotonicClock> {
-    current: RwLock<Arc<Compiled<C>>>,
-    clock: C,
+    current: ArcSwap<Compiled<C>>,
+    shared: Arc<Shared<C>>,
 }
 
 impl Rules<MonotonicClock> {
-    /// Rules on the real clock.
+    /// Rules on the real clock (CPU sampled from /proc or cgroups when a rule needs it).
     pub fn new(set: &RuleSet) -> Result<Self, RulesError> {
         Self::with_clock(set, MonotonicClock::new())
     }
@@ -157,90 +238,203 @@ impl Rules<MonotonicClock> {
 impl<C: Clock + Clone> Rules<C> {
     /// Rules reading `clock`.
     pub fn with_clock(set: &RuleSet, clock: C) -> Result<Self, RulesError> {
-        let compiled = compile(set, None, &clock)?;
-        Ok(Self {
-            current: RwLock::new(Arc::new(compiled)),
+        Self::build(set, clock, None)
+    }
+
+    /// Rules reading `clock` and `cpu` (CPU usage in [0, 1], for `max_cpu` and `bbr`).
+    pub fn with_signals(
+        set: &RuleSet,
+        clock: C,
+        cpu: Arc<dyn CpuSource>,
+    ) -> Result<Self, RulesError> {
+        Self::build(set, clock, Some(cpu))
+    }
+
+    fn build(set: &RuleSet, clock: C, cpu: Option<Arc<dyn CpuSource>>) -> Result<Self, RulesError> {
+        let shared = Arc::new(Shared {
+            inbound: Inbound::new(cpu),
             clock,
+        });
+        let compiled = compile(set, None, &shared.inbound, &shared.clock)?;
+        Ok(Self {
+            current: ArcSwap::from_pointee(compiled),
+            shared,
         })
     }
 
     /// Swaps in `set` atomically (all of it or, on error, none of it). Unchanged rules keep
-    /// their state; a rate rule whose threshold or burst changed keeps its counters; a
-    /// concurrency rule keeps its holders; a breaker whose configuration is unchanged keeps
-    /// its state.
+    /// their state; a rate rule whose threshold or burst changed keeps its counters (a
+    /// warming-up rule keeps its warm-up progress); a concurrency rule keeps its holders; a
+    /// breaker whose configuration is unchanged keeps its state; a resource keeps its
+    /// statistics.
     pub fn apply(&self, set: &RuleSet) -> Result<(), RulesError> {
-        let old = self.current.read().clone();
-        let compiled = compile(set, Some(&old), &self.clock)?;
-        *self.current.write() = Arc::new(compiled);
+        let old = self.current.load_full();
+        let compiled = compile(set, Some(&old), &self.shared.inbound, &self.shared.clock)?;
+        self.current.store(Arc::new(compiled));
         Ok(())
     }
 
+    /// The rule set in force.
+    pub fn rule_set(&self) -> Arc<RuleSet> {
+        self.current.load().set.clone()
+    }
+
     /// Admits a call to `resource`, or says which rule blocked it. Resources without rules
-    /// always pass.
+    /// pass (system rules still apply to inbound calls).
     pub fn entry(&self, resource: &str, ctx: &Context<'_>) -> Result<Guard<C>, Block> {
-        let compiled = self.current.read().clone();
-        let Some(res) = compiled.resources.get(resource).cloned() else {
-            return Ok(Guard {
-                resource: compiled.empty.clone(),
-                permit: None,
-                call: None,
-                clock: self.clock.clone(),
-            });
+        let compiled = self.current.load();
+        let res = compiled.resources.get(resource).cloned();
+        let system = compiled.system.as_ref().filter(|_| ctx.inbound);
+        let mut guard = Guard {
+            resource: None,
+            inbound: None,
+            permit: None,
+            call: None,
+            system: None,
+            start: 0,
+            wait: 0,
         };
-        let now = self.clock.now();
-        if let Some((a, id, stats)) = &res.authority {
-            let listed = |l: &[String]| l.iter().any(|o| o == ctx.origin);
-            let ok = if a.allow.is_empty() {
-                !listed(&a.deny)
-            } else {
-                listed(&a.allow)
-            };
-            verdict(ok, a.shadow, stats, || Block {
-                rule: id.clone(),
-                kind: RuleKind::Authority,
-                retry_after: None,
-            })?;
+        if res.is_none() && system.is_none() {
+            return Ok(guard);
         }
+        let now = self.shared.clock.now();
+        guard.start = now;
+        if let Some(r) = &res {
+            if let Some((a, id, stats)) = &r.authority {
+                let listed = |l: &[String]| l.iter().any(|o| o == ctx.origin);
+                let ok = if a.allow.is_empty() {
+                    !listed(&a.deny)
+                } else {
+                    listed(&a.allow)
+                };
+                verdict(ok, a.shadow, stats, || Block {
+                    rule: id.clone(),
+                    kind: RuleKind::Authority,
+                    retry_after: None,
+                })
+                .map_err(|b| blocked(Some(r), resource, b))?;
+            }
+        }
+        if let Some(system) = system {
+            let inbound = &self.shared.inbound;
+            match system.check(inbound, ctx.criticality, now) {
+                Ok(permits) => {
+                    if permits.bbr.is_some() || permits.adaptive.is_some() {
+                        guard.system = Some(Box::new(permits));
+                    }
+                    inbound.window.add_pass(now, 1);
+                    inbound.window.begin();
+                    guard.inbound = Some(self.shared.clone());
+                }
+                Err((part, retry_after)) => {
+                    inbound.window.add_block(now, 1);
+                    let block = Block {
+                        rule: inbound.ids[part as usize].clone(),
+                        kind: RuleKind::System,
+                        retry_after,
+                    };
+                    return Err(blocked(res.as_deref(), resource, block));
+                }
+            }
+        }
+        let Some(res) = res else {
+            return Ok(guard);
+        };
+        self.check_resource(&res, ctx, now, &mut guard)
+            .map_err(|b| blocked(Some(&res), resource, b))?;
+        res.stats.pass(now);
+        guard.start = now + guard.wait;
+        guard.resource = Some(res);
+        Ok(guard)
+    }
+
+    fn check_resource(
+        &self,
+        res: &Resource<C>,
+        ctx: &Context<'_>,
+        now: Nanos,
+        guard: &mut Guard<C>,
+    ) -> Result<(), Block> {
         for (config, h, id) in &res.hot {
             let Some(value) = ctx.params.get(config.param) else {
                 continue;
             };
-            let d = h.rate.acquire(value, 1);
+            let d = match config.on_full {
+                OnFull::Evict => h.rate.acquire_at(value, 1, now),
+                on_full => match h.rate.acquire_if_room(value, 1) {
+                    Some(d) => d,
+                    None => {
+                        h.stats.full.fetch_add(1, Ordering::Relaxed);
+                        if on_full == OnFull::Allow {
+                            continue;
+                        }
+                        verdict(false, config.shadow, &h.stats, || Block {
+                            rule: id.clone(),
+                            kind: RuleKind::HotParam,
+                            retry_after: Some(Duration::ZERO),
+                        })?;
+                        continue;
+                    }
+                },
+            };
             verdict(d.allowed(), config.shadow, &h.stats, || Block {
                 rule: id.clone(),
                 kind: RuleKind::HotParam,
                 retry_after: d.retry_after(),
             })?;
         }
-        let mut permit = None;
-        for (config, f, id) in &res.flows {
-            if let Some(rate) = &f.rate {
-                let d = rate.acquire(FLOW_KEY, 1);
-                verdict(d.allowed(), config.shadow, &f.stats, || Block {
-                    rule: id.clone(),
-                    kind: RuleKind::Flow,
-                    retry_after: d.retry_after(),
+        for f in &res.flows {
+            let key = match &f.origins {
+                Origins::All => FLOW_KEY,
+                Origins::Named(o) if **o == *ctx.origin => FLOW_KEY,
+                Origins::Named(_) => continue,
+                Origins::Other => {
+                    if res.named_origins.iter().any(|o| **o == *ctx.origin) {
+                        continue;
+                    }
+                    if ctx.origin.is_empty() {
+                        UNKNOWN_ORIGIN
+                    } else {
+                        ctx.origin
+                    }
+                }
+            };
+            let block = |retry_after| Block {
+                rule: f.id.clone(),
+                kind: RuleKind::Flow,
+                retry_after,
+            };
+            if let Some(stats) = &f.relate {
+                let qps = f.config.qps.unwrap_or(u64::MAX);
+                let ok = stats.window.snapshot(now).pass < qps;
+                verdict(ok, f.config.shadow, &f.state.stats, || {
+                    block(Some(stats.window.bucket_duration()))
                 })?;
-            } else if let Some(c) = &f.concurrency {
+            } else if let Some(rate) = &f.state.rate {
+                let d = rate.acquire_at(key, 1, now);
+                verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
+                    block(d.retry_after())
+                })?;
+                guard.wait = guard
+                    .wait
+                    .max(weir_core::clock::duration_to_nanos(d.wait()));
+            } else if let Some(c) = &f.state.concurrency {
                 match c.try_acquire_as(1, ctx.criticality) {
                     Ok(p) => {
-                        f.stats.passes.fetch_add(1, Ordering::Relaxed);
-                        permit = Some(p);
+                        f.state.stats.passes.fetch_add(1, Ordering::Relaxed);
+                        guard.permit = Some(p);
                     }
-                    Err(d) => verdict(false, config.shadow, &f.stats, || Block {
-                        rule: id.clone(),
-                        kind: RuleKind::Flow,
-                        retry_after: d.retry_after(),
+                    Err(d) => verdict(false, f.config.shadow, &f.state.stats, || {
+                        block(d.retry_after())
                     })?,
                 }
             }
         }
-        let mut call = None;
         if let Some((config, b, id)) = &res.breaker {
             match b.breaker.try_acquire(now) {
                 Ok(c) => {
                     b.stats.passes.fetch_add(1, Ordering::Relaxed);
-                    call = Some(c);
+                    guard.call = Some(c);
                 }
                 Err(r) => verdict(false, config.shadow, &b.stats, || Block {
                     rule: id.clone(),
@@ -249,53 +443,76 @@ impl<C: Clock + Clone> Rules<C> {
                 })?,
             }
         }
-        Ok(Guard {
-            resource: res,
-            permit,
-            call,
-            clock: self.clock.clone(),
-        })
+        Ok(())
     }
 
-    /// Counters of the rule `id` (passes, blocks, shadow blocks) and, for hot-parameter
-    /// rules, values evicted at `max_values`.
-    pub fn stats(&self, id: &str) -> Option<(u64, u64, u64, u64)> {
-        let c = self.current.read().clone();
-        let load = |s: &RuleStats| {
-            (
-                s.passes.load(Ordering::Relaxed),
-                s.blocks.load(Ordering::Relaxed),
-                s.shadow_blocks.load(Ordering::Relaxed),
-            )
+    /// Counters of the rule `id` (flow, hot-parameter, authority, breaker, or a system part
+    /// such as `system:bbr`).
+    pub fn stats(&self, id: &str) -> Option<RuleSnapshot> {
+        self.snapshot().rules.into_iter().find(|r| r.id == id)
+    }
+
+    /// Every counter: per declared resource and per rule.
+    pub fn snapshot(&self) -> Snapshot {
+        let c = self.current.load_full();
+        let mut out = Snapshot::default();
+        let mut names: Vec<&String> = c.resources.keys().collect();
+        names.sort();
+        let rule = |id: &str, kind, resource: &str, s: &RuleStats, evictions| RuleSnapshot {
+            id: id.to_string(),
+            kind,
+            resource: resource.to_string(),
+            passes: s.passes.load(Ordering::Relaxed),
+            blocks: s.blocks.load(Ordering::Relaxed),
+            shadow_blocks: s.shadow_blocks.load(Ordering::Relaxed),
+            evictions,
+            full: s.full.load(Ordering::Relaxed),
         };
-        for r in c.resources.values() {
+        for name in names {
+            let r = &c.resources[name];
+            out.resources.push(r.stats.snapshot(name));
             if let Some((a, _, s)) = &r.authority {
-                if a.id == id {
-                    let (p, b, sh) = load(s);
-                    return Some((p, b, sh, 0));
-                }
+                out.rules.push(rule(&a.id, RuleKind::Authority, name, s, 0));
             }
             for (config, h, _) in &r.hot {
-                if config.id == id {
-                    let (p, b, sh) = load(&h.stats);
-                    return Some((p, b, sh, h.rate.evictions()));
-                }
+                let ev = h.rate.evictions();
+                out.rules
+                    .push(rule(&config.id, RuleKind::HotParam, name, &h.stats, ev));
             }
-            for (config, f, _) in &r.flows {
-                if config.id == id {
-                    let (p, b, sh) = load(&f.stats);
-                    return Some((p, b, sh, 0));
-                }
+            for f in &r.flows {
+                let ev = f.state.rate.as_ref().map_or(0, |r| r.evictions());
+                out.rules
+                    .push(rule(&f.config.id, RuleKind::Flow, name, &f.state.stats, ev));
             }
             if let Some((config, b, _)) = &r.breaker {
-                if config.id == id {
-                    let (p, bl, sh) = load(&b.stats);
-                    return Some((p, bl, sh, 0));
+                out.rules
+                    .push(rule(&config.id, RuleKind::Breaker, name, &b.stats, 0));
+            }
+        }
+        if let Some(system) = &c.system {
+            for part in Part::ALL {
+                if system.has(part) {
+                    let s = &self.shared.inbound.stats[part as usize];
+                    out.rules.push(rule(part.id(), RuleKind::System, "", s, 0));
                 }
             }
         }
-        None
+        out
     }
+}
+
+/// Counts a block on the resource and traces it.
+fn blocked<C: Clock>(res: Option<&Resource<C>>, resource: &str, block: Block) -> Block {
+    if let Some(r) = res {
+        r.stats.block();
+    }
+    tracing::debug!(
+        resource,
+        rule = &*block.rule,
+        kind = block.kind.as_str(),
+        "blocked"
+    );
+    block
 }
 
 /// Counts the verdict; blocks unless allowed or in shadow mode.
@@ -342,9 +559,41 @@ fn breaker_config(r: &BreakerRule) -> BreakerConfig {
     c
 }
 
+/// A rate spec for a flow rule's `qps` (behaviour and algorithm applied).
+fn flow_spec(f: &FlowRule, qps: u64, window: Duration) -> RateSpec {
+    let (algorithm, max_wait) = match f.behavior {
+        Behavior::Reject => (f.algorithm.unwrap_or_default(), Duration::ZERO),
+        Behavior::Pace => (
+            RateAlgorithm::Pacing,
+            f.max_wait.unwrap_or(DEFAULT_MAX_WAIT),
+        ),
+        Behavior::WarmUp => (RateAlgorithm::WarmUp, Duration::ZERO),
+        Behavior::WarmUpPace => (
+            RateAlgorithm::WarmUp,
+            f.max_wait.unwrap_or(DEFAULT_MAX_WAIT),
+        ),
+    };
+    RateSpec {
+        burst: f.burst,
+        max_wait,
+        warmup: f.warmup.unwrap_or(DEFAULT_WARMUP),
+        cold_factor: f
+            .cold_factor
+            .unwrap_or(RateSpec::new(algorithm, 1, window).cold_factor),
+        ..RateSpec::new(algorithm, qps, window)
+    }
+}
+
+/// Distinct origins counted by one `origin: other` rule at most.
+const MAX_OTHER_ORIGINS: usize = 4096;
+
+/// The key `origin: other` rules count calls without an origin under.
+const UNKNOWN_ORIGIN: &str = "(unknown)";
+
 fn compile<C: Clock + Clone>(
     set: &RuleSet,
     old: Option<&Compiled<C>>,
+    inbound: &Inbound,
     clock: &C,
 ) -> Result<Compiled<C>, RulesError> {
     set.validate().map_err(|(p, r)| RulesError::Invalid(p, r))?;
@@ -352,41 +601,80 @@ fn compile<C: Clock + Clone>(
         let id = id.to_string();
         move |e: ConfigError| RulesError::Rule(id.clone(), e)
     };
-    // The previous rules' configurations and states, by id.
+    // The previous rules' configurations and states, by id; resource statistics by name.
     let mut old_flows = HashMap::new();
     let mut old_hot = HashMap::new();
     let mut old_breakers = HashMap::new();
+    let mut old_authority = HashMap::new();
+    let mut old_stats = HashMap::new();
     if let Some(old) = old {
-        for r in old.resources.values() {
-            for (c, f, _) in &r.flows {
-                old_flows.insert(c.id.clone(), (c, f));
+        for (name, r) in &old.resources {
+            old_stats.insert(name.as_str(), r.stats.clone());
+            for f in &r.flows {
+                old_flows.insert(f.config.id.as_str(), (&f.config, &f.state));
             }
             for (c, h, _) in &r.hot {
-                old_hot.insert(c.id.clone(), (c, h));
+                old_hot.insert(c.id.as_str(), (c, h));
             }
             if let Some((c, b, _)) = &r.breaker {
-                old_breakers.insert(c.id.clone(), (c, b));
+                old_breakers.insert(c.id.as_str(), (c, b));
+            }
+            if let Some((c, _, s)) = &r.authority {
+                old_authority.insert(c.id.as_str(), s);
             }
         }
     }
-    let mut resources = HashMap::new();
+    let stats: HashMap<&str, Arc<ResourceStats>> = set
+        .resources
+        .iter()
+        .map(|r| {
+            let s = old_stats
+                .get(r.name.as_str())
+                .cloned()
+                .unwrap_or_else(|| Arc::new(ResourceStats::new()));
+            (r.name.as_str(), s)
+        })
+        .collect();
+    let mut resources = ResourceMap::default();
     for r in &set.resources {
         let mut flows = Vec::new();
+        let mut named_origins: Vec<Box<str>> = Vec::new();
+        for f in &r.flow {
+            if let Some(o) = f.origin.as_deref().filter(|o| *o != OTHER_ORIGIN) {
+                named_origins.push(o.into());
+            }
+        }
         for f in &r.flow {
             let window = f.window.unwrap_or(ONE_SECOND);
-            // Same id, algorithm, window and kind: keep the state, retune the threshold.
-            let reused = old_flows.get(&f.id).filter(|(c, _)| {
-                c.algorithm == f.algorithm
-                    && c.window.unwrap_or(ONE_SECOND) == window
-                    && c.qps.is_some() == f.qps.is_some()
+            let origins = match f.origin.as_deref() {
+                None => Origins::All,
+                Some(OTHER_ORIGIN) => Origins::Other,
+                Some(o) => Origins::Named(o.into()),
+            };
+            let keys = if origins == Origins::Other {
+                MAX_OTHER_ORIGINS
+            } else {
+                1
+            };
+            let spec = f.qps.map(|qps| flow_spec(f, qps, window));
+            // Same id, algorithm, window, kind and origins: keep the state, retune.
+            let reused = old_flows.get(f.id.as_str()).filter(|(c, _)| {
+                let old_spec = c
+                    .qps
+                    .map(|q| flow_spec(c, q, c.window.unwrap_or(ONE_SECOND)));
+                old_spec.map(|s| (s.algorithm, s.window)) == spec.map(|s| (s.algorithm, s.window))
+                    && c.origin == f.origin
+                    && c.relate.is_none()
+                    && f.relate.is_none()
             });
-            let state = match (reused, f.qps, f.concurrency) {
-                (Some((_, s)), Some(qps), _) => {
+            let state = match (reused, spec, f.concurrency) {
+                _ if f.relate.is_some() => Arc::new(FlowState {
+                    rate: None,
+                    concurrency: None,
+                    stats: RuleStats::default(),
+                }),
+                (Some((_, s)), Some(spec), _) => {
                     if let Some(rate) = &s.rate {
-                        let spec = RateSpec {
-                            burst: f.burst,
-                            ..RateSpec::new(f.algorithm, qps, window)
-                        };
                         rate.retune(&spec).map_err(err(&f.id))?;
                     }
                     Arc::clone(s)
@@ -397,14 +685,8 @@ fn compile<C: Clock + Clone>(
                     }
                     Arc::clone(s)
                 }
-                (_, Some(qps), _) => Arc::new(FlowState {
-                    rate: Some({
-                        let spec = RateSpec {
-                            burst: f.burst,
-                            ..RateSpec::new(f.algorithm, qps, window)
-                        };
-                        KeyedRate::new(&spec, 1, clock.clone()).map_err(err(&f.id))?
-                    }),
+                (_, Some(spec), _) => Arc::new(FlowState {
+                    rate: Some(KeyedRate::new(&spec, keys, clock.clone()).map_err(err(&f.id))?),
                     concurrency: None,
                     stats: RuleStats::default(),
                 }),
@@ -422,17 +704,30 @@ fn compile<C: Clock + Clone>(
                     stats: RuleStats::default(),
                 }),
             };
-            flows.push((f.clone(), state, Arc::from(f.id.as_str())));
+            flows.push(Flow {
+                config: f.clone(),
+                id: Arc::from(f.id.as_str()),
+                state,
+                origins,
+                relate: f.relate.as_deref().and_then(|o| {
+                    let s = stats.get(o).cloned()?;
+                    s.related.store(true, Ordering::Relaxed);
+                    Some(s)
+                }),
+            });
         }
         let mut hot = Vec::new();
         for h in &r.hot_params {
             let window = h.window.unwrap_or(ONE_SECOND);
-            let reused = old_hot.get(&h.id).filter(|(c, _)| {
+            let reused = old_hot.get(h.id.as_str()).filter(|(c, _)| {
                 c.algorithm == h.algorithm
                     && c.window.unwrap_or(ONE_SECOND) == window
                     && c.max_values == h.max_values
             });
-            let spec = |limit| RateSpec::new(h.algorithm, limit, window);
+            let spec = |limit| RateSpec {
+                burst: h.burst,
+                ..RateSpec::new(h.algorithm, limit, window)
+            };
             let state = match reused {
                 Some((c, s)) => {
                     s.rate.retune(&spec(h.threshold)).map_err(err(&h.id))?;
@@ -467,39 +762,61 @@ fn compile<C: Clock + Clone>(
         }
         let breaker = match &r.breaker {
             Some(b) => {
-                let state = match old_breakers.get(&b.id).filter(|(c, _)| *c == b) {
+                let state = match old_breakers.get(b.id.as_str()).filter(|(c, _)| *c == b) {
                     Some((_, s)) => Arc::clone(s),
-                    None => Arc::new(BreakerState {
-                        breaker: Breaker::new(breaker_config(b)).map_err(err(&b.id))?,
-                        stats: RuleStats::default(),
-                    }),
+                    None => {
+                        let (resource, id) = (r.name.clone(), b.id.clone());
+                        let breaker = Breaker::new(breaker_config(b))
+                            .map_err(err(&b.id))?
+                            .with_observer(move |t: Transition| {
+                                tracing::info!(
+                                    resource,
+                                    rule = id,
+                                    from = ?t.from,
+                                    to = ?t.to,
+                                    "breaker state changed"
+                                );
+                            });
+                        Arc::new(BreakerState {
+                            breaker,
+                            stats: RuleStats::default(),
+                        })
+                    }
                 };
                 Some((b.clone(), state, Arc::from(b.id.as_str())))
             }
             None => None,
         };
         let authority = r.authority.as_ref().map(|a| {
-            (
-                a.clone(),
-                Arc::from(a.id.as_str()),
-                Arc::new(RuleStats::default()),
-            )
+            let stats = old_authority
+                .get(a.id.as_str())
+                .map(|s| Arc::clone(s))
+                .unwrap_or_default();
+            (a.clone(), Arc::from(a.id.as_str()), stats)
         });
         resources.insert(
             r.name.clone(),
             Arc::new(Resource {
+                clock: clock.clone(),
+                stats: stats[r.name.as_str()].clone(),
                 authority,
                 hot,
                 flows,
+                named_origins,
                 breaker,
             }),
         );
     }
-    let empty = Arc::new(Resource {
-        authority: None,
-        hot: Vec::new(),
-        flows: Vec::new(),
-        breaker: None,
-    });
-    Ok(Compiled { resources, empty })
+    let system = match &set.system {
+        Some(rule) => Some(
+            System::compile(rule, old.and_then(|o| o.system.as_ref()), inbound, clock)
+                .map_err(err("system"))?,
+        ),
+        None => None,
+    };
+    Ok(Compiled {
+        resources,
+        system,
+        set: Arc::new(set.clone()),
+    })
 }

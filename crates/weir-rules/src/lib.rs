@@ -9,7 +9,11 @@
 //!   blocked it; [`engine::Rules::apply`] swaps a rule set in atomically, keeping the state of
 //!   unchanged rules and the counters of rules whose threshold changed.
 
+pub mod cidr;
 pub mod config;
 pub mod engine;
+pub mod metrics;
 pub mod rate;
+mod system;
+pub mod watch;
 pub mod yaml;

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use weir_core::sliding_window::DEFAULT_BUCKETS;
+use weir_core::warmup::DEFAULT_COLD_FACTOR;
 use weir_core::{
-    Clock, ConfigError, Decision, FixedWindow, Gcra, KeyedLimiter, Quota, SlidingCounter,
-    SlidingLog, SlidingWindow, TokenBucket,
+    Clock, ConfigError, Decision, FixedWindow, Gcra, KeyedLimiter, Pacing, Quota, SlidingCounter,
+    SlidingLog, SlidingWindow, TokenBucket, WarmupTokenBucket,
 };
 
 pub use crate::config::RateAlgorithm;
@@ -24,6 +25,12 @@ pub struct RateSpec {
     pub burst: Option<u64>,
     /// Sub-windows of the sliding window (0 = weir-core's default, 10).
     pub buckets: u32,
+    /// Longest wait of a paced or warming-up call (pacing, warm-up).
+    pub max_wait: Duration,
+    /// Warm-up period (warm-up).
+    pub warmup: Duration,
+    /// Cold rate = limit / cold_factor (warm-up; default 3).
+    pub cold_factor: u32,
 }
 
 impl RateSpec {
@@ -35,6 +42,9 @@ impl RateSpec {
             window,
             burst: None,
             buckets: 0,
+            max_wait: Duration::ZERO,
+            warmup: Duration::ZERO,
+            cold_factor: DEFAULT_COLD_FACTOR as u32,
         }
     }
 }
@@ -47,6 +57,8 @@ enum Built {
     Counter(SlidingCounter),
     Gcra(Gcra),
     Bucket(TokenBucket),
+    Pace(Pacing),
+    Warm(WarmupTokenBucket),
 }
 
 impl RateSpec {
@@ -65,6 +77,11 @@ impl RateSpec {
             RateAlgorithm::SlidingCounter => Built::Counter(SlidingCounter::new(q)?),
             RateAlgorithm::Gcra => Built::Gcra(Gcra::new(q, burst)?),
             RateAlgorithm::TokenBucket => Built::Bucket(TokenBucket::new(q, burst)?),
+            RateAlgorithm::Pacing => Built::Pace(Pacing::new(q, self.max_wait)?),
+            RateAlgorithm::WarmUp => Built::Warm(
+                WarmupTokenBucket::with_cold_factor(q, self.warmup, f64::from(self.cold_factor))?
+                    .with_max_wait(self.max_wait),
+            ),
         })
     }
 }
@@ -83,6 +100,10 @@ pub enum KeyedRate<C: Clock> {
     Gcra(KeyedLimiter<String, Gcra, C>),
     /// Token bucket.
     Bucket(KeyedLimiter<String, TokenBucket, C>),
+    /// Pacing queue.
+    Pace(KeyedLimiter<String, Pacing, C>),
+    /// Warming-up token bucket.
+    Warm(KeyedLimiter<String, WarmupTokenBucket, C>),
 }
 
 macro_rules! each {
@@ -94,6 +115,8 @@ macro_rules! each {
             KeyedRate::Counter($l) => $body,
             KeyedRate::Gcra($l) => $body,
             KeyedRate::Bucket($l) => $body,
+            KeyedRate::Pace($l) => $body,
+            KeyedRate::Warm($l) => $body,
         }
     };
 }
@@ -112,6 +135,8 @@ impl<C: Clock + Clone> KeyedRate<C> {
             Built::Counter(a) => Self::Counter(KeyedLimiter::with_clock(a, keys, clock)?),
             Built::Gcra(a) => Self::Gcra(KeyedLimiter::with_clock(a, keys, clock)?),
             Built::Bucket(a) => Self::Bucket(KeyedLimiter::with_clock(a, keys, clock)?),
+            Built::Pace(a) => Self::Pace(KeyedLimiter::with_clock(a, keys, clock)?),
+            Built::Warm(a) => Self::Warm(KeyedLimiter::with_clock(a, keys, clock)?),
         })
     }
 
@@ -124,6 +149,8 @@ impl<C: Clock + Clone> KeyedRate<C> {
             (Self::Counter(l), Built::Counter(a)) => l.set_algorithm(a),
             (Self::Gcra(l), Built::Gcra(a)) => l.set_algorithm(a),
             (Self::Bucket(l), Built::Bucket(a)) => l.set_algorithm(a),
+            (Self::Pace(l), Built::Pace(a)) => l.set_algorithm(a),
+            (Self::Warm(l), Built::Warm(a)) => l.set_algorithm(a),
             _ => return Err(other_algorithm()),
         }
         Ok(())
@@ -139,6 +166,8 @@ impl<C: Clock + Clone> KeyedRate<C> {
             (Self::Counter(l), Built::Counter(a)) => l.set_override(k, a),
             (Self::Gcra(l), Built::Gcra(a)) => l.set_override(k, a),
             (Self::Bucket(l), Built::Bucket(a)) => l.set_override(k, a),
+            (Self::Pace(l), Built::Pace(a)) => l.set_override(k, a),
+            (Self::Warm(l), Built::Warm(a)) => l.set_override(k, a),
             _ => return Err(other_algorithm()),
         }
         Ok(())
@@ -153,6 +182,27 @@ impl<C: Clock + Clone> KeyedRate<C> {
     /// `KeyedLimiter::acquire`).
     pub fn acquire(&self, key: &str, n: u64) -> Decision {
         each!(self, l => l.acquire(key, n))
+    }
+
+    /// Asks for `n` units for `key` at an explicit time.
+    pub fn acquire_at(&self, key: &str, n: u64, now: weir_core::Nanos) -> Decision {
+        each!(self, l => l.acquire_at(key, n, now))
+    }
+
+    /// As [`KeyedRate::acquire`], but `None` instead of evicting a busy key when the table is
+    /// full (see `KeyedLimiter::acquire_if_room`).
+    pub fn acquire_if_room(&self, key: &str, n: u64) -> Option<Decision> {
+        each!(self, l => l.acquire_if_room(key, n))
+    }
+
+    /// Keys tracked now.
+    pub fn len(&self) -> usize {
+        each!(self, l => l.len())
+    }
+
+    /// True when no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Keys evicted at the bound so far.

@@ -23,6 +23,7 @@ const CTX: Context<'static> = Context {
     origin: "web",
     criticality: weir_core::Criticality::Critical,
     params: &[],
+    inbound: true,
 };
 
 fn passes(r: &Rules<Arc<ManualClock>>, resource: &str, ctx: &Context<'_>, n: usize) -> usize {
@@ -44,7 +45,7 @@ fn flow_rate_blocks_with_rule_kind_and_retry_after() {
     assert_eq!(block.retry_after, Some(Duration::from_secs(1)));
     clock.advance(Duration::from_secs(1));
     assert_eq!(passes(&r, "api", &CTX, 5), 3);
-    assert_eq!(r.stats("api-qps").unwrap().1, 3, "blocks counted");
+    assert_eq!(r.stats("api-qps").unwrap().blocks, 3, "blocks counted");
     // Resources without rules always pass.
     assert_eq!(passes(&r, "other", &CTX, 10), 10);
 }
@@ -89,7 +90,10 @@ fn hot_params_limit_per_value_with_exceptions_and_count_evictions() {
         let p = [v.as_str()];
         let _ = r.entry("search", &Context { params: &p, ..CTX });
     }
-    assert!(r.stats("per-user").unwrap().3 > 0, "evictions counted");
+    assert!(
+        r.stats("per-user").unwrap().evictions > 0,
+        "evictions counted"
+    );
 }
 
 #[test]
@@ -128,8 +132,8 @@ fn shadow_rules_count_but_never_block() {
     let (r, _) =
         rules("resources:\n  - name: api\n    flow:\n      - {id: trial, qps: 1, shadow: true}\n");
     assert_eq!(passes(&r, "api", &CTX, 5), 5);
-    let (p, b, sh, _) = r.stats("trial").unwrap();
-    assert_eq!((p, b, sh), (1, 0, 4));
+    let s = r.stats("trial").unwrap();
+    assert_eq!((s.passes, s.blocks, s.shadow_blocks), (1, 0, 4));
 }
 
 #[test]

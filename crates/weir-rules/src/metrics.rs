@@ -1,0 +1,264 @@
+//! Counters kept by the rules engine: per rule (passes, blocks, shadow blocks, evictions,
+//! values refused at the bound) and per resource (passes, blocks, in flight, completions,
+//! errors, a response-time histogram). Lock-free atomics on the call path; read them with
+//! [`crate::engine::Rules::snapshot`] and expose them as you like (`weir proxy` serves them as
+//! Prometheus text).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use weir_core::stats::{Outcome, StatsWindow};
+use weir_core::Nanos;
+
+/// Upper bounds of the response-time histogram's buckets, in seconds (the last bucket, +Inf, is
+/// implicit).
+pub const RT_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The same bounds in nanoseconds.
+const RT_BUCKETS_NS: [u64; 14] = [
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+];
+
+/// Counters of one rule.
+#[derive(Debug, Default)]
+pub struct RuleStats {
+    /// Calls it let through.
+    pub passes: AtomicU64,
+    /// Calls it blocked.
+    pub blocks: AtomicU64,
+    /// Calls it would have blocked in shadow mode.
+    pub shadow_blocks: AtomicU64,
+    /// Hot-parameter rules: calls whose value found the table full (`on_full: reject/allow`).
+    pub full: AtomicU64,
+}
+
+/// A response-time histogram with fixed buckets ([`RT_BUCKETS`]).
+#[derive(Debug, Default)]
+pub struct RtHistogram {
+    counts: [AtomicU64; RT_BUCKETS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl RtHistogram {
+    /// Records one response time.
+    #[inline]
+    pub fn observe(&self, rt: Nanos) {
+        let i = RT_BUCKETS_NS.partition_point(|b| *b < rt);
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(rt, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bucket bound (the last entry is +Inf, i.e. the total) and the sum.
+    pub fn read(&self) -> (Vec<(f64, u64)>, Duration) {
+        let mut total = 0;
+        let mut out = Vec::with_capacity(self.counts.len());
+        for (i, c) in self.counts.iter().enumerate() {
+            total += c.load(Ordering::Relaxed);
+            out.push((RT_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY), total));
+        }
+        (
+            out,
+            Duration::from_nanos(self.sum_ns.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+/// Counters of one resource, kept across reloads while the resource is declared. Four atomic
+/// additions per call (in flight up and down, one histogram bucket, the RT sum); passes and
+/// completions are derived from them.
+#[derive(Debug)]
+pub struct ResourceStats {
+    /// The last second's passes in 10 buckets, kept only when a relate rule reads them.
+    pub(crate) window: StatsWindow,
+    pub(crate) related: std::sync::atomic::AtomicBool,
+    in_flight: AtomicU64,
+    blocks: AtomicU64,
+    errors: AtomicU64,
+    rt: RtHistogram,
+}
+
+impl ResourceStats {
+    pub(crate) fn new() -> Self {
+        Self {
+            window: second_window(),
+            related: std::sync::atomic::AtomicBool::new(false),
+            in_flight: AtomicU64::new(0),
+            blocks: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            rt: RtHistogram::default(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn pass(&self, now: Nanos) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        if self.related.load(Ordering::Relaxed) {
+            self.window.add_pass(now, 1);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn block(&self) {
+        self.blocks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The call ended (`outcome` None: dropped unreported, counted without an error).
+    #[inline]
+    pub(crate) fn end(&self, rt: Nanos, outcome: Option<Outcome>) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if outcome == Some(Outcome::Error) {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        self.rt.observe(rt);
+    }
+
+    /// The counters of the resource `name` now.
+    pub(crate) fn snapshot(&self, name: &str) -> ResourceSnapshot {
+        let (rt_buckets, rt_sum) = self.rt.read();
+        let completed = rt_buckets.last().map_or(0, |b| b.1);
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        ResourceSnapshot {
+            name: name.to_string(),
+            passes: completed + in_flight,
+            blocks: self.blocks.load(Ordering::Relaxed),
+            in_flight,
+            completed,
+            errors: self.errors.load(Ordering::Relaxed),
+            rt_buckets,
+            rt_sum,
+        }
+    }
+}
+
+/// A one-second window of ten buckets.
+pub(crate) fn second_window() -> StatsWindow {
+    // Constant, valid arguments (1 s / 10 = 100 ms buckets): cannot fail.
+    StatsWindow::new(Duration::from_secs(1), 10, Duration::MAX)
+        .expect("a 1 s window of 10 buckets is valid")
+}
+
+/// The kind of a rule, as blocks and snapshots name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RuleKind {
+    /// A flow rule (rate or concurrency).
+    Flow,
+    /// A hot-parameter rule.
+    HotParam,
+    /// An authority rule.
+    Authority,
+    /// A circuit breaker.
+    Breaker,
+    /// A system rule (all inbound traffic).
+    System,
+}
+
+impl RuleKind {
+    /// Lower-case name (`flow`, `hot_param`, `authority`, `breaker`, `system`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleKind::Flow => "flow",
+            RuleKind::HotParam => "hot_param",
+            RuleKind::Authority => "authority",
+            RuleKind::Breaker => "breaker",
+            RuleKind::System => "system",
+        }
+    }
+}
+
+/// One rule's counters at one time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleSnapshot {
+    /// The rule's id.
+    pub id: String,
+    /// Its kind.
+    pub kind: RuleKind,
+    /// Its resource (`""` for system rules).
+    pub resource: String,
+    /// Calls it let through.
+    pub passes: u64,
+    /// Calls it blocked.
+    pub blocks: u64,
+    /// Calls it would have blocked (shadow mode).
+    pub shadow_blocks: u64,
+    /// Keys evicted at the bound (hot parameters, `origin: other`).
+    pub evictions: u64,
+    /// Calls whose value found the table full (hot parameters, `on_full: reject/allow`).
+    pub full: u64,
+}
+
+/// One resource's counters at one time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceSnapshot {
+    /// The resource.
+    pub name: String,
+    /// Calls admitted.
+    pub passes: u64,
+    /// Calls blocked by any rule.
+    pub blocks: u64,
+    /// Calls admitted and not ended.
+    pub in_flight: u64,
+    /// Calls ended.
+    pub completed: u64,
+    /// Calls ended with an error.
+    pub errors: u64,
+    /// Response-time histogram: cumulative counts per upper bound in seconds (+Inf last).
+    pub rt_buckets: Vec<(f64, u64)>,
+    /// Sum of response times.
+    pub rt_sum: Duration,
+}
+
+/// Every counter of a rule set.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Snapshot {
+    /// Per resource, by name.
+    pub resources: Vec<ResourceSnapshot>,
+    /// Per rule, by resource then id.
+    pub rules: Vec<RuleSnapshot>,
+}
+
+impl Snapshot {
+    /// The rule `id`, if any.
+    pub fn rule(&self, id: &str) -> Option<&RuleSnapshot> {
+        self.rules.iter().find(|r| r.id == id)
+    }
+
+    /// The resource `name`, if declared.
+    pub fn resource(&self, name: &str) -> Option<&ResourceSnapshot> {
+        self.resources.iter().find(|r| r.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_bounded_inclusively() {
+        let h = RtHistogram::default();
+        h.observe(400_000); // 0.4 ms
+        h.observe(1_000_000); // exactly 1 ms: the 1 ms bucket (le)
+        h.observe(30_000_000_000); // 30 s: +Inf
+        let (b, sum) = h.read();
+        assert_eq!(b[0], (0.0005, 1));
+        assert_eq!(b[1], (0.001, 2));
+        assert_eq!(b[13], (10.0, 2));
+        assert_eq!(b[14].1, 3);
+        assert!(b[14].0.is_infinite());
+        assert_eq!(sum, Duration::from_nanos(30_001_400_000));
+    }
+}
