@@ -68,6 +68,9 @@ pub struct Block {
     pub kind: RuleKind,
     /// When a retry may pass (None: not by waiting, e.g. denied by authority).
     pub retry_after: Option<Duration>,
+    /// The rate that was exceeded (units, window), for rate rules: what `RateLimit-Policy`
+    /// headers announce.
+    pub rate: Option<(u64, Duration)>,
 }
 
 /// Who a flow rule counts.
@@ -226,6 +229,7 @@ pub enum RulesError {
 pub struct Rules<C: Clock + Clone = MonotonicClock> {
     current: ArcSwap<Compiled<C>>,
     shared: Arc<Shared<C>>,
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Rules<MonotonicClock> {
@@ -259,6 +263,7 @@ impl<C: Clock + Clone> Rules<C> {
         Ok(Self {
             current: ArcSwap::from_pointee(compiled),
             shared,
+            generation: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -271,7 +276,14 @@ impl<C: Clock + Clone> Rules<C> {
         let old = self.current.load_full();
         let compiled = compile(set, Some(&old), &self.shared.inbound, &self.shared.clock)?;
         self.current.store(Arc::new(compiled));
+        self.generation.fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    /// How many rule sets were applied since creation (changes with every `apply`): a cheap
+    /// way for callers deriving data from [`Rules::rule_set`] to know when to refresh it.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// The rule set in force.
@@ -311,6 +323,7 @@ impl<C: Clock + Clone> Rules<C> {
                     rule: id.clone(),
                     kind: RuleKind::Authority,
                     retry_after: None,
+                    rate: None,
                 })
                 .map_err(|b| blocked(Some(r), resource, b))?;
             }
@@ -332,6 +345,11 @@ impl<C: Clock + Clone> Rules<C> {
                         rule: inbound.ids[part as usize].clone(),
                         kind: RuleKind::System,
                         retry_after,
+                        rate: system
+                            .rule
+                            .max_qps
+                            .filter(|_| part == Part::MaxQps)
+                            .map(|n| (n, ONE_SECOND)),
                     };
                     return Err(blocked(res.as_deref(), resource, block));
                 }
@@ -372,6 +390,7 @@ impl<C: Clock + Clone> Rules<C> {
                             rule: id.clone(),
                             kind: RuleKind::HotParam,
                             retry_after: Some(Duration::ZERO),
+                            rate: None,
                         })?;
                         continue;
                     }
@@ -381,6 +400,7 @@ impl<C: Clock + Clone> Rules<C> {
                 rule: id.clone(),
                 kind: RuleKind::HotParam,
                 retry_after: d.retry_after(),
+                rate: Some((d.limit(), config.window.unwrap_or(ONE_SECOND))),
             })?;
         }
         for f in &res.flows {
@@ -403,6 +423,10 @@ impl<C: Clock + Clone> Rules<C> {
                 rule: f.id.clone(),
                 kind: RuleKind::Flow,
                 retry_after,
+                rate: f
+                    .config
+                    .qps
+                    .map(|q| (q, f.config.window.unwrap_or(ONE_SECOND))),
             };
             if let Some(stats) = &f.relate {
                 let qps = f.config.qps.unwrap_or(u64::MAX);
@@ -440,6 +464,7 @@ impl<C: Clock + Clone> Rules<C> {
                     rule: id.clone(),
                     kind: RuleKind::Breaker,
                     retry_after: Some(r.retry_after),
+                    rate: None,
                 })?,
             }
         }

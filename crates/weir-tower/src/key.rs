@@ -51,12 +51,22 @@ impl ClientIp {
 
     /// The client address of `req`.
     pub fn client<B>(&self, req: &Request<B>) -> Option<IpAddr> {
-        let peer = peer(req)?;
+        self.client_of(req.headers(), req.extensions())
+    }
+
+    /// The client address of a request head (`http::request::Parts`).
+    pub fn client_parts(&self, parts: &http::request::Parts) -> Option<IpAddr> {
+        self.client_of(&parts.headers, &parts.extensions)
+    }
+
+    /// The client address from a request's headers and extensions.
+    pub fn client_of(&self, headers: &http::HeaderMap, ext: &http::Extensions) -> Option<IpAddr> {
+        let peer = peer(ext)?;
         if !self.trusted(peer) {
             return Some(peer);
         }
         let mut client = peer;
-        for value in req.headers().get_all("x-forwarded-for").iter().rev() {
+        for value in headers.get_all("x-forwarded-for").iter().rev() {
             let Ok(text) = value.to_str() else {
                 return Some(client);
             };
@@ -74,18 +84,16 @@ impl ClientIp {
     }
 }
 
-fn peer<B>(req: &Request<B>) -> Option<IpAddr> {
-    if let Some(PeerAddr(a)) = req.extensions().get::<PeerAddr>() {
+fn peer(ext: &http::Extensions) -> Option<IpAddr> {
+    if let Some(PeerAddr(a)) = ext.get::<PeerAddr>() {
         return Some(a.ip());
     }
     #[cfg(feature = "axum")]
-    if let Some(axum::extract::ConnectInfo(a)) = req
-        .extensions()
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    if let Some(axum::extract::ConnectInfo(a)) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>()
     {
         return Some(a.ip());
     }
-    req.extensions().get::<SocketAddr>().map(SocketAddr::ip)
+    ext.get::<SocketAddr>().map(SocketAddr::ip)
 }
 
 impl KeyExtractor for ClientIp {

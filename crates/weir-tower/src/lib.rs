@@ -7,12 +7,19 @@
 //! - [`limit`]: rate limiting with any weir-core algorithm, keyed by a [`key::KeyExtractor`]
 //!   (client IP behind trusted proxies, header, method + path, closure): 429 with `Retry-After`
 //!   (rounded up), `RateLimit-Policy` / `RateLimit` and a problem body.
+//! - [`rules`]: a weir-rules rule set ([`rules::RulesLayer`]): requests mapped to resources
+//!   by the rule file's routes or a closure; 429 / 403 / 503 by rule kind; paced calls wait;
+//!   the guard lives until the response body ends.
+//! - [`client`]: client-side layers: circuit breaker, SRE adaptive throttling, retries with
+//!   backoff and budget.
 //! - [`concurrency`]: at most N in flight, permits released when the response body ends or is
 //!   dropped; 503 when full.
 
+pub mod client;
 pub mod concurrency;
 pub mod criticality;
 pub mod key;
 pub mod limit;
 pub mod problem;
+pub mod rules;
 pub mod shed;

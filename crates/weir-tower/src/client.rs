@@ -1,0 +1,327 @@
+//! Client-side layers for tower clients (hyper-util's client, tonic channels, any
+//! `Service<Request<B>>`): a circuit breaker, Google SRE adaptive throttling and retries with
+//! backoff and a budget. They refuse locally with [`ClientError`] instead of sending a request
+//! that would only add load to a failing or overloaded server.
+//!
+//! Outcomes are classified from the HTTP response: a 5xx or a transport error is a failure
+//! (breaker); a 429 or 503 is an overload rejection (SRE throttling counts it as not
+//! accepted); 429, 502, 503, 504 and transport errors are retryable, honouring `Retry-After`
+//! (seconds) when the server sends it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use tower::{Layer, Service};
+use weir_core::breaker::{Breaker, Rejected};
+use weir_core::retry::{RetryBudget, RetryPolicy, RetryVerdict};
+use weir_core::stats::Outcome;
+use weir_core::throttle::SreThrottle;
+use weir_core::{Clock, MonotonicClock};
+
+/// Why a client layer failed a call.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError<E> {
+    /// The breaker is open (or half-open with its probes taken).
+    #[error("circuit breaker {state:?}: not sending; retry in {retry_after:?}")]
+    BreakerOpen {
+        /// The breaker's state.
+        state: weir_core::breaker::BreakerState,
+        /// When a call may be admitted at the earliest.
+        retry_after: Duration,
+    },
+    /// SRE adaptive throttling rejected the call locally.
+    #[error("throttled locally: the server has been rejecting requests")]
+    Throttled,
+    /// The inner service failed.
+    #[error(transparent)]
+    Inner(E),
+}
+
+/// Whether a response is a failure for the breaker (5xx).
+fn failed<B>(r: &Response<B>) -> bool {
+    r.status().is_server_error()
+}
+
+/// Whether a response is an overload rejection (429, 503).
+fn overloaded<B>(r: &Response<B>) -> bool {
+    matches!(
+        r.status(),
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+    )
+}
+
+/// A circuit breaker in front of a client service.
+#[derive(Clone)]
+pub struct BreakerLayer<C: Clock = MonotonicClock> {
+    breaker: Arc<Breaker>,
+    clock: C,
+}
+
+impl BreakerLayer<MonotonicClock> {
+    /// Guards calls with `breaker` (share the `Arc` to observe or reuse it).
+    pub fn new(breaker: Arc<Breaker>) -> Self {
+        Self::with_clock(breaker, MonotonicClock::new())
+    }
+}
+
+impl<C: Clock> BreakerLayer<C> {
+    /// As [`BreakerLayer::new`], reading `clock`.
+    pub fn with_clock(breaker: Arc<Breaker>, clock: C) -> Self {
+        Self { breaker, clock }
+    }
+}
+
+impl<S, C: Clock + Clone> Layer<S> for BreakerLayer<C> {
+    type Service = BreakerService<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        BreakerService {
+            inner,
+            breaker: self.breaker.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+/// A client service behind a circuit breaker.
+#[derive(Clone)]
+pub struct BreakerService<S, C: Clock = MonotonicClock> {
+    inner: S,
+    breaker: Arc<Breaker>,
+    clock: C,
+}
+
+impl<S, C, ReqB, ResB> Service<Request<ReqB>> for BreakerService<S, C>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S::Future: Send + 'static,
+    C: Clock + Clone + Send + 'static,
+{
+    type Response = Response<ResB>;
+    type Error = ClientError<S::Error>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResB>, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(ClientError::Inner)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let call = match self.breaker.try_acquire(self.clock.now()) {
+            Ok(c) => c,
+            Err(Rejected { state, retry_after }) => {
+                return Box::pin(
+                    async move { Err(ClientError::BreakerOpen { state, retry_after }) },
+                )
+            }
+        };
+        let fut = self.inner.call(req);
+        let (breaker, clock) = (self.breaker.clone(), self.clock.clone());
+        Box::pin(async move {
+            let out = fut.await;
+            let outcome = match &out {
+                Ok(r) if !failed(r) => Outcome::Success,
+                _ => Outcome::Error,
+            };
+            breaker.record(call, clock.now(), outcome);
+            out.map_err(ClientError::Inner)
+        })
+    }
+}
+
+/// Google SRE adaptive throttling in front of a client service.
+#[derive(Clone)]
+pub struct ThrottleLayer<C: Clock = MonotonicClock> {
+    throttle: Arc<SreThrottle>,
+    clock: C,
+}
+
+impl ThrottleLayer<MonotonicClock> {
+    /// Throttles with `throttle` (K = 2 over 2 minutes by default: `SreThrottle::new()`).
+    pub fn new(throttle: Arc<SreThrottle>) -> Self {
+        Self::with_clock(throttle, MonotonicClock::new())
+    }
+}
+
+impl<C: Clock> ThrottleLayer<C> {
+    /// As [`ThrottleLayer::new`], reading `clock`.
+    pub fn with_clock(throttle: Arc<SreThrottle>, clock: C) -> Self {
+        Self { throttle, clock }
+    }
+}
+
+impl<S, C: Clock + Clone> Layer<S> for ThrottleLayer<C> {
+    type Service = ThrottleService<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ThrottleService {
+            inner,
+            throttle: self.throttle.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+/// A client service behind SRE adaptive throttling.
+#[derive(Clone)]
+pub struct ThrottleService<S, C: Clock = MonotonicClock> {
+    inner: S,
+    throttle: Arc<SreThrottle>,
+    clock: C,
+}
+
+impl<S, C, ReqB, ResB> Service<Request<ReqB>> for ThrottleService<S, C>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S::Future: Send + 'static,
+    C: Clock + Clone + Send + 'static,
+{
+    type Response = Response<ResB>;
+    type Error = ClientError<S::Error>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResB>, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(ClientError::Inner)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        if !self.throttle.allow(self.clock.now()) {
+            return Box::pin(async { Err(ClientError::Throttled) });
+        }
+        let fut = self.inner.call(req);
+        let (throttle, clock) = (self.throttle.clone(), self.clock.clone());
+        Box::pin(async move {
+            let out = fut.await;
+            if matches!(&out, Ok(r) if !overloaded(r)) {
+                throttle.record_accept(clock.now());
+            }
+            out.map_err(ClientError::Inner)
+        })
+    }
+}
+
+/// Retries with backoff (gRPC's defaults: 1 s × 1.6 ± 20 %, max 120 s; 3 attempts) and an
+/// optional budget, honouring `Retry-After`. Requests must be `Clone` (e.g. a body of
+/// `Full<Bytes>` or `String`).
+#[derive(Clone)]
+pub struct RetryLayer<C: Clock = MonotonicClock> {
+    policy: RetryPolicy,
+    budget: Option<Arc<RetryBudget>>,
+    clock: C,
+}
+
+impl RetryLayer<MonotonicClock> {
+    /// Retries by `policy`, within `budget` if given (share the budget among all clients of
+    /// one backend so retries cannot multiply an outage).
+    pub fn new(policy: RetryPolicy, budget: Option<Arc<RetryBudget>>) -> Self {
+        Self {
+            policy,
+            budget,
+            clock: MonotonicClock::new(),
+        }
+    }
+}
+
+impl<S, C: Clock + Clone> Layer<S> for RetryLayer<C> {
+    type Service = RetryService<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RetryService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// A client service that retries.
+#[derive(Clone)]
+pub struct RetryService<S, C: Clock = MonotonicClock> {
+    inner: S,
+    layer: RetryLayer<C>,
+}
+
+/// What the retry layer does with an attempt's result.
+pub fn retry_verdict<B, E>(result: &Result<Response<B>, E>) -> RetryVerdict {
+    match result {
+        Err(_) => RetryVerdict::Retry(None),
+        Ok(r) => match r.status() {
+            StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT => RetryVerdict::Retry(
+                r.headers()
+                    .get(http::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    // At most the backoff's own cap: a hostile Retry-After cannot park us.
+                    .map(|s| Duration::from_secs(s.min(120))),
+            ),
+            _ => RetryVerdict::Done,
+        },
+    }
+}
+
+impl<S, C, ReqB, ResB> Service<Request<ReqB>> for RetryService<S, C>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Clone + Send + Sync + 'static,
+    ResB: Send + 'static,
+    C: Clock + Clone + Send + Sync + 'static,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResB>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        // The ready service makes the first attempt; clones (readied in turn) the retries.
+        let clone = self.inner.clone();
+        let first = std::mem::replace(&mut self.inner, clone.clone());
+        let layer = self.layer.clone();
+        let seed = layer.clock.now();
+        Box::pin(async move {
+            let mut first = Some(first);
+            weir_core::retry::retry(
+                &layer.policy,
+                layer.budget.as_deref(),
+                &layer.clock,
+                seed,
+                |_| {
+                    let attempt = clone_request(&req);
+                    let svc = first.take();
+                    let mut retry_svc = clone.clone();
+                    async move {
+                        match svc {
+                            Some(mut s) => s.call(attempt).await,
+                            None => {
+                                std::future::poll_fn(|cx| retry_svc.poll_ready(cx)).await?;
+                                retry_svc.call(attempt).await
+                            }
+                        }
+                    }
+                },
+                retry_verdict,
+            )
+            .await
+        })
+    }
+}
+
+/// A copy of `req` (method, URI, version, headers, body; extensions are not `Clone` and stay
+/// behind).
+fn clone_request<B: Clone>(req: &Request<B>) -> Request<B> {
+    let mut r = Request::new(req.body().clone());
+    *r.method_mut() = req.method().clone();
+    *r.uri_mut() = req.uri().clone();
+    *r.version_mut() = req.version();
+    *r.headers_mut() = req.headers().clone();
+    r
+}

@@ -1,0 +1,587 @@
+//! A weir-rules rule set as a tower layer: each request is mapped to a resource and a call
+//! context (origin, criticality, parameters) by a [`Classify`] — the rule file's `http.routes`
+//! ([`Routes`]) or a closure — then admitted by [`Rules::entry`].
+//!
+//! - Admitted: the inner service is called (after the wait of a paced rule); the guard is held
+//!   by the response body and completed when the body ends (5xx or a body error = error), or
+//!   dropped with it (a client that disconnects frees its slot).
+//! - Blocked: flow and hot-parameter rules answer 429 with `Retry-After` (seconds, rounded up),
+//!   `RateLimit-Policy` / `RateLimit` and a problem body; authority 403; breaker and system
+//!   rules 503 (with `Retry-After` when known).
+//! - Requests no route matches pass untouched.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::request::Parts;
+use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use tower::{Layer, Service};
+use weir_core::stats::Outcome;
+use weir_core::{Clock, Criticality, MonotonicClock};
+use weir_rules::config::{HttpConfig, Param};
+use weir_rules::engine::{Block, Context as CallContext, Guard, RuleKind, Rules};
+
+use crate::key::ClientIp;
+use crate::problem;
+
+/// What a request is, for the rules: the resource and the call's context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target<'a> {
+    /// The resource.
+    pub resource: &'a str,
+    /// The caller (`""`: unknown).
+    pub origin: &'a str,
+    /// The criticality.
+    pub criticality: Criticality,
+    /// Parameters by position (hot-parameter rules).
+    pub params: Vec<std::borrow::Cow<'a, str>>,
+}
+
+/// Maps a request head to a [`Target`] (`None`: not limited).
+pub trait Classify: Send + Sync + 'static {
+    /// Classifies `req` (the body is not available).
+    fn classify<'a>(&'a self, req: &'a Parts) -> Option<Target<'a>>;
+}
+
+/// A closure as a classifier: build it with [`ClassifyFn::new`], which pins the closure's
+/// signature to `for<'a> Fn(&'a Parts) -> Option<Target<'a>>`.
+#[derive(Clone)]
+pub struct ClassifyFn<F>(F);
+
+impl<F> ClassifyFn<F>
+where
+    F: for<'a> Fn(&'a Parts) -> Option<Target<'a>> + Send + Sync + 'static,
+{
+    /// Wraps `f`.
+    pub fn new(f: F) -> Self {
+        Self(f)
+    }
+}
+
+impl<F> Classify for ClassifyFn<F>
+where
+    F: for<'a> Fn(&'a Parts) -> Option<Target<'a>> + Send + Sync + 'static,
+{
+    fn classify<'a>(&'a self, req: &'a Parts) -> Option<Target<'a>> {
+        (self.0)(req)
+    }
+}
+
+/// One compiled route.
+#[derive(Debug)]
+struct Route {
+    resource: Box<str>,
+    prefix: Box<str>,
+    methods: Vec<Method>,
+    headers: Vec<(HeaderName, Option<HeaderValue>)>,
+    params: Vec<RouteParam>,
+}
+
+#[derive(Debug)]
+enum RouteParam {
+    ClientIp,
+    Method,
+    Path,
+    Header(HeaderName),
+}
+
+/// Compiled `http` section of a rule set.
+#[derive(Debug, Default)]
+struct Table {
+    generation: u64,
+    routes: Vec<Route>,
+    origin_header: Option<HeaderName>,
+    client_ip: ClientIp,
+}
+
+impl Table {
+    fn compile(http: Option<&HttpConfig>, generation: u64) -> Self {
+        let Some(http) = http else {
+            return Self {
+                generation,
+                ..Self::default()
+            };
+        };
+        // The rule set was validated (names, CIDRs); anything still unparsable is skipped.
+        let name = |n: &str| HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).ok();
+        let trusted: Vec<&str> = http.trusted_proxies.iter().map(String::as_str).collect();
+        Self {
+            generation,
+            origin_header: http.origin_header.as_deref().and_then(name),
+            client_ip: ClientIp::trusting(&trusted).unwrap_or_default(),
+            routes: http
+                .routes
+                .iter()
+                .map(|r| Route {
+                    resource: r.resource.as_str().into(),
+                    prefix: r.prefix.trim_end_matches('/').into(),
+                    methods: r
+                        .methods
+                        .iter()
+                        .filter_map(|m| Method::from_bytes(m.as_bytes()).ok())
+                        .collect(),
+                    headers: r
+                        .headers
+                        .iter()
+                        .filter_map(|(k, v)| {
+                            let value = (v != "*").then(|| HeaderValue::from_str(v).ok()).flatten();
+                            Some((name(k)?, value))
+                        })
+                        .collect(),
+                    params: r
+                        .params
+                        .iter()
+                        .filter_map(|p| {
+                            Some(match p {
+                                Param::ClientIp => RouteParam::ClientIp,
+                                Param::Method => RouteParam::Method,
+                                Param::Path => RouteParam::Path,
+                                Param::Header(h) => RouteParam::Header(name(h)?),
+                            })
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Whether `path` is `prefix` or below it, segment-wise (`/api` matches `/api` and `/api/x`,
+/// not `/apiary`); `prefix` has no trailing slash (`""` = everything).
+fn under(path: &str, prefix: &str) -> bool {
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/') || prefix.is_empty(),
+        None => false,
+    }
+}
+
+/// The rule file's `http` section as a classifier: first matching route wins; the origin is
+/// read from `origin_header`, the criticality from `x-weir-criticality`. Follows reloads of
+/// the rules (recompiled when [`Rules::generation`] changes).
+pub struct Routes<C: Clock + Clone = MonotonicClock> {
+    rules: Arc<Rules<C>>,
+    table: ArcSwap<Table>,
+}
+
+impl<C: Clock + Clone> Routes<C> {
+    /// Routes of the rules in force in `rules`.
+    pub fn new(rules: Arc<Rules<C>>) -> Self {
+        let table = Table::compile(rules.rule_set().http.as_ref(), rules.generation());
+        Self {
+            rules,
+            table: ArcSwap::from_pointee(table),
+        }
+    }
+
+    fn table(&self) -> arc_swap::Guard<Arc<Table>> {
+        let t = self.table.load();
+        let generation = self.rules.generation();
+        if t.generation == generation {
+            return t;
+        }
+        let table = Table::compile(self.rules.rule_set().http.as_ref(), generation);
+        self.table.store(Arc::new(table));
+        self.table.load()
+    }
+}
+
+/// A classification that owns what it borrowed from the route table.
+struct Owned {
+    table: arc_swap::Guard<Arc<Table>>,
+    route: usize,
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> Routes<C> {
+    fn find(&self, req: &Parts) -> Option<Owned> {
+        let table = self.table();
+        let path = req.uri.path();
+        let route = table.routes.iter().position(|r| {
+            under(path, &r.prefix)
+                && (r.methods.is_empty() || r.methods.contains(&req.method))
+                && r.headers
+                    .iter()
+                    .all(|(name, want)| match (req.headers.get(name), want) {
+                        (Some(v), Some(w)) => v == w,
+                        (Some(_), None) => true,
+                        (None, _) => false,
+                    })
+        })?;
+        Some(Owned { table, route })
+    }
+}
+
+/// The call derived from a route, owning its strings (the table guard lives in the future).
+fn target_of<'a>(table: &'a Table, route: usize, req: &'a Parts) -> Target<'a> {
+    let r = &table.routes[route];
+    let origin = table
+        .origin_header
+        .as_ref()
+        .and_then(|h| req.headers.get(h))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let params = r
+        .params
+        .iter()
+        .map(|p| match p {
+            RouteParam::ClientIp => table
+                .client_ip
+                .client_parts(req)
+                .map(|ip: IpAddr| ip.to_string().into())
+                .unwrap_or_default(),
+            RouteParam::Method => req.method.as_str().into(),
+            RouteParam::Path => req.uri.path().into(),
+            RouteParam::Header(h) => req
+                .headers
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .into(),
+        })
+        .collect();
+    Target {
+        resource: &r.resource,
+        origin,
+        criticality: crate::criticality::read(&req.headers),
+        params,
+    }
+}
+
+/// How the layer classifies: the rule file's routes or a user's classifier.
+enum Classifier<C: Clock + Clone> {
+    Routes(Routes<C>),
+    Custom(Box<dyn Classify>),
+}
+
+/// Wraps services with a rule set.
+pub struct RulesLayer<C: Clock + Clone = MonotonicClock> {
+    rules: Arc<Rules<C>>,
+    classifier: Arc<Classifier<C>>,
+}
+
+impl<C: Clock + Clone> Clone for RulesLayer<C> {
+    fn clone(&self) -> Self {
+        Self {
+            rules: self.rules.clone(),
+            classifier: self.classifier.clone(),
+        }
+    }
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
+    /// Classifies requests by the rule file's `http.routes` (following reloads).
+    pub fn new(rules: Arc<Rules<C>>) -> Self {
+        Self {
+            classifier: Arc::new(Classifier::Routes(Routes::new(rules.clone()))),
+            rules,
+        }
+    }
+
+    /// Classifies requests with `classify` (e.g. [`ClassifyFn`]).
+    pub fn with_classifier(rules: Arc<Rules<C>>, classify: impl Classify) -> Self {
+        Self {
+            rules,
+            classifier: Arc::new(Classifier::Custom(Box::new(classify))),
+        }
+    }
+
+    /// The rules (apply new sets, read snapshots).
+    pub fn rules(&self) -> &Arc<Rules<C>> {
+        &self.rules
+    }
+}
+
+impl<S, C: Clock + Clone> Layer<S> for RulesLayer<C> {
+    type Service = RulesService<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RulesService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// A service behind a rule set.
+pub struct RulesService<S, C: Clock + Clone = MonotonicClock> {
+    inner: S,
+    layer: RulesLayer<C>,
+}
+
+impl<S: Clone, C: Clock + Clone> Clone for RulesService<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S, C, ReqB, ResB> Service<Request<ReqB>> for RulesService<S, C>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    C: Clock + Clone + Send + Sync + 'static,
+    ResB: Body<Data = Bytes>,
+{
+    type Response = Response<GuardBody<ResB, C>>;
+    type Error = S::Error;
+    type Future = RulesFuture<S, Request<ReqB>, C>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let (parts, body) = req.into_parts();
+        let entry = match &*self.layer.classifier {
+            Classifier::Routes(routes) => routes.find(&parts).map(|owned| {
+                let t = target_of(&owned.table, owned.route, &parts);
+                admit(&self.layer.rules, &t)
+            }),
+            Classifier::Custom(c) => c.classify(&parts).map(|t| admit(&self.layer.rules, &t)),
+        };
+        let req = Request::from_parts(parts, body);
+        match entry {
+            None => RulesFuture::Pass {
+                inner: self.inner.call(req),
+                guard: None,
+            },
+            Some(Ok(guard)) if guard.wait().is_zero() => RulesFuture::Pass {
+                inner: self.inner.call(req),
+                guard: Some(guard),
+            },
+            Some(Ok(guard)) => {
+                // Paced: wait, then call the service that was made ready.
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                RulesFuture::Waiting {
+                    sleep: tokio::time::sleep(guard.wait()),
+                    state: Some((ready, req, guard)),
+                }
+            }
+            Some(Err(block)) => RulesFuture::Blocked { block: Some(block) },
+        }
+    }
+}
+
+fn admit<C: Clock + Clone>(rules: &Rules<C>, t: &Target<'_>) -> Result<Guard<C>, Block> {
+    let mut params = [""; 8];
+    let n = t.params.len().min(params.len());
+    for (slot, p) in params.iter_mut().zip(&t.params) {
+        *slot = p;
+    }
+    rules.entry(
+        t.resource,
+        &CallContext {
+            origin: t.origin,
+            criticality: t.criticality,
+            params: &params[..n],
+            inbound: true,
+        },
+    )
+}
+
+pin_project_lite::pin_project! {
+    /// The response of a [`RulesService`].
+    #[project = RulesProj]
+    pub enum RulesFuture<S, Req, C: Clock> where S: Service<Req> {
+        /// Admitted (or not classified): the inner call.
+        Pass {
+            #[pin]
+            inner: S::Future,
+            guard: Option<Guard<C>>,
+        },
+        /// Admitted by a paced rule: waiting for its turn.
+        Waiting {
+            #[pin]
+            sleep: tokio::time::Sleep,
+            state: Option<(S, Req, Guard<C>)>,
+        },
+        /// Blocked: answered without calling the service.
+        Blocked {
+            block: Option<Block>,
+        },
+    }
+}
+
+impl<S, ReqB, ResB, C> Future for RulesFuture<S, Request<ReqB>, C>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    C: Clock,
+    ResB: Body<Data = Bytes>,
+{
+    type Output = Result<Response<GuardBody<ResB, C>>, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match self.as_mut().project() {
+                RulesProj::Pass { inner, guard } => {
+                    let out = std::task::ready!(inner.poll(cx));
+                    let guard = guard.take();
+                    return Poll::Ready(match out {
+                        Ok(r) => {
+                            let failed = r.status().is_server_error();
+                            Ok(r.map(|body| GuardBody::Passing {
+                                inner: body,
+                                guard,
+                                failed,
+                            }))
+                        }
+                        Err(e) => {
+                            if let Some(g) = guard {
+                                g.complete(Outcome::Error);
+                            }
+                            Err(e)
+                        }
+                    });
+                }
+                RulesProj::Waiting { sleep, state } => {
+                    std::task::ready!(sleep.poll(cx));
+                    let Some((mut svc, req, guard)) = state.take() else {
+                        // Polled after completion: nothing sensible left to do.
+                        return Poll::Pending;
+                    };
+                    let inner = svc.call(req);
+                    self.set(RulesFuture::Pass {
+                        inner,
+                        guard: Some(guard),
+                    });
+                }
+                RulesProj::Blocked { block } => {
+                    let Some(block) = block.take() else {
+                        return Poll::Pending;
+                    };
+                    let r: Response<String> = blocked_response(&block);
+                    return Poll::Ready(Ok(r.map(|text| GuardBody::Refused {
+                        text: Some(Bytes::from(text)),
+                    })));
+                }
+            }
+        }
+    }
+}
+
+/// The answer to a blocked request: 429 for rate rules, 403 for authority, 503 for breakers
+/// and system rules; `Retry-After` in whole seconds rounded up when the wait is known; rate
+/// rules add `RateLimit-Policy` / `RateLimit`; always an `application/problem+json` body.
+pub fn blocked_response<B: From<String>>(block: &Block) -> Response<B> {
+    let (status, what) = match block.kind {
+        RuleKind::Flow | RuleKind::HotParam => (StatusCode::TOO_MANY_REQUESTS, "rate limit"),
+        RuleKind::Authority => (StatusCode::FORBIDDEN, "caller not allowed by"),
+        RuleKind::Breaker => (StatusCode::SERVICE_UNAVAILABLE, "circuit breaker open:"),
+        RuleKind::System => (StatusCode::SERVICE_UNAVAILABLE, "overloaded:"),
+    };
+    let retry = block.retry_after.map(|r| problem::ceil_secs(r).max(1));
+    let detail = match retry {
+        Some(s) => format!("{what} {} exceeded; retry in {s} s", block.rule),
+        None => format!("{what} {}", block.rule),
+    };
+    let mut r = problem::problem(status, &detail);
+    if let Some(s) = retry {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    if let Some((limit, window)) = block.rate {
+        let policy = format!(
+            "\"{}\";q={limit};w={}",
+            block.rule,
+            problem::ceil_secs(window).max(1)
+        );
+        let now = format!("\"{}\";r=0;t={}", block.rule, retry.unwrap_or(0));
+        if let (Ok(p), Ok(n)) = (HeaderValue::from_str(&policy), HeaderValue::from_str(&now)) {
+            r.headers_mut().insert("ratelimit-policy", p);
+            r.headers_mut().insert("ratelimit", n);
+        }
+    }
+    r
+}
+
+pin_project_lite::pin_project! {
+    /// A response body holding the rules' guard until it ends (completed: success, or error
+    /// for a 5xx or a body error) or is dropped (released without an outcome).
+    #[project = GuardBodyProj]
+    pub enum GuardBody<B, C: Clock> {
+        /// The inner service's body.
+        Passing {
+            #[pin]
+            inner: B,
+            guard: Option<Guard<C>>,
+            failed: bool,
+        },
+        /// A refusal's problem body.
+        Refused {
+            text: Option<Bytes>,
+        },
+    }
+}
+
+impl<B: Body<Data = Bytes>, C: Clock> Body for GuardBody<B, C> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.project() {
+            GuardBodyProj::Passing {
+                mut inner,
+                guard,
+                failed,
+            } => {
+                let frame = std::task::ready!(inner.as_mut().poll_frame(cx));
+                // Servers stop polling once `is_end_stream` says so (a sized body): the end
+                // is the last frame or `None`, whichever comes first.
+                let ended = frame.is_none() || inner.is_end_stream();
+                let outcome = match &frame {
+                    Some(Err(_)) => Some(Outcome::Error),
+                    _ if !ended => None,
+                    _ if *failed => Some(Outcome::Error),
+                    _ => Some(Outcome::Success),
+                };
+                if let Some(o) = outcome {
+                    if let Some(g) = guard.take() {
+                        g.complete(o);
+                    }
+                }
+                Poll::Ready(frame)
+            }
+            GuardBodyProj::Refused { text } => Poll::Ready(text.take().map(|t| Ok(Frame::data(t)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Passing { inner, .. } => inner.is_end_stream(),
+            Self::Refused { text } => text.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Passing { inner, .. } => inner.size_hint(),
+            Self::Refused { text } => {
+                SizeHint::with_exact(text.as_ref().map_or(0, |t| t.len() as u64))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::under;
+
+    #[test]
+    fn prefixes_match_whole_segments() {
+        assert!(under("/api", "/api"));
+        assert!(under("/api/x", "/api"));
+        assert!(!under("/apiary", "/api"));
+        assert!(under("/anything", ""));
+        assert!(!under("/other", "/api"));
+    }
+}
