@@ -6,6 +6,7 @@
 
 mod duration;
 mod overload;
+mod proxy;
 mod rls;
 mod simulate;
 
@@ -38,8 +39,33 @@ enum Command {
     Simulate(SimulateArgs),
     /// Run the Envoy rate-limit service (gRPC RLS v3) with an HTTP API and metrics.
     Serve(ServeArgs),
-    /// Check a rate-limit configuration (a Lyft-format YAML file or a directory of them).
+    /// Check a configuration: a weir rule file, or a Lyft-format rate-limit YAML file (or a
+    /// directory of them); the format is told by the top-level keys.
     CheckConfig(CheckConfigArgs),
+    /// A reverse proxy applying a weir rule file to every request (HTTP/1.1 and h2c).
+    Proxy(ProxyArgs),
+}
+
+#[derive(clap::Args)]
+struct ProxyArgs {
+    /// The rule file (resources, rules and http.routes); reloaded when it changes.
+    #[arg(long, value_name = "FILE")]
+    rules: PathBuf,
+    /// Listen address.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8000")]
+    listen: std::net::SocketAddr,
+    /// The upstream, http://HOST:PORT.
+    #[arg(long, value_name = "URL")]
+    upstream: String,
+    /// Serve /metrics (Prometheus) and /healthz on this address.
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<std::net::SocketAddr>,
+    /// Longest wait for the upstream's response head (then 504).
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "30s")]
+    upstream_timeout: Duration,
+    /// How often the rule file is checked for changes.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "1s")]
+    reload_interval: Duration,
 }
 
 #[derive(clap::Args)]
@@ -143,10 +169,174 @@ fn main() -> ExitCode {
         Command::Simulate(args) => run_simulate(args),
         Command::Serve(args) => run_serve(args),
         Command::CheckConfig(args) => run_check_config(args),
+        Command::Proxy(args) => run_proxy(args),
+    }
+}
+
+fn run_proxy(args: ProxyArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("weir: error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let settings = proxy::Settings {
+        rules: args.rules,
+        listen: args.listen,
+        upstream: args.upstream,
+        admin: args.admin,
+        upstream_timeout: args.upstream_timeout,
+        reload_interval: args.reload_interval,
+    };
+    match runtime.block_on(proxy::run(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, e)) => {
+            eprintln!("weir: error: {e}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// Which format a configuration file is in, told by its top-level keys.
+enum Format {
+    /// A weir rule file (`resources`, `system`, `http`).
+    Rules,
+    /// A Lyft rate-limit configuration (`domain`, `descriptors`).
+    Lyft,
+}
+
+fn detect_format(path: &std::path::Path) -> Result<Format, String> {
+    if path.is_dir() {
+        return Ok(Format::Lyft);
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(|e| {
+        let at = e
+            .location()
+            .map(|l| format!(":{}:{}", l.line(), l.column()))
+            .unwrap_or_default();
+        format!("{}{at}: not YAML: {e}", path.display())
+    })?;
+    let keys: Vec<&str> = value
+        .as_mapping()
+        .map(|m| m.keys().filter_map(|k| k.as_str()).collect())
+        .unwrap_or_default();
+    let has = |k: &str| keys.contains(&k);
+    match (
+        has("resources") || has("system") || has("http"),
+        has("domain") || has("descriptors"),
+    ) {
+        (true, false) => Ok(Format::Rules),
+        (false, true) => Ok(Format::Lyft),
+        (true, true) => Err(format!(
+            "{}: mixes weir rule keys (resources, system, http) with Lyft keys (domain, descriptors)",
+            path.display()
+        )),
+        (false, false) => Err(format!(
+            "{}: cannot tell the format: expected top-level `resources`, `system` or `http` (weir rules) or `domain` and `descriptors` (Lyft rate-limit config)",
+            path.display()
+        )),
     }
 }
 
 fn run_check_config(args: CheckConfigArgs) -> ExitCode {
+    match detect_format(&args.path) {
+        Err(e) => fail(e),
+        Ok(Format::Rules) => check_rules(&args.path),
+        Ok(Format::Lyft) => check_lyft(&args),
+    }
+}
+
+fn check_rules(path: &std::path::Path) -> ExitCode {
+    let set = match weir_rules::watch::load(path) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    // Compiling catches what only the algorithms know (e.g. a window too short).
+    if let Err(e) = weir_rules::engine::Rules::new(&set) {
+        return fail(format_args!("{}: {e}", path.display()));
+    }
+    let mut out = io::stdout().lock();
+    let _ = writeln!(out, "weir rules: {}", path.display());
+    for r in &set.resources {
+        let _ = writeln!(out, "resource {}", r.name);
+        if let Some(a) = &r.authority {
+            let (what, list) = if a.allow.is_empty() {
+                ("deny", &a.deny)
+            } else {
+                ("allow", &a.allow)
+            };
+            let _ = writeln!(out, "  authority {}: {what} {}", a.id, list.join(", "));
+        }
+        for h in &r.hot_params {
+            let _ = writeln!(
+                out,
+                "  hot_param {}: params[{}] {} per {} each ({:?}, at most {} values, on_full {:?}){}",
+                h.id,
+                h.param,
+                h.threshold,
+                duration::format_duration(h.window.unwrap_or(Duration::from_secs(1))),
+                h.algorithm,
+                h.max_values,
+                h.on_full,
+                if h.shadow { " [shadow]" } else { "" }
+            );
+        }
+        for f in &r.flow {
+            let what = match (f.qps, f.concurrency) {
+                (Some(q), _) => format!(
+                    "{q} per {} ({:?}{})",
+                    duration::format_duration(f.window.unwrap_or(Duration::from_secs(1))),
+                    f.behavior,
+                    f.algorithm.map(|a| format!(", {a:?}")).unwrap_or_default()
+                ),
+                (None, Some(c)) => format!("{c} in flight"),
+                _ => String::new(),
+            };
+            let scope = match (&f.origin, &f.relate) {
+                (Some(o), _) => format!(" [origin {o}]"),
+                (_, Some(r)) => format!(" [when {r} passes this rate]"),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "  flow {}: {what}{scope}{}",
+                f.id,
+                if f.shadow { " [shadow]" } else { "" }
+            );
+        }
+        if let Some(b) = &r.breaker {
+            let _ = writeln!(
+                out,
+                "  breaker {}: {:?}{}",
+                b.id,
+                b.preset
+                    .unwrap_or(weir_rules::config::BreakerPreset::Resilience4j),
+                if b.shadow { " [shadow]" } else { "" }
+            );
+        }
+    }
+    if let Some(s) = &set.system {
+        let _ = writeln!(out, "system: {s:?}");
+    }
+    if let Some(h) = &set.http {
+        for r in &h.routes {
+            let methods = if r.methods.is_empty() {
+                "*".to_string()
+            } else {
+                r.methods.join(",")
+            };
+            let _ = writeln!(out, "route {methods} {} -> {}", r.prefix, r.resource);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn check_lyft(args: &CheckConfigArgs) -> ExitCode {
     match rls::config::load(&args.path) {
         Ok(domains) => {
             let engine = match rls::engine::Engine::build(

@@ -1,0 +1,299 @@
+//! `weir proxy` and `weir check-config` on rule files, through the real binary: rules applied
+//! to proxied requests (HTTP/1.1 and h2c), 502 when the upstream is down and 504 when it is
+//! silent (never a hang), X-Forwarded-For appended, reload on change keeping state, a bad file
+//! reported with the old rules kept, /metrics, and clear exit-2 errors.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use axum::routing::get;
+use axum::Router;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Proxy {
+    child: Child,
+    port: u16,
+    admin: u16,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proxy {
+    fn start(rules: &std::path::Path, upstream: &str, extra: &[&str]) -> Self {
+        let (port, admin) = (free_port(), free_port());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .arg("proxy")
+            .args(["--rules", rules.to_str().unwrap()])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin", &format!("127.0.0.1:{admin}")])
+            .args(["--upstream", upstream])
+            .args(["--reload-interval", "50ms"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("weir proxy starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("weir proxy: http://"), "{line}");
+        Self { child, port, admin }
+    }
+
+    fn stderr_line(&mut self) -> String {
+        let mut line = String::new();
+        BufReader::new(self.child.stderr.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        line
+    }
+}
+
+/// (status, headers, body) of GET over HTTP/1.1, or h2c with prior knowledge.
+async fn get_url(
+    port: u16,
+    path: &str,
+    h2: bool,
+    headers: &[(&str, &str)],
+) -> (u16, HeaderMap, String) {
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(h2)
+        .build_http::<Empty<bytes::Bytes>>();
+    let mut req = http::Request::get(format!("http://127.0.0.1:{port}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.request(req.body(Empty::new()).unwrap()),
+    )
+    .await
+    .expect("answered within 10 s")
+    .expect("HTTP exchange");
+    let (parts, body) = r.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status.as_u16(),
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// An upstream echoing X-Forwarded-For.
+async fn upstream() -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let app = Router::new().fallback(get(|h: HeaderMap| async move {
+        format!(
+            "xff={}",
+            h.get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+        )
+    }));
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    port
+}
+
+fn rules_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-proxy-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("rules.yaml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+const RULES: &str = "resources:
+  - name: api
+    flow:
+      - {id: api-qps, qps: 2, window: 1h, algorithm: fixed_window}
+http:
+  routes:
+    - {resource: api, prefix: /api}
+";
+
+#[tokio::test]
+async fn proxies_http1_and_h2c_applying_the_rules() {
+    let up = upstream().await;
+    let file = rules_file("apply", RULES);
+    let p = Proxy::start(&file, &format!("http://127.0.0.1:{up}"), &[]);
+    let (code, _, body) = get_url(p.port, "/api/a", false, &[("x-forwarded-for", "1.2.3.4")]).await;
+    assert_eq!((code, body.as_str()), (200, "xff=1.2.3.4, 127.0.0.1"));
+    assert_eq!(get_url(p.port, "/api/b", true, &[]).await.0, 200, "h2c");
+    let (code, h, body) = get_url(p.port, "/api/c", true, &[]).await;
+    assert_eq!(code, 429, "{body}");
+    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((3000..=3600).contains(&retry), "{retry}");
+    assert_eq!(h["ratelimit-policy"], "\"api-qps\";q=2;w=3600");
+    assert_eq!(h["content-type"], "application/problem+json");
+    // Not routed: passes unlimited.
+    for _ in 0..5 {
+        assert_eq!(get_url(p.port, "/other", false, &[]).await.0, 200);
+    }
+    let (code, _, metrics) = get_url(p.admin, "/metrics", false, &[]).await;
+    assert_eq!(code, 200);
+    for line in [
+        "weir_resource_passes_total{resource=\"api\"} 2",
+        "weir_resource_blocks_total{resource=\"api\"} 1",
+        "weir_rule_blocks_total{rule=\"api-qps\",kind=\"flow\",resource=\"api\"} 1",
+        "weir_resource_response_seconds_count{resource=\"api\"} 2",
+        "weir_proxy_forwarded_total 7",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "missing {line:?} in\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn upstream_down_is_502_and_silent_is_504_never_a_hang() {
+    let file = rules_file("down", RULES);
+    let dead = free_port();
+    let p = Proxy::start(&file, &format!("http://127.0.0.1:{dead}"), &[]);
+    let start = Instant::now();
+    let (code, h, body) = get_url(p.port, "/x", false, &[]).await;
+    assert_eq!(code, 502, "{body}");
+    assert_eq!(h["content-type"], "application/problem+json");
+    assert!(body.contains("Connection refused"), "{body}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // A listener that accepts and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let p = Proxy::start(
+        &file,
+        &format!("http://127.0.0.1:{silent_port}"),
+        &["--upstream-timeout", "300ms"],
+    );
+    let (code, _, body) = get_url(p.port, "/x", false, &[]).await;
+    assert_eq!(code, 504, "{body}");
+    drop(silent);
+}
+
+#[tokio::test]
+async fn reload_keeps_state_and_a_bad_file_keeps_the_old_rules() {
+    let up = upstream().await;
+    let file = rules_file("reload", RULES);
+    let mut p = Proxy::start(&file, &format!("http://127.0.0.1:{up}"), &[]);
+    assert_eq!(get_url(p.port, "/api", false, &[]).await.0, 200);
+    // A bad file: reported on stderr with file, line and column; old rules stay.
+    std::fs::write(&file, RULES.replace("qps: 2", "qps: two")).unwrap();
+    let line = p.stderr_line();
+    assert!(
+        line.contains("rules not reloaded") && line.contains("rules.yaml:4:"),
+        "{line}"
+    );
+    assert_eq!(get_url(p.port, "/api", false, &[]).await.0, 200);
+    assert_eq!(
+        get_url(p.port, "/api", false, &[]).await.0,
+        429,
+        "old limit of 2"
+    );
+    // Raised to 3: the counter (2 used) is kept, one more passes.
+    std::fs::write(&file, RULES.replace("qps: 2", "qps: 3")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut passed = false;
+    while Instant::now() < deadline && !passed {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        passed = get_url(p.port, "/api", false, &[]).await.0 == 200;
+    }
+    assert!(passed, "the new limit was not applied");
+    assert_eq!(get_url(p.port, "/api", false, &[]).await.0, 429);
+    let (_, _, metrics) = get_url(p.admin, "/metrics", false, &[]).await;
+    assert!(
+        metrics.contains("weir_rules_reloads_total{result=\"rejected\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("weir_rules_reloads_total{result=\"applied\"} 1"),
+        "{metrics}"
+    );
+}
+
+fn weir(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_usage_is_one_line_and_exit_2() {
+    let file = rules_file("usage", RULES);
+    let (code, _, err) = weir(&[
+        "proxy",
+        "--rules",
+        "/nonexistent/rules.yaml",
+        "--upstream",
+        "http://127.0.0.1:1",
+    ]);
+    assert_eq!(code, 2);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("weir: error: /nonexistent/rules.yaml: "),
+        "{err}"
+    );
+    let (code, _, err) = weir(&[
+        "proxy",
+        "--rules",
+        file.to_str().unwrap(),
+        "--upstream",
+        "https://x:1",
+    ]);
+    assert_eq!((code, err.lines().count()), (2, 1), "{err}");
+    assert!(err.contains("expected http://HOST:PORT"), "{err}");
+}
+
+#[test]
+fn check_config_tells_rule_files_from_lyft_files() {
+    let rules = rules_file("check", RULES);
+    let (code, out, err) = weir(&["check-config", rules.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("resource api") && out.contains("flow api-qps: 2 per 1h"),
+        "{out}"
+    );
+    assert!(out.contains("route * /api -> api"), "{out}");
+    let lyft = rules_file("lyft", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n");
+    let (code, out, err) = weir(&["check-config", lyft.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("domain d"), "{out}");
+    let bad = rules_file(
+        "bad",
+        &RULES.replace("window: 1h", "window: 1h, colour: red"),
+    );
+    let (code, _, err) = weir(&["check-config", bad.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("rules.yaml:4:") && err.contains("unknown field `colour`"),
+        "{err}"
+    );
+    let neither = rules_file("neither", "foo: 1\n");
+    let (code, _, err) = weir(&["check-config", neither.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot tell the format"), "{err}");
+}
