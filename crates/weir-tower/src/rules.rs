@@ -8,6 +8,10 @@
 //! - Blocked: flow and hot-parameter rules answer 429 with `Retry-After` (seconds, rounded up),
 //!   `RateLimit-Policy` / `RateLimit` and a problem body; authority 403; breaker and system
 //!   rules 503 (with `Retry-After` when known).
+//! - gRPC requests (`content-type: application/grpc…`) are answered the gRPC way instead:
+//!   HTTP 200 with trailers-only `grpc-status` RESOURCE_EXHAUSTED (rate rules),
+//!   PERMISSION_DENIED (authority) or UNAVAILABLE (breaker, system), `grpc-message`, and
+//!   `grpc-retry-pushback-ms` when the wait is known.
 //! - Requests no route matches pass untouched.
 
 use std::future::Future;
@@ -338,6 +342,10 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let (parts, body) = req.into_parts();
+        let grpc = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
         let entry = match &*self.layer.classifier {
             Classifier::Routes(routes) => routes.find(&parts).map(|owned| {
                 let t = target_of(&owned.table, owned.route, &parts);
@@ -364,7 +372,10 @@ where
                     state: Some((ready, req, guard)),
                 }
             }
-            Some(Err(block)) => RulesFuture::Blocked { block: Some(block) },
+            Some(Err(block)) => RulesFuture::Blocked {
+                block: Some(block),
+                grpc,
+            },
         }
     }
 }
@@ -405,6 +416,7 @@ pin_project_lite::pin_project! {
         /// Blocked: answered without calling the service.
         Blocked {
             block: Option<Block>,
+            grpc: bool,
         },
     }
 }
@@ -452,11 +464,15 @@ where
                         guard: Some(guard),
                     });
                 }
-                RulesProj::Blocked { block } => {
+                RulesProj::Blocked { block, grpc } => {
                     let Some(block) = block.take() else {
                         return Poll::Pending;
                     };
-                    let r: Response<String> = blocked_response(&block);
+                    let r: Response<String> = if *grpc {
+                        blocked_grpc_response(&block)
+                    } else {
+                        blocked_response(&block)
+                    };
                     return Poll::Ready(Ok(r.map(|text| GuardBody::Refused {
                         text: Some(Bytes::from(text)),
                     })));
@@ -499,6 +515,47 @@ pub fn blocked_response<B: From<String>>(block: &Block) -> Response<B> {
         }
     }
     r
+}
+
+/// The gRPC answer to a blocked call: HTTP 200, trailers-only (empty body, the status in the
+/// headers) with `grpc-status` 8 RESOURCE_EXHAUSTED for rate rules, 7 PERMISSION_DENIED for
+/// authority, 14 UNAVAILABLE for breakers and system rules; `grpc-message` (percent-encoded);
+/// `grpc-retry-pushback-ms` when the wait is known (gRPC's retry pushback).
+pub fn blocked_grpc_response<B: From<String>>(block: &Block) -> Response<B> {
+    let code = match block.kind {
+        RuleKind::Flow | RuleKind::HotParam => 8,
+        RuleKind::Authority => 7,
+        RuleKind::Breaker | RuleKind::System => 14,
+    };
+    let message = format!("blocked by {} rule {}", block.kind.as_str(), block.rule);
+    let mut r = Response::new(B::from(String::new()));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    h.insert("grpc-status", HeaderValue::from(code));
+    if let Ok(v) = HeaderValue::from_str(&percent_encode(&message)) {
+        h.insert("grpc-message", v);
+    }
+    if let Some(wait) = block.retry_after {
+        let ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        h.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
+    }
+    r
+}
+
+/// gRPC's percent-encoding of `grpc-message`: printable ASCII except `%` as is.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 pin_project_lite::pin_project! {

@@ -406,3 +406,45 @@ async fn client_retry_honours_retry_after_and_the_budget() {
         (StatusCode::SERVICE_UNAVAILABLE, 1)
     );
 }
+
+#[tokio::test]
+async fn grpc_calls_get_grpc_statuses_with_retry_pushback() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let set = RuleSet::from_yaml(
+        Path::new("rules.yaml"),
+        "resources:\n  - name: health\n    flow:\n      - {id: health-qps, qps: 1, window: 10s, algorithm: fixed_window}\nhttp:\n  routes:\n    - {resource: health, prefix: /grpc.health.v1.Health}\n",
+    )
+    .unwrap();
+    let clock = Arc::new(ManualClock::new(0));
+    let rules = Arc::new(Rules::with_clock(&set, clock).unwrap());
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(RulesLayer::new(rules))
+            .add_service(health)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(l)),
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let check = || HealthCheckRequest {
+        service: String::new(),
+    };
+    assert!(client.check(check()).await.is_ok());
+    let status = client.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    assert!(status.message().contains("health-qps"), "{status:?}");
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "10000"
+    );
+}
