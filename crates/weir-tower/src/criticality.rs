@@ -7,18 +7,21 @@
 //! An absent or unknown value reads as the default (CRITICAL), so a caller cannot raise its
 //! priority with garbage.
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use weir_core::criticality::HEADER;
 use weir_core::Criticality;
 
+/// The header, parsed once (a `&str` name is parsed on every lookup).
+pub const HEADER_NAME: HeaderName = HeaderName::from_static(HEADER);
+
 /// The criticality carried by `headers` (default CRITICAL when absent or unknown).
 pub fn read(headers: &HeaderMap) -> Criticality {
-    Criticality::from_header(headers.get(HEADER).map(HeaderValue::as_bytes))
+    Criticality::from_header(headers.get(HEADER_NAME).map(HeaderValue::as_bytes))
 }
 
 /// Sets `level` on outgoing `headers` (replacing any value).
 pub fn write(headers: &mut HeaderMap, level: Criticality) {
-    headers.insert(HEADER, HeaderValue::from_static(level.as_str()));
+    headers.insert(HEADER_NAME, HeaderValue::from_static(level.as_str()));
 }
 
 /// Copies the criticality of an incoming request to an outgoing one: the downstream call is

@@ -1,15 +1,17 @@
 //! Which key a request is limited under: client IP (with trusted proxies), a header, the
 //! method and route, or a closure.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use http::Request;
 
 /// Maps a request to the key it is counted under (`None`: the request is not limited by this
-/// layer, e.g. a missing header).
+/// layer, e.g. a missing header). Borrow from the request or a constant where possible: no
+/// allocation on the pass path.
 pub trait KeyExtractor: Clone + Send + Sync + 'static {
     /// The key of `req`.
-    fn key<B>(&self, req: &Request<B>) -> Option<String>;
+    fn key<'r, B>(&self, req: &'r Request<B>) -> Option<Cow<'r, str>>;
 }
 
 pub use weir_rules::cidr::Cidr;
@@ -97,8 +99,8 @@ fn peer(ext: &http::Extensions) -> Option<IpAddr> {
 }
 
 impl KeyExtractor for ClientIp {
-    fn key<B>(&self, req: &Request<B>) -> Option<String> {
-        self.client(req).map(|ip| ip.to_string())
+    fn key<'r, B>(&self, req: &'r Request<B>) -> Option<Cow<'r, str>> {
+        self.client(req).map(|ip| Cow::Owned(ip.to_string()))
     }
 }
 
@@ -107,11 +109,11 @@ impl KeyExtractor for ClientIp {
 pub struct Header(pub http::HeaderName);
 
 impl KeyExtractor for Header {
-    fn key<B>(&self, req: &Request<B>) -> Option<String> {
+    fn key<'r, B>(&self, req: &'r Request<B>) -> Option<Cow<'r, str>> {
         req.headers()
             .get(&self.0)
             .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
+            .map(Cow::Borrowed)
     }
 }
 
@@ -120,8 +122,8 @@ impl KeyExtractor for Header {
 pub struct MethodPath;
 
 impl KeyExtractor for MethodPath {
-    fn key<B>(&self, req: &Request<B>) -> Option<String> {
-        Some(format!("{} {}", req.method(), req.uri().path()))
+    fn key<'r, B>(&self, req: &'r Request<B>) -> Option<Cow<'r, str>> {
+        Some(Cow::Owned(format!("{} {}", req.method(), req.uri().path())))
     }
 }
 
@@ -130,10 +132,10 @@ impl KeyExtractor for MethodPath {
 pub struct Global;
 
 impl KeyExtractor for Global {
-    fn key<B>(&self, _: &Request<B>) -> Option<String> {
+    fn key<'r, B>(&self, _: &'r Request<B>) -> Option<Cow<'r, str>> {
         // Not "": comparing empty Strings (dangling pointers) is ≈ 75 ns in glibc's AVX-512
         // memcmp here (weir-rules benches/entry.rs).
-        Some("global".to_string())
+        Some(Cow::Borrowed("global"))
     }
 }
 
@@ -149,8 +151,8 @@ where
         + Sync
         + 'static,
 {
-    fn key<B>(&self, req: &Request<B>) -> Option<String> {
-        (self.0)(req.method(), req.uri(), req.headers(), req.extensions())
+    fn key<'r, B>(&self, req: &'r Request<B>) -> Option<Cow<'r, str>> {
+        (self.0)(req.method(), req.uri(), req.headers(), req.extensions()).map(Cow::Owned)
     }
 }
 
@@ -185,7 +187,7 @@ mod tests {
     #[test]
     fn forwarded_for_is_read_from_the_right_and_only_behind_trusted_proxies() {
         let ip = ClientIp::trusting(&["10.0.0.0/8"]).unwrap();
-        let key = |r: &Request<()>| ip.key(r).unwrap();
+        let key = |r: &Request<()>| ip.key(r).unwrap().into_owned();
         // untrusted peer: its own address, whatever it claims
         assert_eq!(key(&req("203.0.113.9:1", &["1.2.3.4"])), "203.0.113.9");
         // trusted proxy: the rightmost untrusted hop

@@ -24,6 +24,10 @@ pub struct RateLimitLayer<A: Algorithm, K, C: Clock = MonotonicClock> {
     key: K,
     policy: Arc<str>,
     window: Duration,
+    /// `RateLimit-Policy` for the default limit, built once.
+    policy_value: Option<(u64, http::HeaderValue)>,
+    /// Rate-limit headers on admitted responses too (default true).
+    on_success: bool,
 }
 
 impl<A: Algorithm, K: Clone, C: Clock> Clone for RateLimitLayer<A, K, C> {
@@ -33,6 +37,8 @@ impl<A: Algorithm, K: Clone, C: Clock> Clone for RateLimitLayer<A, K, C> {
             key: self.key.clone(),
             policy: self.policy.clone(),
             window: self.window,
+            policy_value: self.policy_value.clone(),
+            on_success: self.on_success,
         }
     }
 }
@@ -45,17 +51,29 @@ where
 {
     /// Limits with `limiter`, keyed by `key`; the policy is named `default` in headers.
     pub fn new(limiter: KeyedLimiter<String, A, C>, key: K) -> Self {
-        Self {
+        let layer = Self {
             window: limiter.algorithm().window(),
             limiter: Arc::new(limiter),
             key,
             policy: Arc::from("default"),
-        }
+            policy_value: None,
+            on_success: true,
+        };
+        layer.policy("default")
     }
 
     /// Names the policy in `RateLimit-Policy` / `RateLimit` (a plain token is safest).
     pub fn policy(mut self, name: &str) -> Self {
         self.policy = Arc::from(name);
+        let limit = self.limiter.algorithm().limit();
+        self.policy_value = problem::policy_value(name, limit, self.window).map(|v| (limit, v));
+        self
+    }
+
+    /// Whether admitted responses carry the rate-limit headers too (default true; refusals
+    /// always do). Off saves the header formatting on the pass path.
+    pub fn headers_on_success(mut self, on: bool) -> Self {
+        self.on_success = on;
         self
     }
 
@@ -114,12 +132,24 @@ where
                 headers: None,
             };
         };
-        let d = self.layer.limiter.acquire(key.as_str(), 1);
+        let d = self.layer.limiter.acquire(&*key, 1);
+        drop(key);
         let window = self.layer.window;
         if d.allowed() {
+            let headers = self.layer.on_success.then(|| Headers {
+                policy: self.layer.policy.clone(),
+                policy_value: self
+                    .layer
+                    .policy_value
+                    .as_ref()
+                    .filter(|(limit, _)| *limit == d.limit())
+                    .map(|(_, v)| v.clone()),
+                window,
+                decision: d,
+            });
             LimitFuture::Pass {
                 inner: self.inner.call(req),
-                headers: Some((self.layer.policy.clone(), window, d)),
+                headers,
             }
         } else {
             LimitFuture::Denied {
@@ -127,6 +157,14 @@ where
             }
         }
     }
+}
+
+/// What an admitted response's rate-limit headers say.
+pub struct Headers {
+    policy: Arc<str>,
+    policy_value: Option<http::HeaderValue>,
+    window: Duration,
+    decision: Decision,
 }
 
 pin_project_lite::pin_project! {
@@ -137,7 +175,7 @@ pin_project_lite::pin_project! {
         Pass {
             #[pin]
             inner: F,
-            headers: Option<(Arc<str>, Duration, Decision)>,
+            headers: Option<Headers>,
         },
         /// Denied: a 429.
         Denied {
@@ -157,8 +195,19 @@ where
         match self.project() {
             LimitProj::Pass { inner, headers } => {
                 let mut out = std::task::ready!(inner.poll(cx));
-                if let (Ok(r), Some((policy, window, d))) = (&mut out, headers.take()) {
-                    problem::set_ratelimit_headers(r.headers_mut(), &policy, window, &d);
+                if let (Ok(r), Some(h)) = (&mut out, headers.take()) {
+                    match h.policy_value {
+                        Some(v) => {
+                            r.headers_mut().insert("ratelimit-policy", v);
+                            problem::set_ratelimit_now(r.headers_mut(), &h.policy, &h.decision);
+                        }
+                        None => problem::set_ratelimit_headers(
+                            r.headers_mut(),
+                            &h.policy,
+                            h.window,
+                            &h.decision,
+                        ),
+                    }
                 }
                 Poll::Ready(out)
             }

@@ -10,23 +10,29 @@ pub fn ceil_secs(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000_000)).unwrap_or(u64::MAX)
 }
 
+/// The `RateLimit-Policy` value `"policy";q=LIMIT;w=WINDOW` (draft-ietf-httpapi-ratelimit-headers).
+pub fn policy_value(policy: &str, limit: u64, window: Duration) -> Option<HeaderValue> {
+    let text = format!("\"{policy}\";q={limit};w={}", ceil_secs(window).max(1));
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok()
+}
+
 /// Adds `RateLimit-Policy: "policy";q=LIMIT;w=WINDOW` and `RateLimit: "policy";r=R;t=T`
 /// (draft-ietf-httpapi-ratelimit-headers) for `d`.
 pub fn set_ratelimit_headers(h: &mut HeaderMap, policy: &str, window: Duration, d: &Decision) {
-    let policy_value = format!(
-        "\"{policy}\";q={};w={}",
-        d.limit(),
-        ceil_secs(window).max(1)
-    );
-    let now_value = format!(
+    if let Some(v) = policy_value(policy, d.limit(), window) {
+        h.insert("ratelimit-policy", v);
+    }
+    set_ratelimit_now(h, policy, d);
+}
+
+/// Adds `RateLimit: "policy";r=R;t=T` for `d` (one allocation, no copy).
+pub fn set_ratelimit_now(h: &mut HeaderMap, policy: &str, d: &Decision) {
+    let text = format!(
         "\"{policy}\";r={};t={}",
         d.remaining(),
         ceil_secs(d.reset_after())
     );
-    if let Ok(v) = HeaderValue::from_str(&policy_value) {
-        h.insert("ratelimit-policy", v);
-    }
-    if let Ok(v) = HeaderValue::from_str(&now_value) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(text)) {
         h.insert("ratelimit", v);
     }
 }

@@ -22,8 +22,10 @@ use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::request::Parts;
-use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{
+    header, Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode,
+    Uri,
+};
 use http_body::{Body, Frame, SizeHint};
 use tower::{Layer, Service};
 use weir_core::stats::Outcome;
@@ -47,20 +49,45 @@ pub struct Target<'a> {
     pub params: Vec<std::borrow::Cow<'a, str>>,
 }
 
+/// A request's head, borrowed (the request is not taken apart to classify it).
+#[derive(Debug, Clone, Copy)]
+pub struct Head<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The URI.
+    pub uri: &'a Uri,
+    /// The headers.
+    pub headers: &'a HeaderMap,
+    /// The extensions (peer address, …).
+    pub extensions: &'a Extensions,
+}
+
+impl<'a> Head<'a> {
+    /// The head of `req`.
+    pub fn of<B>(req: &'a Request<B>) -> Self {
+        Self {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+            extensions: req.extensions(),
+        }
+    }
+}
+
 /// Maps a request head to a [`Target`] (`None`: not limited).
 pub trait Classify: Send + Sync + 'static {
-    /// Classifies `req` (the body is not available).
-    fn classify<'a>(&'a self, req: &'a Parts) -> Option<Target<'a>>;
+    /// Classifies the request whose head is `req` (the body is not available).
+    fn classify<'a>(&'a self, req: Head<'a>) -> Option<Target<'a>>;
 }
 
 /// A closure as a classifier: build it with [`ClassifyFn::new`], which pins the closure's
-/// signature to `for<'a> Fn(&'a Parts) -> Option<Target<'a>>`.
+/// signature to `for<'a> Fn(Head<'a>) -> Option<Target<'a>>`.
 #[derive(Clone)]
 pub struct ClassifyFn<F>(F);
 
 impl<F> ClassifyFn<F>
 where
-    F: for<'a> Fn(&'a Parts) -> Option<Target<'a>> + Send + Sync + 'static,
+    F: for<'a> Fn(Head<'a>) -> Option<Target<'a>> + Send + Sync + 'static,
 {
     /// Wraps `f`.
     pub fn new(f: F) -> Self {
@@ -70,9 +97,9 @@ where
 
 impl<F> Classify for ClassifyFn<F>
 where
-    F: for<'a> Fn(&'a Parts) -> Option<Target<'a>> + Send + Sync + 'static,
+    F: for<'a> Fn(Head<'a>) -> Option<Target<'a>> + Send + Sync + 'static,
 {
-    fn classify<'a>(&'a self, req: &'a Parts) -> Option<Target<'a>> {
+    fn classify<'a>(&'a self, req: Head<'a>) -> Option<Target<'a>> {
         (self.0)(req)
     }
 }
@@ -202,12 +229,12 @@ struct Owned {
 }
 
 impl<C: Clock + Clone + Send + Sync + 'static> Routes<C> {
-    fn find(&self, req: &Parts) -> Option<Owned> {
+    fn find(&self, req: Head<'_>) -> Option<Owned> {
         let table = self.table();
         let path = req.uri.path();
         let route = table.routes.iter().position(|r| {
             under(path, &r.prefix)
-                && (r.methods.is_empty() || r.methods.contains(&req.method))
+                && (r.methods.is_empty() || r.methods.contains(req.method))
                 && r.headers
                     .iter()
                     .all(|(name, want)| match (req.headers.get(name), want) {
@@ -221,7 +248,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Routes<C> {
 }
 
 /// The call derived from a route, owning its strings (the table guard lives in the future).
-fn target_of<'a>(table: &'a Table, route: usize, req: &'a Parts) -> Target<'a> {
+fn target_of<'a>(table: &'a Table, route: usize, req: Head<'a>) -> Target<'a> {
     let r = &table.routes[route];
     let origin = table
         .origin_header
@@ -229,29 +256,32 @@ fn target_of<'a>(table: &'a Table, route: usize, req: &'a Parts) -> Target<'a> {
         .and_then(|h| req.headers.get(h))
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let params = r
-        .params
-        .iter()
-        .map(|p| match p {
-            RouteParam::ClientIp => table
-                .client_ip
-                .client_parts(req)
-                .map(|ip: IpAddr| ip.to_string().into())
-                .unwrap_or_default(),
-            RouteParam::Method => req.method.as_str().into(),
-            RouteParam::Path => req.uri.path().into(),
-            RouteParam::Header(h) => req
-                .headers
-                .get(h)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .into(),
-        })
-        .collect();
+    let params = if r.params.is_empty() {
+        Vec::new()
+    } else {
+        r.params
+            .iter()
+            .map(|p| match p {
+                RouteParam::ClientIp => table
+                    .client_ip
+                    .client_of(req.headers, req.extensions)
+                    .map(|ip: IpAddr| ip.to_string().into())
+                    .unwrap_or_default(),
+                RouteParam::Method => req.method.as_str().into(),
+                RouteParam::Path => req.uri.path().into(),
+                RouteParam::Header(h) => req
+                    .headers
+                    .get(h)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .into(),
+            })
+            .collect()
+    };
     Target {
         resource: &r.resource,
         origin,
-        criticality: crate::criticality::read(&req.headers),
+        criticality: crate::criticality::read(req.headers),
         params,
     }
 }
@@ -341,19 +371,14 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let (parts, body) = req.into_parts();
-        let grpc = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        let head = Head::of(&req);
         let entry = match &*self.layer.classifier {
-            Classifier::Routes(routes) => routes.find(&parts).map(|owned| {
-                let t = target_of(&owned.table, owned.route, &parts);
+            Classifier::Routes(routes) => routes.find(head).map(|owned| {
+                let t = target_of(&owned.table, owned.route, head);
                 admit(&self.layer.rules, &t)
             }),
-            Classifier::Custom(c) => c.classify(&parts).map(|t| admit(&self.layer.rules, &t)),
+            Classifier::Custom(c) => c.classify(head).map(|t| admit(&self.layer.rules, &t)),
         };
-        let req = Request::from_parts(parts, body);
         match entry {
             None => RulesFuture::Pass {
                 inner: self.inner.call(req),
@@ -364,37 +389,56 @@ where
                 guard: Some(guard),
             },
             Some(Ok(guard)) => {
-                // Paced: wait, then call the service that was made ready.
+                // Paced: wait, then call the service that was made ready (boxed: rare, and
+                // it keeps the common future small).
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
                 RulesFuture::Waiting {
-                    sleep: tokio::time::sleep(guard.wait()),
-                    state: Some((ready, req, guard)),
+                    paced: Some(Box::new(Paced {
+                        sleep: Box::pin(tokio::time::sleep(guard.wait())),
+                        svc: ready,
+                        req,
+                        guard,
+                    })),
                 }
             }
             Some(Err(block)) => RulesFuture::Blocked {
-                block: Some(block),
-                grpc,
+                grpc: req
+                    .headers()
+                    .get(header::CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc")),
+                block: Some(Box::new(block)),
             },
         }
     }
 }
 
 fn admit<C: Clock + Clone>(rules: &Rules<C>, t: &Target<'_>) -> Result<Guard<C>, Block> {
+    let mut ctx = CallContext {
+        origin: t.origin,
+        criticality: t.criticality,
+        params: &[],
+        inbound: true,
+    };
+    if t.params.is_empty() {
+        return rules.entry(t.resource, &ctx);
+    }
+    // Hot-parameter rules index the first 8 parameters.
     let mut params = [""; 8];
     let n = t.params.len().min(params.len());
     for (slot, p) in params.iter_mut().zip(&t.params) {
         *slot = p;
     }
-    rules.entry(
-        t.resource,
-        &CallContext {
-            origin: t.origin,
-            criticality: t.criticality,
-            params: &params[..n],
-            inbound: true,
-        },
-    )
+    ctx.params = &params[..n];
+    rules.entry(t.resource, &ctx)
+}
+
+/// A paced call waiting for its turn.
+pub struct Paced<S, Req, C: Clock> {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    svc: S,
+    req: Req,
+    guard: Guard<C>,
 }
 
 pin_project_lite::pin_project! {
@@ -409,13 +453,11 @@ pin_project_lite::pin_project! {
         },
         /// Admitted by a paced rule: waiting for its turn.
         Waiting {
-            #[pin]
-            sleep: tokio::time::Sleep,
-            state: Option<(S, Req, Guard<C>)>,
+            paced: Option<Box<Paced<S, Req, C>>>,
         },
         /// Blocked: answered without calling the service.
         Blocked {
-            block: Option<Block>,
+            block: Option<Box<Block>>,
             grpc: bool,
         },
     }
@@ -452,12 +494,21 @@ where
                         }
                     });
                 }
-                RulesProj::Waiting { sleep, state } => {
-                    std::task::ready!(sleep.poll(cx));
-                    let Some((mut svc, req, guard)) = state.take() else {
+                RulesProj::Waiting { paced } => {
+                    let Some(p) = paced else {
                         // Polled after completion: nothing sensible left to do.
                         return Poll::Pending;
                     };
+                    std::task::ready!(p.sleep.as_mut().poll(cx));
+                    let Some(p) = paced.take() else {
+                        return Poll::Pending;
+                    };
+                    let Paced {
+                        mut svc,
+                        req,
+                        guard,
+                        ..
+                    } = *p;
                     let inner = svc.call(req);
                     self.set(RulesFuture::Pass {
                         inner,

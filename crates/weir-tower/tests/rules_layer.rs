@@ -256,7 +256,7 @@ async fn a_closure_can_classify() {
     let rules = Arc::new(Rules::new(&rule_set("10.0.0.0/8")).unwrap());
     let layer = RulesLayer::with_classifier(
         rules,
-        ClassifyFn::new(|p: &http::request::Parts| {
+        ClassifyFn::new(|p: weir_tower::rules::Head<'_>| {
             p.uri.path().starts_with("/admin").then(|| Target {
                 resource: "admin",
                 origin: p.uri.query().unwrap_or(""),

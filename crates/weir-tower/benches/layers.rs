@@ -1,0 +1,125 @@
+//! What a rate-limit layer adds to a request on its pass path, side by side in one run:
+//! `cargo bench -p weir-tower --bench layers`.
+//!
+//! Every case calls a trivial handler (an empty `axum::body::Body`) through `poll_ready` +
+//! `call`, polled once with a no-op waker inside a tokio runtime context, and drops the
+//! response. Limits are far above what the run reaches, so every request passes:
+//! - `handler`: the handler alone (the baseline to subtract);
+//! - `weir_rules_route`: `RulesLayer` with one flow rule (GCRA) on a route of the rule file;
+//! - `weir_rules_closure`: the same rule, the resource chosen by a closure;
+//! - `weir_rate_limit`: `RateLimitLayer` (GCRA, one global key), `RateLimit-Policy` and
+//!   `RateLimit` headers on every response; `…_no_success_headers`: only on refusals;
+//! - `tower_governor`: `GovernorLayer` with its global key extractor (governor's GCRA);
+//! - `tower_resilience`: `tower-resilience-ratelimiter`'s fixed-window layer.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use axum::body::Body;
+use criterion::{criterion_group, criterion_main, Criterion};
+use http::{Request, Response};
+use tower::{Layer, Service};
+use weir_core::{Gcra, KeyedLimiter, Quota};
+use weir_rules::config::RuleSet;
+use weir_rules::engine::Rules;
+use weir_tower::key::Global;
+use weir_tower::limit::RateLimitLayer;
+use weir_tower::rules::{ClassifyFn, RulesLayer, Target};
+
+type Handler = tower::util::ServiceFn<
+    fn(Request<()>) -> std::future::Ready<Result<Response<Body>, std::convert::Infallible>>,
+>;
+
+fn handler() -> Handler {
+    fn h(_: Request<()>) -> std::future::Ready<Result<Response<Body>, std::convert::Infallible>> {
+        std::future::ready(Ok(Response::new(Body::empty())))
+    }
+    tower::service_fn(h as fn(_) -> _)
+}
+
+/// One request through `svc`, polled to completion (every case here is ready at once).
+fn once<S>(svc: &mut S)
+where
+    S: Service<Request<()>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    match svc.poll_ready(&mut cx) {
+        Poll::Ready(r) => r.expect("ready"),
+        Poll::Pending => panic!("not ready at once"),
+    }
+    let req = Request::get("/api/x").body(()).expect("request");
+    let mut fut = std::pin::pin!(svc.call(req));
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(r) => drop(black_box(r.expect("response"))),
+        Poll::Pending => panic!("not answered at once"),
+    }
+}
+
+fn layers(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _ctx = rt.enter();
+    let set = RuleSet::from_yaml(
+        Path::new("bench.yaml"),
+        "resources:\n  - name: api\n    flow:\n      - {id: api-qps, qps: 1000000000, algorithm: gcra}\nhttp:\n  routes:\n    - {resource: api, prefix: /api}\n",
+    )
+    .expect("rules");
+    let rules = Arc::new(Rules::new(&set).expect("rules"));
+    let mut g = c.benchmark_group("layer");
+    let mut plain = handler();
+    g.bench_function("handler", |b| b.iter(|| once(&mut plain)));
+    let mut routed = RulesLayer::new(rules.clone()).layer(handler());
+    g.bench_function("weir_rules_route", |b| b.iter(|| once(&mut routed)));
+    let mut closure = RulesLayer::with_classifier(
+        rules,
+        ClassifyFn::new(|_: weir_tower::rules::Head<'_>| {
+            Some(Target {
+                resource: "api",
+                origin: "",
+                criticality: weir_core::Criticality::Critical,
+                params: Vec::new(),
+            })
+        }),
+    )
+    .layer(handler());
+    g.bench_function("weir_rules_closure", |b| b.iter(|| once(&mut closure)));
+    let limiter = KeyedLimiter::new(
+        Gcra::from_quota(Quota::per_second(1_000_000_000).expect("quota")).expect("gcra"),
+        16,
+    )
+    .expect("limiter");
+    let layer = RateLimitLayer::new(limiter, Global);
+    let mut weir_rate = layer.clone().layer(handler());
+    g.bench_function("weir_rate_limit", |b| b.iter(|| once(&mut weir_rate)));
+    let mut weir_rate_quiet = layer.headers_on_success(false).layer(handler());
+    g.bench_function("weir_rate_limit_no_success_headers", |b| {
+        b.iter(|| once(&mut weir_rate_quiet))
+    });
+    let config = tower_governor::governor::GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(1_000_000_000)
+        .key_extractor(tower_governor::key_extractor::GlobalKeyExtractor)
+        .finish()
+        .expect("governor config");
+    let mut governor = tower_governor::GovernorLayer::new(config).layer(handler());
+    g.bench_function("tower_governor", |b| b.iter(|| once(&mut governor)));
+    let resilience = tower_resilience_ratelimiter::RateLimiterLayer::builder()
+        .limit_for_period(1_000_000_000)
+        .refresh_period(Duration::from_secs(1))
+        .timeout_duration(Duration::ZERO)
+        .build()
+        .expect("resilience config");
+    let mut resilience = resilience.layer(handler());
+    g.bench_function("tower_resilience", |b| b.iter(|| once(&mut resilience)));
+    g.finish();
+}
+
+criterion_group!(benches, layers);
+criterion_main!(benches);
