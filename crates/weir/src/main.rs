@@ -165,12 +165,27 @@ struct OverloadArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Serve(_) | Command::Proxy(_)) {
+        init_logging();
+    }
     match cli.command {
         Command::Simulate(args) => run_simulate(args),
         Command::Serve(args) => run_serve(args),
         Command::CheckConfig(args) => run_check_config(args),
         Command::Proxy(args) => run_proxy(args),
     }
+}
+
+/// Events (reloads, breaker transitions, upstream failures; blocks at `debug`) to stderr,
+/// filtered by `WEIR_LOG` (default `info`; e.g. `WEIR_LOG=weir_rules=debug`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
 }
 
 fn run_proxy(args: ProxyArgs) -> ExitCode {
