@@ -1,0 +1,57 @@
+"""Helpers shared by the bench scripts: tools unpacked from Debian packages into the cache,
+free loopback ports, waiting for a listener, and a bounded wrk run."""
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("WEIR_CACHE", Path.home() / ".cache/weir"))
+LIB = "usr/lib/x86_64-linux-gnu"
+
+
+def unpacked(name, packages, binary):
+    root = CACHE / name
+    path = root / "usr/bin" / binary
+    if not path.exists():
+        debs = CACHE / "debs"
+        debs.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["apt-get", "download", *packages], cwd=debs, check=True, capture_output=True)
+        for deb in debs.glob("*.deb"):
+            if any(deb.name.startswith(p + "_") for p in packages):
+                subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(root / LIB))
+    return str(path), env
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"bench: nothing listens on {port}")
+
+
+def wrk_run(wrk, env, port, secs, path="/"):
+    """wrk -t2 -c32 for `secs` seconds: requests/s, p99 in ms, non-2xx count."""
+    out = subprocess.run([wrk, "-t2", "-c32", f"-d{secs}s", "--latency", f"http://127.0.0.1:{port}{path}"],
+                         capture_output=True, text=True, env=env, check=True, timeout=secs + 60).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[p99.group(2)]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {"rps": rps, "p99_ms": float(p99.group(1)) * scale, "non2xx": int(non2xx.group(1)) if non2xx else 0}
+
+
