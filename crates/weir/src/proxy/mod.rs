@@ -328,8 +328,8 @@ async fn serve_admin(listener: tokio::net::TcpListener, rules: Arc<Rules>, stats
         .route(
             "/metrics",
             get(move || {
-                let text = prom::render(&rules.snapshot(), &stats);
-                async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text) }
+                let text = prom::render(rules.snapshot(), &stats);
+                async move { ([(header::CONTENT_TYPE, prom::CONTENT_TYPE)], text) }
             }),
         )
         .route("/healthz", get(|| async { "ok\n" }));

@@ -1,181 +1,230 @@
-//! Prometheus text exposition (format 0.0.4) of the rules' counters and the proxy's own.
+//! `/metrics` of `weir proxy`: the rules' counters and the proxy's own, in the OpenMetrics text
+//! format (which Prometheus scrapes), encoded by `prometheus-client`.
 //!
-//! Written by hand from [`Snapshot`]: the rules engine keeps lock-free atomics on the call
-//! path, and a scrape reads them once; a metrics registry would add a lookup per request.
+//! The rules engine keeps lock-free atomics on the call path; a scrape takes one
+//! [`Snapshot`] and a collector encodes it, so nothing is registered or looked up per request.
 
-use std::fmt::Write;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use weir_rules::metrics::Snapshot;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use weir_rules::metrics::{ResourceSnapshot, RuleSnapshot, Snapshot};
 
 use super::ProxyStats;
 
-/// A label value escaped for the text format (backslash, double quote, newline).
-fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// The content type of [`render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// One scrape's values.
+#[derive(Debug)]
+struct Scrape {
+    snap: Snapshot,
+    forwarded: u64,
+    unreachable: u64,
+    timeout: u64,
+    applied: u64,
+    rejected: u64,
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+type ResourceField = fn(&ResourceSnapshot) -> u64;
+type RuleField = fn(&RuleSnapshot) -> u64;
+
+const RESOURCE_COUNTERS: [(&str, &str, ResourceField); 3] = [
+    (
+        "weir_resource_passes",
+        "Calls admitted to the resource.",
+        |r| r.passes,
+    ),
+    (
+        "weir_resource_blocks",
+        "Calls blocked by any rule of the resource.",
+        |r| r.blocks,
+    ),
+    (
+        "weir_resource_errors",
+        "Admitted calls that ended with an error (5xx).",
+        |r| r.errors,
+    ),
+];
+
+const RULE_COUNTERS: [(&str, &str, RuleField); 5] = [
+    ("weir_rule_passes", "Calls the rule let through.", |r| {
+        r.passes
+    }),
+    ("weir_rule_blocks", "Calls the rule blocked.", |r| r.blocks),
+    (
+        "weir_rule_shadow_blocks",
+        "Calls the rule would have blocked (shadow mode).",
+        |r| r.shadow_blocks,
+    ),
+    (
+        "weir_rule_evictions",
+        "Tracked values evicted at the rule's bound.",
+        |r| r.evictions,
+    ),
+    (
+        "weir_rule_full",
+        "Calls whose value found the rule's table full (on_full reject or allow).",
+        |r| r.full,
+    ),
+];
+
+impl Collector for Scrape {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let resources = &self.snap.resources;
+        for (name, help, field) in RESOURCE_COUNTERS {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for r in resources {
+                m.encode_family(&[("resource", r.name.as_str())])?
+                    .encode_counter::<NoLabelSet, _, u64>(&field(r), None)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "weir_resource_in_flight",
+            "Admitted calls not ended yet.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for r in resources {
+            m.encode_family(&[("resource", r.name.as_str())])?
+                .encode_gauge(&(r.in_flight as i64))?;
+        }
+        let mut m = enc.encode_descriptor(
+            "weir_resource_response_seconds",
+            "Response time of admitted calls, until the response body ended.",
+            None,
+            MetricType::Histogram,
+        )?;
+        for r in resources {
+            // Per-bucket counts from the cumulative ones (the encoder sums them again).
+            let mut prev = 0;
+            let buckets: Vec<(f64, u64)> = r
+                .rt_buckets
+                .iter()
+                .map(|(le, cumulative)| {
+                    let n = cumulative - prev;
+                    prev = *cumulative;
+                    (*le, n)
+                })
+                .collect();
+            m.encode_family(&[("resource", r.name.as_str())])?
+                .encode_histogram::<NoLabelSet>(
+                    r.rt_sum.as_secs_f64(),
+                    r.completed,
+                    &buckets,
+                    None,
+                )?;
+        }
+        for (name, help, field) in RULE_COUNTERS {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for r in &self.snap.rules {
+                let labels = [
+                    ("rule", r.id.as_str()),
+                    ("kind", r.kind.as_str()),
+                    ("resource", r.resource.as_str()),
+                ];
+                m.encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, _, u64>(&field(r), None)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "weir_proxy_forwarded",
+            "Requests answered by the upstream.",
+            None,
+            MetricType::Counter,
+        )?;
+        m.encode_counter::<NoLabelSet, _, u64>(&self.forwarded, None)?;
+        let mut m = enc.encode_descriptor(
+            "weir_proxy_upstream_errors",
+            "Requests the upstream did not answer (502 unreachable, 504 timeout).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (kind, v) in [("unreachable", self.unreachable), ("timeout", self.timeout)] {
+            m.encode_family(&[("kind", kind)])?
+                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "weir_rules_reloads",
+            "Rule file changes seen, by result.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, v) in [("applied", self.applied), ("rejected", self.rejected)] {
+            m.encode_family(&[("result", result)])?
+                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+        }
+        Ok(())
+    }
 }
 
 /// The exposition of `snap` and `proxy`.
-pub fn render(snap: &Snapshot, proxy: &ProxyStats) -> String {
+pub fn render(snap: Snapshot, proxy: &ProxyStats) -> String {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let scrape = Scrape {
+        snap,
+        forwarded: load(&proxy.forwarded),
+        unreachable: load(&proxy.upstream_unreachable),
+        timeout: load(&proxy.upstream_timeout),
+        applied: load(&proxy.reloads_applied),
+        rejected: load(&proxy.reloads_rejected),
+    };
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scrape));
     let mut out = String::with_capacity(4096);
-    type Field = fn(&weir_rules::metrics::ResourceSnapshot) -> u64;
-    let resource_families: [(&str, &str, &str, Field); 4] = [
-        (
-            "weir_resource_passes_total",
-            "counter",
-            "Calls admitted to the resource.",
-            |r| r.passes,
-        ),
-        (
-            "weir_resource_blocks_total",
-            "counter",
-            "Calls blocked by any rule of the resource.",
-            |r| r.blocks,
-        ),
-        (
-            "weir_resource_errors_total",
-            "counter",
-            "Admitted calls that ended with an error (5xx).",
-            |r| r.errors,
-        ),
-        (
-            "weir_resource_in_flight",
-            "gauge",
-            "Admitted calls not ended yet.",
-            |r| r.in_flight,
-        ),
-    ];
-    for (name, kind, help, field) in resource_families {
-        family(&mut out, name, kind, help);
-        for r in &snap.resources {
-            let _ = writeln!(out, "{name}{{resource=\"{}\"}} {}", esc(&r.name), field(r));
-        }
-    }
-    family(
-        &mut out,
-        "weir_resource_response_seconds",
-        "histogram",
-        "Response time of admitted calls, until the response body ended.",
-    );
-    for r in &snap.resources {
-        let res = esc(&r.name);
-        for (le, count) in &r.rt_buckets {
-            let le = if le.is_infinite() {
-                "+Inf".to_string()
-            } else {
-                le.to_string()
-            };
-            let _ = writeln!(
-                out,
-                "weir_resource_response_seconds_bucket{{resource=\"{res}\",le=\"{le}\"}} {count}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "weir_resource_response_seconds_sum{{resource=\"{res}\"}} {}",
-            r.rt_sum.as_secs_f64()
-        );
-        let _ = writeln!(
-            out,
-            "weir_resource_response_seconds_count{{resource=\"{res}\"}} {}",
-            r.completed
-        );
-    }
-    type RuleField = fn(&weir_rules::metrics::RuleSnapshot) -> u64;
-    let rule_families: [(&str, &str, RuleField); 5] = [
-        (
-            "weir_rule_passes_total",
-            "Calls the rule let through.",
-            |r| r.passes,
-        ),
-        ("weir_rule_blocks_total", "Calls the rule blocked.", |r| {
-            r.blocks
-        }),
-        (
-            "weir_rule_shadow_blocks_total",
-            "Calls the rule would have blocked (shadow mode).",
-            |r| r.shadow_blocks,
-        ),
-        (
-            "weir_rule_evictions_total",
-            "Tracked values evicted at the rule's bound.",
-            |r| r.evictions,
-        ),
-        (
-            "weir_rule_full_total",
-            "Calls whose value found the rule's table full (on_full reject/allow).",
-            |r| r.full,
-        ),
-    ];
-    for (name, help, field) in rule_families {
-        family(&mut out, name, "counter", help);
-        for r in &snap.rules {
-            let _ = writeln!(
-                out,
-                "{name}{{rule=\"{}\",kind=\"{}\",resource=\"{}\"}} {}",
-                esc(&r.id),
-                r.kind.as_str(),
-                esc(&r.resource),
-                field(r)
-            );
-        }
-    }
-    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    family(
-        &mut out,
-        "weir_proxy_forwarded_total",
-        "counter",
-        "Requests answered by the upstream.",
-    );
-    let _ = writeln!(out, "weir_proxy_forwarded_total {}", load(&proxy.forwarded));
-    family(
-        &mut out,
-        "weir_proxy_upstream_errors_total",
-        "counter",
-        "Requests the upstream did not answer (502 unreachable, 504 timeout).",
-    );
-    let _ = writeln!(
-        out,
-        "weir_proxy_upstream_errors_total{{kind=\"unreachable\"}} {}",
-        load(&proxy.upstream_unreachable)
-    );
-    let _ = writeln!(
-        out,
-        "weir_proxy_upstream_errors_total{{kind=\"timeout\"}} {}",
-        load(&proxy.upstream_timeout)
-    );
-    family(
-        &mut out,
-        "weir_rules_reloads_total",
-        "counter",
-        "Rule file changes seen, by result.",
-    );
-    let _ = writeln!(
-        out,
-        "weir_rules_reloads_total{{result=\"applied\"}} {}",
-        load(&proxy.reloads_applied)
-    );
-    let _ = writeln!(
-        out,
-        "weir_rules_reloads_total{{result=\"rejected\"}} {}",
-        load(&proxy.reloads_rejected)
-    );
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+    use weir_rules::metrics::RuleKind;
 
     #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    fn families_histograms_and_escaped_labels() {
+        let snap = Snapshot {
+            resources: vec![ResourceSnapshot {
+                name: "a\"b".into(),
+                passes: 3,
+                blocks: 1,
+                in_flight: 1,
+                completed: 2,
+                errors: 0,
+                rt_buckets: vec![(0.001, 1), (0.01, 2), (f64::INFINITY, 2)],
+                rt_sum: Duration::from_millis(5),
+            }],
+            rules: vec![RuleSnapshot {
+                id: "r".into(),
+                kind: RuleKind::Flow,
+                resource: "a\"b".into(),
+                passes: 3,
+                blocks: 1,
+                shadow_blocks: 0,
+                evictions: 0,
+                full: 0,
+            }],
+        };
+        let text = render(snap, &ProxyStats::default());
+        for line in [
+            "weir_resource_passes_total{resource=\"a\\\"b\"} 3",
+            "weir_resource_in_flight{resource=\"a\\\"b\"} 1",
+            "weir_resource_response_seconds_bucket{le=\"0.001\",resource=\"a\\\"b\"} 1",
+            "weir_resource_response_seconds_bucket{le=\"0.01\",resource=\"a\\\"b\"} 2",
+            "weir_resource_response_seconds_bucket{le=\"+Inf\",resource=\"a\\\"b\"} 2",
+            "weir_resource_response_seconds_count{resource=\"a\\\"b\"} 2",
+            "weir_rule_blocks_total{rule=\"r\",kind=\"flow\",resource=\"a\\\"b\"} 1",
+            "weir_rules_reloads_total{result=\"applied\"} 0",
+            "# EOF",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
     }
 }
