@@ -232,7 +232,9 @@ pub enum BreakerPreset {
     Resilience4j,
 }
 
-/// A circuit breaker on the resource (a preset, optionally adjusted).
+/// A circuit breaker on the resource: a preset, optionally adjusted field by field (every
+/// weir-core breaker parameter is here). Outcomes: `Guard::complete(Error)` (a 5xx through the
+/// tower layer) is a failure; a call slower than `slow_call` is slow.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BreakerRule {
@@ -240,16 +242,90 @@ pub struct BreakerRule {
     pub id: String,
     /// Defaults to start from (default: resilience4j).
     pub preset: Option<BreakerPreset>,
-    /// Trip at this error ratio in [0, 1].
-    pub error_ratio: Option<f64>,
+    /// Count the last N calls (exclusive with `window`).
+    pub window_calls: Option<u32>,
+    /// Count the calls of the last `window` (exclusive with `window_calls`).
+    #[serde(default, deserialize_with = "window")]
+    pub window: Option<Duration>,
+    /// Buckets of a time window (default 10).
+    pub buckets: Option<u32>,
     /// Calls in the window before it may trip.
     pub min_calls: Option<u64>,
+    /// Trip at this error ratio in (0, 1].
+    pub error_ratio: Option<f64>,
+    /// Trip at this many errors in the window.
+    pub error_count: Option<u64>,
+    /// Trip at this ratio of slow calls in (0, 1].
+    pub slow_ratio: Option<f64>,
+    /// A call slower than this is slow.
+    #[serde(default, deserialize_with = "window")]
+    pub slow_call: Option<Duration>,
     /// Open this long after tripping.
     #[serde(default, deserialize_with = "window")]
     pub open_for: Option<Duration>,
+    /// Multiply the open period by this on each consecutive trip (≥ 1).
+    pub open_backoff: Option<f64>,
+    /// Longest open period (default: the larger of the preset's and `open_for`).
+    #[serde(default, deserialize_with = "window")]
+    pub max_open: Option<Duration>,
+    /// Probe calls admitted at once when half-open.
+    pub max_probes: Option<u32>,
+    /// Successful probes that close the breaker.
+    pub successes_to_close: Option<u32>,
+    /// A probe that has not reported after this counts as failed.
+    #[serde(default, deserialize_with = "window")]
+    pub probe_timeout: Option<Duration>,
+    /// After closing, admit a share of calls growing over this period.
+    #[serde(default, deserialize_with = "window")]
+    pub slow_start: Option<Duration>,
     /// Evaluate and count, never block.
     #[serde(default)]
     pub shadow: bool,
+}
+
+impl BreakerRule {
+    /// The weir-core configuration: the preset with this rule's fields applied.
+    pub fn config(&self) -> weir_core::breaker::BreakerConfig {
+        use weir_core::breaker::{BreakerConfig, Window};
+        let mut c = match self.preset.unwrap_or(BreakerPreset::Resilience4j) {
+            BreakerPreset::Hystrix => BreakerConfig::hystrix(),
+            BreakerPreset::Sentinel => BreakerConfig::sentinel(),
+            BreakerPreset::Resilience4j => BreakerConfig::resilience4j(),
+        };
+        if let Some(n) = self.window_calls {
+            c.window = Window::Count(n);
+        }
+        if let Some(length) = self.window {
+            c.window = Window::Time {
+                length,
+                buckets: self.buckets.unwrap_or(10),
+            };
+        } else if let (Some(b), Window::Time { length, .. }) = (self.buckets, c.window) {
+            c.window = Window::Time { length, buckets: b };
+        }
+        if self.error_ratio.is_some() {
+            c.error_ratio = self.error_ratio;
+        }
+        if self.error_count.is_some() {
+            c.error_count = self.error_count;
+        }
+        if self.slow_ratio.is_some() {
+            c.slow_ratio = self.slow_ratio;
+        }
+        c.min_calls = self.min_calls.unwrap_or(c.min_calls);
+        c.slow_call = self.slow_call.unwrap_or(c.slow_call);
+        if let Some(d) = self.open_for {
+            c.open_duration = d;
+            c.max_open = c.max_open.max(d);
+        }
+        c.open_backoff = self.open_backoff.unwrap_or(c.open_backoff);
+        c.max_open = self.max_open.unwrap_or(c.max_open);
+        c.max_probes = self.max_probes.unwrap_or(c.max_probes);
+        c.successes_to_close = self.successes_to_close.unwrap_or(c.successes_to_close);
+        c.probe_timeout = self.probe_timeout.unwrap_or(c.probe_timeout);
+        c.slow_start = self.slow_start.unwrap_or(c.slow_start);
+        c
+    }
 }
 
 /// Rules on all inbound traffic together (Sentinel's system rules; BBR and adaptive
@@ -522,8 +598,14 @@ impl RuleSet {
             }
             if let Some(b) = &r.breaker {
                 id(format!("{at}.breaker.id"), &b.id)?;
-                if b.error_ratio.is_some_and(|x| !(0.0..=1.0).contains(&x)) {
-                    return fail(format!("{at}.breaker.error_ratio"), "must be in [0, 1]");
+                if b.window.is_some() && b.window_calls.is_some() {
+                    return fail(
+                        format!("{at}.breaker"),
+                        "give window (time) or window_calls (count), not both",
+                    );
+                }
+                if let Err(e) = b.config().validate() {
+                    return Err((format!("{at}.breaker"), e.to_string()));
                 }
             }
         }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use weir_core::adaptive::cpu::CpuSource;
-use weir_core::breaker::{Breaker, BreakerConfig, Call, Transition};
+use weir_core::breaker::{Breaker, Call, Transition};
 use weir_core::stats::Outcome;
 use weir_core::{
     Clock, ConcurrencyConfig, ConcurrencyLimiter, ConfigError, Criticality, MonotonicClock, Nanos,
@@ -25,8 +25,8 @@ use weir_core::{
 };
 
 use crate::config::{
-    AuthorityRule, Behavior, BreakerPreset, BreakerRule, FlowRule, HotParamRule, OnFull,
-    RateAlgorithm, RuleSet, DEFAULT_MAX_WAIT, DEFAULT_WARMUP, OTHER_ORIGIN,
+    AuthorityRule, Behavior, BreakerRule, FlowRule, HotParamRule, OnFull, RateAlgorithm, RuleSet,
+    DEFAULT_MAX_WAIT, DEFAULT_WARMUP, OTHER_ORIGIN,
 };
 pub use crate::metrics::RuleKind;
 use crate::metrics::{ResourceStats, RuleSnapshot, RuleStats, Snapshot};
@@ -566,24 +566,6 @@ const ONE_SECOND: Duration = Duration::from_secs(1);
 /// unmapped page); the pass path measured 154 ns with `""` (benches/entry.rs).
 const FLOW_KEY: &str = "flow";
 
-fn breaker_config(r: &BreakerRule) -> BreakerConfig {
-    let mut c = match r.preset.unwrap_or(BreakerPreset::Resilience4j) {
-        BreakerPreset::Hystrix => BreakerConfig::hystrix(),
-        BreakerPreset::Sentinel => BreakerConfig::sentinel(),
-        BreakerPreset::Resilience4j => BreakerConfig::resilience4j(),
-    };
-    if let Some(x) = r.error_ratio {
-        c.error_ratio = Some(x);
-    }
-    if let Some(x) = r.min_calls {
-        c.min_calls = x;
-    }
-    if let Some(x) = r.open_for {
-        c.open_duration = x;
-    }
-    c
-}
-
 /// A rate spec for a flow rule's `qps` (behaviour and algorithm applied).
 fn flow_spec(f: &FlowRule, qps: u64, window: Duration) -> RateSpec {
     let (algorithm, max_wait) = match f.behavior {
@@ -791,9 +773,8 @@ fn compile<C: Clock + Clone>(
                     Some((_, s)) => Arc::clone(s),
                     None => {
                         let (resource, id) = (r.name.clone(), b.id.clone());
-                        let breaker = Breaker::new(breaker_config(b))
-                            .map_err(err(&b.id))?
-                            .with_observer(move |t: Transition| {
+                        let breaker = Breaker::new(b.config()).map_err(err(&b.id))?.with_observer(
+                            move |t: Transition| {
                                 tracing::info!(
                                     resource,
                                     rule = id,
@@ -801,7 +782,8 @@ fn compile<C: Clock + Clone>(
                                     to = ?t.to,
                                     "breaker state changed"
                                 );
-                            });
+                            },
+                        );
                         Arc::new(BreakerState {
                             breaker,
                             stats: RuleStats::default(),

@@ -328,3 +328,43 @@ fn watcher_applies_changes_and_keeps_rules_on_a_bad_file() {
     assert_eq!(passes(&r, "api", &ctx, 5), 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn breaker_rules_take_every_breaker_parameter() {
+    // Slow calls trip it; it opens 10 s, then 20 s after a failed probe (backoff 2).
+    let (r, clock) = rules("resources:\n  - name: dep\n    breaker: {id: dep-breaker, window_calls: 4, min_calls: 4, error_ratio: 1.0, slow_ratio: 0.5, slow_call: 100ms, open_for: 10s, open_backoff: 2, max_open: 1m, max_probes: 1, successes_to_close: 1}\n");
+    let ctx = Context::default();
+    for slow in [false, false, true, true] {
+        let g = r.entry("dep", &ctx).unwrap();
+        clock.advance(Duration::from_millis(if slow { 150 } else { 10 }));
+        g.complete(Outcome::Success);
+    }
+    let b = r.entry("dep", &ctx).err().unwrap();
+    assert_eq!(b.kind, RuleKind::Breaker);
+    assert_eq!(b.retry_after, Some(Duration::from_secs(10)));
+    clock.advance(Duration::from_secs(10));
+    r.entry("dep", &ctx).unwrap().complete(Outcome::Error);
+    let b = r.entry("dep", &ctx).err().unwrap();
+    assert_eq!(
+        b.retry_after,
+        Some(Duration::from_secs(20)),
+        "exponential open"
+    );
+    // Impossible parameters are refused with the field path.
+    let e = RuleSet::from_yaml(
+        Path::new("r.yaml"),
+        "resources:\n  - name: a\n    breaker: {id: b, window: 10s, window_calls: 5}\n",
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("r.yaml: resources[0].breaker: give window"),
+        "{e}"
+    );
+    let e = RuleSet::from_yaml(
+        Path::new("r.yaml"),
+        "resources:\n  - name: a\n    breaker: {id: b, open_backoff: 0.5}\n",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("open_backoff must be ≥ 1"), "{e}");
+}
