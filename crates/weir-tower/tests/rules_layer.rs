@@ -448,3 +448,50 @@ async fn grpc_calls_get_grpc_statuses_with_retry_pushback() {
         "10000"
     );
 }
+
+#[tokio::test]
+async fn criticality_propagates_from_the_served_request_to_outgoing_calls() {
+    use weir_tower::criticality::{CriticalityLayer, PropagateLayer};
+    // Downstream: echoes the criticality header it received.
+    let downstream = serve(Router::new().route(
+        "/",
+        get(|h: http::HeaderMap| async move {
+            h.get("x-weir-criticality")
+                .map_or("-".to_string(), |v| v.to_str().unwrap_or("?").to_string())
+        }),
+    ))
+    .await;
+    // Frontend: calls downstream through a propagating client.
+    let client = ServiceBuilder::new()
+        .layer(PropagateLayer)
+        .service(Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>());
+    let frontend = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let client = client.clone();
+                async move {
+                    let r = client.oneshot(get_req(downstream)).await.unwrap();
+                    let body = r.into_body().collect().await.unwrap().to_bytes();
+                    String::from_utf8_lossy(&body).into_owned()
+                }
+            }),
+        )
+        .layer(CriticalityLayer);
+    let port = serve(frontend).await;
+    let (code, _, body) = request(port, "GET", "/", &[("x-weir-criticality", "SHEDDABLE")]).await;
+    assert_eq!((code, body.as_str()), (200, "SHEDDABLE"));
+    let (_, _, body) = request(port, "GET", "/", &[]).await;
+    assert_eq!(
+        body, "CRITICAL",
+        "an unmarked request is CRITICAL and says so downstream"
+    );
+    // Outside a served request nothing is added.
+    let r = ServiceBuilder::new()
+        .layer(PropagateLayer)
+        .service(Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>())
+        .oneshot(get_req(downstream))
+        .await
+        .unwrap();
+    assert_eq!(r.into_body().collect().await.unwrap().to_bytes(), "-");
+}
