@@ -495,3 +495,42 @@ async fn criticality_propagates_from_the_served_request_to_outgoing_calls() {
         .unwrap();
     assert_eq!(r.into_body().collect().await.unwrap().to_bytes(), "-");
 }
+
+#[tokio::test]
+async fn system_overload_answers_503_and_frees_the_slot_on_disconnect() {
+    let set = RuleSet::from_yaml(
+        Path::new("rules.yaml"),
+        "resources:\n  - name: all\nsystem: {max_in_flight: 1}\nhttp:\n  routes:\n    - {resource: all, prefix: /}\n",
+    )
+    .unwrap();
+    let rules = Arc::new(Rules::new(&set).unwrap());
+    let router = Router::new()
+        .route("/stream", get(|| async { Body::new(Endless(false)) }))
+        .layer(RulesLayer::new(rules.clone()));
+    let port = serve(router).await;
+    let mut a = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    a.write_all(b"GET /stream HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = a.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let (code, head, body) = request(port, "GET", "/stream", &[]).await;
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(header(&head, "retry-after"), Some("1"));
+    assert!(body.contains("system:max_in_flight"), "{body}");
+    drop(a);
+    let mut freed = false;
+    for _ in 0..500 {
+        if rules.stats("system:max_in_flight").is_some()
+            && rules.snapshot().resource("all").unwrap().in_flight == 0
+        {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(freed, "in-flight slot not released after the disconnect");
+    // Admitted again (404: past the rules, no such route in the app).
+    assert_eq!(request(port, "GET", "/other", &[]).await.0, 404);
+}
