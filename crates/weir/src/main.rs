@@ -66,6 +66,12 @@ struct ProxyArgs {
     /// How often the rule file is checked for changes.
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "1s")]
     reload_interval: Duration,
+    /// Longest time a client may take to send a request head before it is disconnected.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
+    header_timeout: Duration,
+    /// Most client connections at once (accepting pauses at the cap).
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    max_connections: usize,
 }
 
 #[derive(clap::Args)]
@@ -206,6 +212,8 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
         admin: args.admin,
         upstream_timeout: args.upstream_timeout,
         reload_interval: args.reload_interval,
+        header_timeout: args.header_timeout,
+        max_connections: args.max_connections,
     };
     match runtime.block_on(proxy::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,

@@ -297,3 +297,60 @@ fn check_config_tells_rule_files_from_lyft_files() {
     assert_eq!(code, 2);
     assert!(err.contains("cannot tell the format"), "{err}");
 }
+
+#[tokio::test]
+async fn slow_clients_are_cut_off_and_connections_are_capped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = upstream().await;
+    let file = rules_file("slow", RULES);
+    // A client that never finishes its request head is disconnected.
+    let p = Proxy::start(
+        &file,
+        &format!("http://127.0.0.1:{up}"),
+        &["--header-timeout", "300ms"],
+    );
+    let mut slow = tokio::net::TcpStream::connect(("127.0.0.1", p.port))
+        .await
+        .unwrap();
+    slow.write_all(b"GET /api HTTP/1.1\r\nHost: t\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match slow.read(&mut buf).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        closed,
+        Ok(true),
+        "a stalled request head kept its connection"
+    );
+    drop(p);
+    // One connection at most: a second client waits until the first leaves.
+    let p = Proxy::start(
+        &file,
+        &format!("http://127.0.0.1:{up}"),
+        &["--max-connections", "1"],
+    );
+    let first = tokio::net::TcpStream::connect(("127.0.0.1", p.port))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let port = p.port;
+    let second = tokio::spawn(async move { get_url(port, "/other", false, &[]).await.0 });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!second.is_finished(), "served past the connection cap");
+    drop(first);
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .unwrap()
+            .unwrap(),
+        200
+    );
+}

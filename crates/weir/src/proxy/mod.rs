@@ -48,6 +48,10 @@ pub struct Settings {
     pub upstream_timeout: Duration,
     /// How often the rule file is checked for changes.
     pub reload_interval: Duration,
+    /// Longest time a client may take to send a request head (slowloris).
+    pub header_timeout: Duration,
+    /// Most client connections open at once; past it, accepting pauses.
+    pub max_connections: usize,
 }
 
 /// Counters of the proxy itself (beside the rules' own).
@@ -287,8 +291,15 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
     if let Some(admin) = admin {
         tokio::spawn(serve_admin(admin, rules.clone(), stats.clone()));
     }
+    let slots = Arc::new(tokio::sync::Semaphore::new(s.max_connections.max(1)));
+    let header_timeout = s.header_timeout;
     let accept = async {
         loop {
+            // At the connection cap, stop accepting (the kernel's backlog holds new ones)
+            // rather than take connections that cannot be served.
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
             let (stream, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
@@ -309,10 +320,16 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
             tokio::spawn(async move {
                 let io = TokioIo::new(stream);
                 let svc = hyper_util::service::TowerToHyperService::new(svc);
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder
+                    .http1()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(header_timeout);
                 if let Err(e) = builder.serve_connection(io, svc).await {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
+                drop(slot);
             });
         }
     };
