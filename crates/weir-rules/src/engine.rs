@@ -28,6 +28,8 @@ use crate::config::{
     AuthorityRule, Behavior, BreakerRule, FlowRule, HotParamRule, OnFull, RateAlgorithm, RuleSet,
     DEFAULT_MAX_WAIT, DEFAULT_WARMUP, OTHER_ORIGIN,
 };
+use crate::keys::KeyShortener;
+pub use crate::keys::MAX_KEY_LEN;
 pub use crate::metrics::RuleKind;
 use crate::metrics::{ResourceStats, RuleSnapshot, RuleStats, Snapshot};
 use crate::rate::{KeyedRate, RateSpec};
@@ -151,6 +153,8 @@ pub struct Guard<C: Clock = MonotonicClock> {
 struct Shared<C: Clock> {
     inbound: Inbound,
     clock: C,
+    /// Long keys are stored as a seeded digest (see `keys`).
+    keys: KeyShortener,
 }
 
 impl<C: Clock> Guard<C> {
@@ -258,6 +262,7 @@ impl<C: Clock + Clone> Rules<C> {
         let shared = Arc::new(Shared {
             inbound: Inbound::new(cpu),
             clock,
+            keys: KeyShortener::new(),
         });
         let compiled = compile(set, None, &shared.inbound, &shared.clock)?;
         Ok(Self {
@@ -377,6 +382,8 @@ impl<C: Clock + Clone> Rules<C> {
             let Some(value) = ctx.params.get(config.param) else {
                 continue;
             };
+            let value = self.shared.keys.bounded(value);
+            let value = &*value;
             let d = match config.on_full {
                 OnFull::Evict => h.rate.acquire_at(value, 1, now),
                 on_full => match h.rate.acquire_if_room(value, 1) {
@@ -403,6 +410,8 @@ impl<C: Clock + Clone> Rules<C> {
                 rate: Some((d.limit(), config.window.unwrap_or(ONE_SECOND))),
             })?;
         }
+        // Borrowed unless the origin is too long to store as is.
+        let origin_key = self.shared.keys.bounded(ctx.origin);
         for f in &res.flows {
             let key = match &f.origins {
                 Origins::All => FLOW_KEY,
@@ -415,7 +424,7 @@ impl<C: Clock + Clone> Rules<C> {
                     if ctx.origin.is_empty() {
                         UNKNOWN_ORIGIN
                     } else {
-                        ctx.origin
+                        &origin_key
                     }
                 }
             };

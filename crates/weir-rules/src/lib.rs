@@ -12,6 +12,7 @@
 pub mod cidr;
 pub mod config;
 pub mod engine;
+pub mod keys;
 pub mod metrics;
 pub mod rate;
 mod system;

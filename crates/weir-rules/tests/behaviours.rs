@@ -368,3 +368,25 @@ fn breaker_rules_take_every_breaker_parameter() {
     .unwrap_err();
     assert!(e.to_string().contains("open_backoff must be ≥ 1"), "{e}");
 }
+
+#[test]
+fn long_parameter_values_are_counted_under_a_bounded_digest() {
+    let (r, _) = rules("resources:\n  - name: s\n    hot_params:\n      - {id: per-value, param: 0, threshold: 1, window: 1m, max_values: 100}\n");
+    let long_a = "a".repeat(16 * 1024);
+    let long_b = format!("{}b", "a".repeat(16 * 1024 - 1));
+    let call = |v: &str| {
+        r.entry(
+            "s",
+            &Context {
+                params: &[v],
+                ..Context::default()
+            },
+        )
+        .map(|g| g.complete(Outcome::Success))
+        .is_ok()
+    };
+    assert!(call(&long_a));
+    assert!(!call(&long_a), "the same long value is the same key");
+    assert!(call(&long_b), "a different long value is another key");
+    assert!(weir_rules::engine::MAX_KEY_LEN <= 64);
+}

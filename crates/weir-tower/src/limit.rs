@@ -28,6 +28,8 @@ pub struct RateLimitLayer<A: Algorithm, K, C: Clock = MonotonicClock> {
     policy_value: Option<(u64, http::HeaderValue)>,
     /// Rate-limit headers on admitted responses too (default true).
     on_success: bool,
+    /// Keys longer than 64 bytes are stored as a digest (bounded memory per key).
+    keys: weir_rules::keys::KeyShortener,
 }
 
 impl<A: Algorithm, K: Clone, C: Clock> Clone for RateLimitLayer<A, K, C> {
@@ -39,6 +41,7 @@ impl<A: Algorithm, K: Clone, C: Clock> Clone for RateLimitLayer<A, K, C> {
             window: self.window,
             policy_value: self.policy_value.clone(),
             on_success: self.on_success,
+            keys: self.keys.clone(),
         }
     }
 }
@@ -58,6 +61,7 @@ where
             policy: Arc::from("default"),
             policy_value: None,
             on_success: true,
+            keys: weir_rules::keys::KeyShortener::new(),
         };
         layer.policy("default")
     }
@@ -132,7 +136,10 @@ where
                 headers: None,
             };
         };
-        let d = self.layer.limiter.acquire(&*key, 1);
+        let d = self
+            .layer
+            .limiter
+            .acquire(&*self.layer.keys.bounded(&key), 1);
         drop(key);
         let window = self.layer.window;
         if d.allowed() {

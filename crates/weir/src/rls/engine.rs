@@ -471,6 +471,9 @@ fn status_of(d: &Decision, limit: (String, u64, Unit), window: Duration, shadow:
 }
 
 /// The counter key: the request's values (the rule fixes the keys).
+/// The counter of a request's descriptor: its values joined (the rule fixes the keys), stored
+/// as a digest when longer than 64 bytes (up to 16 values of 1 KiB each would otherwise be kept
+/// as is in every counter, in memory and in Redis).
 fn counter_key(entries: &[(String, String)]) -> String {
     let mut k = String::new();
     for (i, (_, v)) in entries.iter().enumerate() {
@@ -479,7 +482,10 @@ fn counter_key(entries: &[(String, String)]) -> String {
         }
         k.push_str(v);
     }
-    k
+    match weir_rules::keys::KeyShortener.bounded(&k) {
+        std::borrow::Cow::Borrowed(_) => k,
+        std::borrow::Cow::Owned(short) => short,
+    }
 }
 
 fn match_level<'a>(level: &'a [Node], key: &str, value: &str) -> Option<&'a Node> {
@@ -616,6 +622,23 @@ descriptors:
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
 ";
+
+    #[tokio::test]
+    async fn long_values_get_their_own_bounded_counters() {
+        let e = engine(CONFIG);
+        let (a, b) = ("v".repeat(1000), format!("{}w", "v".repeat(999)));
+        assert!(pass(&e, &req("d", &[("a", "x"), ("b", &a)])).await);
+        assert!(
+            !pass(&e, &req("d", &[("a", "x"), ("b", &a)])).await,
+            "same value, same counter"
+        );
+        assert!(
+            pass(&e, &req("d", &[("a", "x"), ("b", &b)])).await,
+            "another long value"
+        );
+        let key = counter_key(&[("a".into(), "x".into()), ("b".into(), a)]);
+        assert!(key.len() <= weir_rules::keys::MAX_KEY_LEN, "{key}");
+    }
 
     #[tokio::test]
     async fn most_specific_match_first_and_per_value_counters() {
