@@ -41,7 +41,7 @@ impl<A: Algorithm, K: Clone, C: Clock> Clone for RateLimitLayer<A, K, C> {
             window: self.window,
             policy_value: self.policy_value.clone(),
             on_success: self.on_success,
-            keys: self.keys.clone(),
+            keys: self.keys,
         }
     }
 }
