@@ -72,6 +72,10 @@ struct ProxyArgs {
     /// Most client connections at once (accepting pauses at the cap).
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     max_connections: usize,
+    /// auto (HTTP/2 requests go out over h2c — gRPC needs it —, HTTP/1.x over HTTP/1.1), http1
+    /// or h2c.
+    #[arg(long, value_name = "P", default_value = "auto")]
+    upstream_protocol: proxy::UpstreamProtocol,
 }
 
 #[derive(clap::Args)]
@@ -214,6 +218,7 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
         reload_interval: args.reload_interval,
         header_timeout: args.header_timeout,
         max_connections: args.max_connections,
+        upstream_protocol: args.upstream_protocol,
     };
     match runtime.block_on(proxy::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,

@@ -354,3 +354,66 @@ async fn slow_clients_are_cut_off_and_connections_are_capped() {
         200
     );
 }
+
+/// A gRPC upstream: the Envoy rate-limit service answering OK to everything.
+struct AlwaysOk;
+
+#[tonic::async_trait]
+impl envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService
+    for AlwaysOk
+{
+    async fn should_rate_limit(
+        &self,
+        _: tonic::Request<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest>,
+    ) -> Result<
+        tonic::Response<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse>,
+        tonic::Status,
+    > {
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+#[tokio::test]
+async fn grpc_goes_through_over_h2c_and_blocked_calls_get_grpc_statuses() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap().port();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(AlwaysOk))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(l)),
+    );
+    let file = rules_file(
+        "grpc",
+        "resources:\n  - name: rls\n    flow:\n      - {id: rls-calls, qps: 2, window: 1h, algorithm: fixed_window}\nhttp:\n  routes:\n    - {resource: rls, prefix: /envoy.service.ratelimit.v3.RateLimitService}\n",
+    );
+    let p = Proxy::start(&file, &format!("http://127.0.0.1:{up}"), &[]);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", p.port))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = RateLimitServiceClient::new(channel);
+    for _ in 0..2 {
+        let r = client
+            .should_rate_limit(tonic::Request::new(Default::default()))
+            .await;
+        assert!(r.is_ok(), "{r:?}");
+    }
+    let status = client
+        .should_rate_limit(tonic::Request::new(Default::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("rls-calls"), "{status:?}");
+    let pushback: u64 = status
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(pushback > 3_000_000, "{pushback}");
+}

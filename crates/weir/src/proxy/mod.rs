@@ -52,6 +52,33 @@ pub struct Settings {
     pub header_timeout: Duration,
     /// Most client connections open at once; past it, accepting pauses.
     pub max_connections: usize,
+    /// How to speak to the upstream.
+    pub upstream_protocol: UpstreamProtocol,
+}
+
+/// The protocol spoken to the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// As the client spoke: HTTP/2 (h2c) requests go out over h2c (gRPC needs it), HTTP/1.x
+    /// over HTTP/1.1.
+    Auto,
+    /// Always HTTP/1.1.
+    Http1,
+    /// Always h2c (prior knowledge).
+    H2c,
+}
+
+impl std::str::FromStr for UpstreamProtocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "http1" => Ok(Self::Http1),
+            "h2c" => Ok(Self::H2c),
+            _ => Err(format!("{s:?}: expected auto, http1 or h2c")),
+        }
+    }
 }
 
 /// Counters of the proxy itself (beside the rules' own).
@@ -88,7 +115,9 @@ pub fn parse_upstream(s: &str) -> Result<Uri, String> {
 /// Forwards requests to the upstream.
 #[derive(Clone)]
 struct Forward {
-    client: Client<HttpConnector, Incoming>,
+    http1: Client<HttpConnector, Incoming>,
+    h2c: Client<HttpConnector, Incoming>,
+    protocol: UpstreamProtocol,
     upstream: Uri,
     timeout: Duration,
     stats: Arc<ProxyStats>,
@@ -155,8 +184,21 @@ impl Forward {
             append_forwarded_for(req.headers_mut(), ip);
         }
         *req.uri_mut() = uri;
-        *req.version_mut() = Version::HTTP_11;
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        let h2 = match self.protocol {
+            UpstreamProtocol::Auto => req.version() == Version::HTTP_2,
+            UpstreamProtocol::Http1 => false,
+            UpstreamProtocol::H2c => true,
+        };
+        let client = if h2 {
+            *req.version_mut() = Version::HTTP_2;
+            // HTTP/2 carries the authority in the URI; a Host header would be a duplicate.
+            req.headers_mut().remove(header::HOST);
+            &self.h2c
+        } else {
+            *req.version_mut() = Version::HTTP_11;
+            &self.http1
+        };
+        match tokio::time::timeout(self.timeout, client.request(req)).await {
             Ok(Ok(mut r)) => {
                 self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                 strip_hop_by_hop(r.headers_mut());
@@ -268,11 +310,17 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(s.upstream_timeout));
-    let client = Client::builder(TokioExecutor::new())
+    let http1 = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(60))
+        .build(connector.clone());
+    let h2c = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .http2_only(true)
         .build(connector);
     let forward = Forward {
-        client,
+        http1,
+        h2c,
+        protocol: s.upstream_protocol,
         upstream: upstream.clone(),
         timeout: s.upstream_timeout,
         stats: stats.clone(),
