@@ -33,6 +33,21 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         }
     }
 
+    /// A limiter starting from `state` — another limiter's [`Limiter::state`], to change
+    /// parameters and keep its counters.
+    pub fn with_state(algorithm: A, state: A::State, clock: C) -> Self {
+        Self {
+            algorithm,
+            state: A::Cell::new(state),
+            clock,
+        }
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> A::State {
+        self.state.snapshot()
+    }
+
     /// Asks for `n` units now (`n = 0` peeks).
     #[inline]
     pub fn acquire(&self, n: u64) -> Decision {

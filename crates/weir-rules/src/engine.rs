@@ -32,7 +32,7 @@ use crate::keys::KeyShortener;
 pub use crate::keys::MAX_KEY_LEN;
 pub use crate::metrics::RuleKind;
 use crate::metrics::{ResourceStats, RuleSnapshot, RuleStats, Snapshot};
-use crate::rate::{KeyedRate, RateSpec};
+use crate::rate::{KeyedRate, RateSpec, SingleRate};
 use crate::system::{Inbound, Part, System, SystemPermits};
 
 /// Who calls and with what: the origin (caller), the criticality, the parameters that
@@ -88,9 +88,24 @@ enum Origins {
 
 /// State of a flow rule, shared across reloads while the rule keeps its id and kind.
 struct FlowState<C: Clock> {
+    /// All calls (or one named origin's) together: one limiter, no key.
+    single: Option<SingleRate<C>>,
+    /// `origin: other`: a limiter per calling origin.
     rate: Option<KeyedRate<C>>,
     concurrency: Option<ConcurrencyLimiter>,
-    stats: RuleStats,
+    /// Shared with the rule's next state when a reload retunes it.
+    stats: Arc<RuleStats>,
+}
+
+impl<C: Clock> FlowState<C> {
+    fn empty() -> Self {
+        Self {
+            single: None,
+            rate: None,
+            concurrency: None,
+            stats: Arc::default(),
+        }
+    }
 }
 
 struct Flow<C: Clock> {
@@ -413,18 +428,19 @@ impl<C: Clock + Clone> Rules<C> {
         // Borrowed unless the origin is too long to store as is.
         let origin_key = self.shared.keys.bounded(ctx.origin);
         for f in &res.flows {
+            // None: counted together; Some(key): one counter per calling origin.
             let key = match &f.origins {
-                Origins::All => FLOW_KEY,
-                Origins::Named(o) if **o == *ctx.origin => FLOW_KEY,
+                Origins::All => None,
+                Origins::Named(o) if **o == *ctx.origin => None,
                 Origins::Named(_) => continue,
                 Origins::Other => {
                     if res.named_origins.iter().any(|o| **o == *ctx.origin) {
                         continue;
                     }
                     if ctx.origin.is_empty() {
-                        UNKNOWN_ORIGIN
+                        Some(UNKNOWN_ORIGIN)
                     } else {
-                        &origin_key
+                        Some(&*origin_key)
                     }
                 }
             };
@@ -443,7 +459,15 @@ impl<C: Clock + Clone> Rules<C> {
                 verdict(ok, f.config.shadow, &f.state.stats, || {
                     block(Some(stats.window.bucket_duration()))
                 })?;
-            } else if let Some(rate) = &f.state.rate {
+            } else if let Some(single) = &f.state.single {
+                let d = single.acquire_at(1, now);
+                verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
+                    block(d.retry_after())
+                })?;
+                guard.wait = guard
+                    .wait
+                    .max(weir_core::clock::duration_to_nanos(d.wait()));
+            } else if let (Some(rate), Some(key)) = (&f.state.rate, key) {
                 let d = rate.acquire_at(key, 1, now);
                 verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
                     block(d.retry_after())
@@ -570,11 +594,6 @@ fn verdict(
 
 const ONE_SECOND: Duration = Duration::from_secs(1);
 
-/// The one key of a flow rule's limiter. Not `""`: an empty `String` has a dangling pointer,
-/// and glibc's AVX-512 `memcmp` of length 0 on it costs ≈ 75 ns here (a masked load on an
-/// unmapped page); the pass path measured 154 ns with `""` (benches/entry.rs).
-const FLOW_KEY: &str = "flow";
-
 /// A rate spec for a flow rule's `qps` (behaviour and algorithm applied).
 fn flow_spec(f: &FlowRule, qps: u64, window: Duration) -> RateSpec {
     let (algorithm, max_wait) = match f.behavior {
@@ -667,11 +686,6 @@ fn compile<C: Clock + Clone>(
                 Some(OTHER_ORIGIN) => Origins::Other,
                 Some(o) => Origins::Named(o.into()),
             };
-            let keys = if origins == Origins::Other {
-                MAX_OTHER_ORIGINS
-            } else {
-                1
-            };
             let spec = f.qps.map(|qps| flow_spec(f, qps, window));
             // Same id, algorithm, window, kind and origins: keep the state, retune.
             let reused = old_flows.get(f.id.as_str()).filter(|(c, _)| {
@@ -684,16 +698,27 @@ fn compile<C: Clock + Clone>(
                     && f.relate.is_none()
             });
             let state = match (reused, spec, f.concurrency) {
-                _ if f.relate.is_some() => Arc::new(FlowState {
-                    rate: None,
-                    concurrency: None,
-                    stats: RuleStats::default(),
-                }),
-                (Some((_, s)), Some(spec), _) => {
+                _ if f.relate.is_some() => Arc::new(FlowState::empty()),
+                (Some((c, s)), Some(spec), _) => {
                     if let Some(rate) = &s.rate {
                         rate.retune(&spec).map_err(err(&f.id))?;
+                        Arc::clone(s)
+                    } else if let Some(single) = s.single.as_ref().filter(|_| {
+                        c.qps != f.qps
+                            || c.burst != f.burst
+                            || c.max_wait != f.max_wait
+                            || c.warmup != f.warmup
+                            || c.cold_factor != f.cold_factor
+                    }) {
+                        // New parameters: a new limiter starting from the old one's state.
+                        Arc::new(FlowState {
+                            single: Some(single.retuned(&spec).map_err(err(&f.id))?),
+                            stats: s.stats.clone(),
+                            ..FlowState::empty()
+                        })
+                    } else {
+                        Arc::clone(s)
                     }
-                    Arc::clone(s)
                 }
                 (Some((_, s)), None, Some(n)) => {
                     if let Some(c) = &s.concurrency {
@@ -701,13 +726,18 @@ fn compile<C: Clock + Clone>(
                     }
                     Arc::clone(s)
                 }
+                (_, Some(spec), _) if origins == Origins::Other => Arc::new(FlowState {
+                    rate: Some(
+                        KeyedRate::new(&spec, MAX_OTHER_ORIGINS, clock.clone())
+                            .map_err(err(&f.id))?,
+                    ),
+                    ..FlowState::empty()
+                }),
                 (_, Some(spec), _) => Arc::new(FlowState {
-                    rate: Some(KeyedRate::new(&spec, keys, clock.clone()).map_err(err(&f.id))?),
-                    concurrency: None,
-                    stats: RuleStats::default(),
+                    single: Some(SingleRate::new(&spec, clock.clone()).map_err(err(&f.id))?),
+                    ..FlowState::empty()
                 }),
                 (_, None, n) => Arc::new(FlowState {
-                    rate: None,
                     concurrency: Some(
                         ConcurrencyLimiter::with_config(ConcurrencyConfig {
                             max_in_flight: n.unwrap_or(1),
@@ -717,7 +747,7 @@ fn compile<C: Clock + Clone>(
                         })
                         .map_err(err(&f.id))?,
                     ),
-                    stats: RuleStats::default(),
+                    ..FlowState::empty()
                 }),
             };
             flows.push(Flow {

@@ -78,15 +78,15 @@ impl RtHistogram {
     }
 }
 
-/// Counters of one resource, kept across reloads while the resource is declared. Four atomic
-/// additions per call (in flight up and down, one histogram bucket, the RT sum); passes and
-/// completions are derived from them.
+/// Counters of one resource, kept across reloads while the resource is declared. Three atomic
+/// additions per call (passes, one histogram bucket, the RT sum); completions are the
+/// histogram's total and in flight is passes − completions.
 #[derive(Debug)]
 pub struct ResourceStats {
     /// The last second's passes in 10 buckets, kept only when a relate rule reads them.
     pub(crate) window: StatsWindow,
     pub(crate) related: std::sync::atomic::AtomicBool,
-    in_flight: AtomicU64,
+    passes: AtomicU64,
     blocks: AtomicU64,
     errors: AtomicU64,
     rt: RtHistogram,
@@ -97,7 +97,7 @@ impl ResourceStats {
         Self {
             window: second_window(),
             related: std::sync::atomic::AtomicBool::new(false),
-            in_flight: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
             blocks: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             rt: RtHistogram::default(),
@@ -106,7 +106,7 @@ impl ResourceStats {
 
     #[inline]
     pub(crate) fn pass(&self, now: Nanos) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.passes.fetch_add(1, Ordering::Relaxed);
         if self.related.load(Ordering::Relaxed) {
             self.window.add_pass(now, 1);
         }
@@ -120,7 +120,6 @@ impl ResourceStats {
     /// The call ended (`outcome` None: dropped unreported, counted without an error).
     #[inline]
     pub(crate) fn end(&self, rt: Nanos, outcome: Option<Outcome>) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
         if outcome == Some(Outcome::Error) {
             self.errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -129,12 +128,14 @@ impl ResourceStats {
 
     /// The counters of the resource `name` now.
     pub(crate) fn snapshot(&self, name: &str) -> ResourceSnapshot {
+        // Completions first: passes only grow, so passes read after them are never fewer.
         let (rt_buckets, rt_sum) = self.rt.read();
         let completed = rt_buckets.last().map_or(0, |b| b.1);
-        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        let passes = self.passes.load(Ordering::Acquire).max(completed);
+        let in_flight = passes - completed;
         ResourceSnapshot {
             name: name.to_string(),
-            passes: completed + in_flight,
+            passes,
             blocks: self.blocks.load(Ordering::Relaxed),
             in_flight,
             completed,

@@ -6,8 +6,8 @@ use std::time::Duration;
 use weir_core::sliding_window::DEFAULT_BUCKETS;
 use weir_core::warmup::DEFAULT_COLD_FACTOR;
 use weir_core::{
-    Clock, ConfigError, Decision, FixedWindow, Gcra, KeyedLimiter, Pacing, Quota, SlidingCounter,
-    SlidingLog, SlidingWindow, TokenBucket, WarmupTokenBucket,
+    Clock, ConfigError, Decision, FixedWindow, Gcra, KeyedLimiter, Limiter, Pacing, Quota,
+    SlidingCounter, SlidingLog, SlidingWindow, TokenBucket, WarmupTokenBucket,
 };
 
 pub use crate::config::RateAlgorithm;
@@ -208,5 +208,98 @@ impl<C: Clock + Clone> KeyedRate<C> {
     /// Keys evicted at the bound so far.
     pub fn evictions(&self) -> u64 {
         each!(self, l => l.evictions())
+    }
+}
+
+/// One rate limiter whose algorithm is chosen at run time: what a flow rule counting all its
+/// calls together uses (no key hashing, no lock: GCRA, token bucket, fixed window and pacing
+/// decide with one compare-and-swap).
+pub enum SingleRate<C: Clock> {
+    /// Fixed window.
+    Fixed(Limiter<FixedWindow, C>),
+    /// Bucketed sliding window.
+    Window(Limiter<SlidingWindow, C>),
+    /// Sliding log.
+    Log(Limiter<SlidingLog, C>),
+    /// Sliding counter.
+    Counter(Limiter<SlidingCounter, C>),
+    /// GCRA.
+    Gcra(Limiter<Gcra, C>),
+    /// Token bucket.
+    Bucket(Limiter<TokenBucket, C>),
+    /// Pacing queue.
+    Pace(Limiter<Pacing, C>),
+    /// Warming-up token bucket.
+    Warm(Limiter<WarmupTokenBucket, C>),
+}
+
+macro_rules! each_single {
+    ($self:expr, $l:ident => $body:expr) => {
+        match $self {
+            SingleRate::Fixed($l) => $body,
+            SingleRate::Window($l) => $body,
+            SingleRate::Log($l) => $body,
+            SingleRate::Counter($l) => $body,
+            SingleRate::Gcra($l) => $body,
+            SingleRate::Bucket($l) => $body,
+            SingleRate::Pace($l) => $body,
+            SingleRate::Warm($l) => $body,
+        }
+    };
+}
+
+impl<C: Clock + Clone> SingleRate<C> {
+    /// A limiter for `spec` reading `clock`.
+    pub fn new(spec: &RateSpec, clock: C) -> Result<Self, ConfigError> {
+        Ok(match spec.build()? {
+            Built::Fixed(a) => Self::Fixed(Limiter::with_clock(a, clock)),
+            Built::Window(a) => Self::Window(Limiter::with_clock(a, clock)),
+            Built::Log(a) => Self::Log(Limiter::with_clock(a, clock)),
+            Built::Counter(a) => Self::Counter(Limiter::with_clock(a, clock)),
+            Built::Gcra(a) => Self::Gcra(Limiter::with_clock(a, clock)),
+            Built::Bucket(a) => Self::Bucket(Limiter::with_clock(a, clock)),
+            Built::Pace(a) => Self::Pace(Limiter::with_clock(a, clock)),
+            Built::Warm(a) => Self::Warm(Limiter::with_clock(a, clock)),
+        })
+    }
+
+    /// A limiter with `spec`'s parameters (same algorithm) starting from this one's state:
+    /// counters, stored permits and warm-up progress carry over. Decisions made on this one
+    /// after the copy are not carried (a reload swaps limiters between two calls; at most the
+    /// calls racing the swap are missed).
+    pub fn retuned(&self, spec: &RateSpec) -> Result<Self, ConfigError> {
+        Ok(match (self, spec.build()?) {
+            (Self::Fixed(l), Built::Fixed(a)) => {
+                Self::Fixed(Limiter::with_state(a, l.state(), l.clock().clone()))
+            }
+            (Self::Window(l), Built::Window(a)) => {
+                Self::Window(Limiter::with_state(a, l.state(), l.clock().clone()))
+            }
+            (Self::Log(l), Built::Log(a)) => {
+                Self::Log(Limiter::with_state(a, l.state(), l.clock().clone()))
+            }
+            (Self::Counter(l), Built::Counter(a)) => {
+                Self::Counter(Limiter::with_state(a, l.state(), l.clock().clone()))
+            }
+            (Self::Gcra(l), Built::Gcra(a)) => {
+                Self::Gcra(Limiter::with_state(a, l.state(), l.clock().clone()))
+            }
+            (Self::Bucket(l), Built::Bucket(a)) => {
+                Self::Bucket(Limiter::with_state(a, l.state(), l.clock().clone()))
+            }
+            (Self::Pace(l), Built::Pace(a)) => {
+                Self::Pace(Limiter::with_state(a, l.state(), l.clock().clone()))
+            }
+            (Self::Warm(l), Built::Warm(a)) => {
+                Self::Warm(Limiter::with_state(a, l.state(), l.clock().clone()))
+            }
+            _ => return Err(other_algorithm()),
+        })
+    }
+
+    /// Asks for `n` units at `now`.
+    #[inline]
+    pub fn acquire_at(&self, n: u64, now: weir_core::Nanos) -> Decision {
+        each_single!(self, l => l.acquire_at(n, now))
     }
 }
