@@ -459,16 +459,11 @@ impl<C: Clock + Clone> Rules<C> {
                 verdict(ok, f.config.shadow, &f.state.stats, || {
                     block(Some(stats.window.bucket_duration()))
                 })?;
-            } else if let Some(single) = &f.state.single {
-                let d = single.acquire_at(1, now);
-                verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
-                    block(d.retry_after())
-                })?;
-                guard.wait = guard
-                    .wait
-                    .max(weir_core::clock::duration_to_nanos(d.wait()));
-            } else if let (Some(rate), Some(key)) = (&f.state.rate, key) {
-                let d = rate.acquire_at(key, 1, now);
+            } else if let Some(d) = match (&f.state.single, &f.state.rate, key) {
+                (Some(single), _, _) => Some(single.acquire_at(1, now)),
+                (None, Some(rate), Some(key)) => Some(rate.acquire_at(key, 1, now)),
+                _ => None,
+            } {
                 verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
                     block(d.retry_after())
                 })?;

@@ -12,32 +12,14 @@ use weir_core::{Criticality, ManualClock};
 use weir_rules::config::RuleSet;
 use weir_rules::engine::{Context, RuleKind, Rules};
 
-type R = Rules<Arc<ManualClock>>;
-
-fn set(yaml: &str) -> RuleSet {
-    RuleSet::from_yaml(Path::new("rules.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn rules(yaml: &str) -> (R, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(1_000_000_000));
-    (Rules::with_clock(&set(yaml), clock.clone()).unwrap(), clock)
-}
+mod support;
+use support::{passes, rules, set, R};
 
 fn from(origin: &str) -> Context<'_> {
     Context {
         origin,
         ..Context::default()
     }
-}
-
-fn passes(r: &R, resource: &str, ctx: &Context<'_>, n: usize) -> usize {
-    (0..n)
-        .filter(|_| {
-            r.entry(resource, ctx)
-                .map(|g| g.complete(Outcome::Success))
-                .is_ok()
-        })
-        .count()
 }
 
 #[test]

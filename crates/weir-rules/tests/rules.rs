@@ -2,22 +2,14 @@
 //! state.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use weir_core::stats::Outcome;
-use weir_core::ManualClock;
 use weir_rules::config::RuleSet;
-use weir_rules::engine::{Context, RuleKind, Rules};
+use weir_rules::engine::{Context, RuleKind};
 
-fn set(yaml: &str) -> RuleSet {
-    RuleSet::from_yaml(Path::new("rules.yaml"), yaml).unwrap()
-}
-
-fn rules(yaml: &str) -> (Rules<Arc<ManualClock>>, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(1_000_000_000));
-    (Rules::with_clock(&set(yaml), clock.clone()).unwrap(), clock)
-}
+mod support;
+use support::{passes, rules, set};
 
 const CTX: Context<'static> = Context {
     origin: "web",
@@ -25,16 +17,6 @@ const CTX: Context<'static> = Context {
     params: &[],
     inbound: true,
 };
-
-fn passes(r: &Rules<Arc<ManualClock>>, resource: &str, ctx: &Context<'_>, n: usize) -> usize {
-    (0..n)
-        .filter(|_| {
-            r.entry(resource, ctx)
-                .map(|g| g.complete(Outcome::Success))
-                .is_ok()
-        })
-        .count()
-}
 
 #[test]
 fn flow_rate_blocks_with_rule_kind_and_retry_after() {

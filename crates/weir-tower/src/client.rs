@@ -8,6 +8,7 @@
 //! accepted); 429, 502, 503, 504 and transport errors are retryable, honouring `Retry-After`
 //! (seconds) when the server sends it.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use weir_core::breaker::{Breaker, Rejected};
 use weir_core::retry::{RetryBudget, RetryPolicy, RetryVerdict};
 use weir_core::stats::Outcome;
 use weir_core::throttle::SreThrottle;
-use weir_core::{Clock, MonotonicClock};
+use weir_core::{Clock, MonotonicClock, Nanos};
 
 /// Why a client layer failed a call.
 #[derive(Debug, thiserror::Error)]
@@ -54,51 +55,110 @@ fn overloaded<B>(r: &Response<B>) -> bool {
     )
 }
 
-/// A circuit breaker in front of a client service.
+/// What a client layer checks before sending a request and records once it is answered: a
+/// circuit breaker or SRE adaptive throttling. [`GateLayer`] runs any gate.
+pub trait Gate: Send + Sync + 'static {
+    /// What an admitted call carries until its result is recorded.
+    type Ticket: Send + 'static;
+    /// Admits a call at `now`, or refuses it locally (`ClientError::BreakerOpen` /
+    /// `ClientError::Throttled`).
+    fn admit(&self, now: Nanos) -> Result<Self::Ticket, ClientError<Infallible>>;
+    /// Records the call's result at `now` (`None`: a transport error).
+    fn record<B>(&self, ticket: Self::Ticket, now: Nanos, response: Option<&Response<B>>);
+}
+
+impl Gate for Breaker {
+    type Ticket = weir_core::breaker::Call;
+
+    fn admit(&self, now: Nanos) -> Result<Self::Ticket, ClientError<Infallible>> {
+        self.try_acquire(now)
+            .map_err(|Rejected { state, retry_after }| ClientError::BreakerOpen {
+                state,
+                retry_after,
+            })
+    }
+
+    fn record<B>(&self, call: Self::Ticket, now: Nanos, response: Option<&Response<B>>) {
+        let outcome = match response {
+            Some(r) if !failed(r) => Outcome::Success,
+            _ => Outcome::Error,
+        };
+        Breaker::record(self, call, now, outcome);
+    }
+}
+
+impl Gate for SreThrottle {
+    type Ticket = ();
+
+    fn admit(&self, now: Nanos) -> Result<(), ClientError<Infallible>> {
+        if self.allow(now) {
+            Ok(())
+        } else {
+            Err(ClientError::Throttled)
+        }
+    }
+
+    fn record<B>(&self, _: (), now: Nanos, response: Option<&Response<B>>) {
+        if response.is_some_and(|r| !overloaded(r)) {
+            self.record_accept(now);
+        }
+    }
+}
+
+/// A [`Gate`] in front of a client service: [`BreakerLayer`] or [`ThrottleLayer`].
 #[derive(Clone)]
-pub struct BreakerLayer<C: Clock = MonotonicClock> {
-    breaker: Arc<Breaker>,
+pub struct GateLayer<G, C: Clock = MonotonicClock> {
+    gate: Arc<G>,
     clock: C,
 }
 
-impl BreakerLayer<MonotonicClock> {
-    /// Guards calls with `breaker` (share the `Arc` to observe or reuse it).
-    pub fn new(breaker: Arc<Breaker>) -> Self {
-        Self::with_clock(breaker, MonotonicClock::new())
+/// A circuit breaker in front of a client service: a 5xx or a transport error is a failure;
+/// open → `ClientError::BreakerOpen` without sending.
+pub type BreakerLayer<C = MonotonicClock> = GateLayer<Breaker, C>;
+
+/// Google SRE adaptive throttling in front of a client service (K = 2 over 2 minutes with
+/// `SreThrottle::new()`): 429 / 503 are not accepts; `ClientError::Throttled` locally.
+pub type ThrottleLayer<C = MonotonicClock> = GateLayer<SreThrottle, C>;
+
+impl<G: Gate> GateLayer<G, MonotonicClock> {
+    /// Guards calls with `gate` (share the `Arc` to observe or reuse it).
+    pub fn new(gate: Arc<G>) -> Self {
+        Self::with_clock(gate, MonotonicClock::new())
     }
 }
 
-impl<C: Clock> BreakerLayer<C> {
-    /// As [`BreakerLayer::new`], reading `clock`.
-    pub fn with_clock(breaker: Arc<Breaker>, clock: C) -> Self {
-        Self { breaker, clock }
+impl<G: Gate, C: Clock> GateLayer<G, C> {
+    /// As [`GateLayer::new`], reading `clock`.
+    pub fn with_clock(gate: Arc<G>, clock: C) -> Self {
+        Self { gate, clock }
     }
 }
 
-impl<S, C: Clock + Clone> Layer<S> for BreakerLayer<C> {
-    type Service = BreakerService<S, C>;
+impl<S, G, C: Clock + Clone> Layer<S> for GateLayer<G, C> {
+    type Service = GateService<S, G, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        BreakerService {
+        GateService {
             inner,
-            breaker: self.breaker.clone(),
+            gate: self.gate.clone(),
             clock: self.clock.clone(),
         }
     }
 }
 
-/// A client service behind a circuit breaker.
+/// A client service behind a [`Gate`].
 #[derive(Clone)]
-pub struct BreakerService<S, C: Clock = MonotonicClock> {
+pub struct GateService<S, G, C: Clock = MonotonicClock> {
     inner: S,
-    breaker: Arc<Breaker>,
+    gate: Arc<G>,
     clock: C,
 }
 
-impl<S, C, ReqB, ResB> Service<Request<ReqB>> for BreakerService<S, C>
+impl<S, G, C, ReqB, ResB> Service<Request<ReqB>> for GateService<S, G, C>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     S::Future: Send + 'static,
+    G: Gate,
     C: Clock + Clone + Send + 'static,
 {
     type Response = Response<ResB>;
@@ -110,94 +170,25 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let call = match self.breaker.try_acquire(self.clock.now()) {
-            Ok(c) => c,
-            Err(Rejected { state, retry_after }) => {
-                return Box::pin(
-                    async move { Err(ClientError::BreakerOpen { state, retry_after }) },
-                )
+        let ticket = match self.gate.admit(self.clock.now()) {
+            Ok(t) => t,
+            Err(refusal) => {
+                return Box::pin(async move {
+                    Err(match refusal {
+                        ClientError::BreakerOpen { state, retry_after } => {
+                            ClientError::BreakerOpen { state, retry_after }
+                        }
+                        ClientError::Throttled => ClientError::Throttled,
+                        ClientError::Inner(never) => match never {},
+                    })
+                })
             }
         };
         let fut = self.inner.call(req);
-        let (breaker, clock) = (self.breaker.clone(), self.clock.clone());
+        let (gate, clock) = (self.gate.clone(), self.clock.clone());
         Box::pin(async move {
             let out = fut.await;
-            let outcome = match &out {
-                Ok(r) if !failed(r) => Outcome::Success,
-                _ => Outcome::Error,
-            };
-            breaker.record(call, clock.now(), outcome);
-            out.map_err(ClientError::Inner)
-        })
-    }
-}
-
-/// Google SRE adaptive throttling in front of a client service.
-#[derive(Clone)]
-pub struct ThrottleLayer<C: Clock = MonotonicClock> {
-    throttle: Arc<SreThrottle>,
-    clock: C,
-}
-
-impl ThrottleLayer<MonotonicClock> {
-    /// Throttles with `throttle` (K = 2 over 2 minutes by default: `SreThrottle::new()`).
-    pub fn new(throttle: Arc<SreThrottle>) -> Self {
-        Self::with_clock(throttle, MonotonicClock::new())
-    }
-}
-
-impl<C: Clock> ThrottleLayer<C> {
-    /// As [`ThrottleLayer::new`], reading `clock`.
-    pub fn with_clock(throttle: Arc<SreThrottle>, clock: C) -> Self {
-        Self { throttle, clock }
-    }
-}
-
-impl<S, C: Clock + Clone> Layer<S> for ThrottleLayer<C> {
-    type Service = ThrottleService<S, C>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        ThrottleService {
-            inner,
-            throttle: self.throttle.clone(),
-            clock: self.clock.clone(),
-        }
-    }
-}
-
-/// A client service behind SRE adaptive throttling.
-#[derive(Clone)]
-pub struct ThrottleService<S, C: Clock = MonotonicClock> {
-    inner: S,
-    throttle: Arc<SreThrottle>,
-    clock: C,
-}
-
-impl<S, C, ReqB, ResB> Service<Request<ReqB>> for ThrottleService<S, C>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
-    S::Future: Send + 'static,
-    C: Clock + Clone + Send + 'static,
-{
-    type Response = Response<ResB>;
-    type Error = ClientError<S::Error>;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ResB>, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(ClientError::Inner)
-    }
-
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        if !self.throttle.allow(self.clock.now()) {
-            return Box::pin(async { Err(ClientError::Throttled) });
-        }
-        let fut = self.inner.call(req);
-        let (throttle, clock) = (self.throttle.clone(), self.clock.clone());
-        Box::pin(async move {
-            let out = fut.await;
-            if matches!(&out, Ok(r) if !overloaded(r)) {
-                throttle.record_accept(clock.now());
-            }
+            gate.record(ticket, clock.now(), out.as_ref().ok());
             out.map_err(ClientError::Inner)
         })
     }

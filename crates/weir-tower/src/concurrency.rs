@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use tower::{Layer, Service};
 use weir_core::{ConcurrencyLimiter, Permit};
 
@@ -98,77 +98,18 @@ where
             ConcProj::Admitted { inner, permit } => {
                 let out = std::task::ready!(inner.poll(cx));
                 let permit = permit.take();
-                Poll::Ready(out.map(|r| {
-                    r.map(|body| PermitBody::Passing {
-                        inner: body,
-                        permit,
-                    })
-                }))
+                Poll::Ready(out.map(|r| r.map(|body| PermitBody::passing(body, permit, false))))
             }
             ConcProj::Shed => {
                 let r: Response<String> = problem::problem(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "overloaded: too many requests in flight",
                 );
-                Poll::Ready(Ok(r.map(|text| PermitBody::Refused {
-                    text: Some(Bytes::from(text)),
-                })))
+                Poll::Ready(Ok(r.map(PermitBody::refused)))
             }
         }
     }
 }
 
-pin_project_lite::pin_project! {
-    /// A response body holding a concurrency permit until it ends or is dropped.
-    #[project = BodyProj]
-    pub enum PermitBody<B> {
-        /// The inner service's body.
-        Passing {
-            #[pin]
-            inner: B,
-            permit: Option<Permit>,
-        },
-        /// A refusal's problem body.
-        Refused {
-            text: Option<Bytes>,
-        },
-    }
-}
-
-impl<B: Body<Data = Bytes>> Body for PermitBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.project() {
-            BodyProj::Passing { inner, permit } => {
-                let frame = std::task::ready!(inner.poll_frame(cx));
-                if frame.is_none() {
-                    // The body ended: the request is done.
-                    permit.take();
-                }
-                Poll::Ready(frame)
-            }
-            BodyProj::Refused { text } => Poll::Ready(text.take().map(|t| Ok(Frame::data(t)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Self::Passing { inner, .. } => inner.is_end_stream(),
-            Self::Refused { text } => text.is_none(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Self::Passing { inner, .. } => inner.size_hint(),
-            Self::Refused { text } => {
-                SizeHint::with_exact(text.as_ref().map_or(0, |t| t.len() as u64))
-            }
-        }
-    }
-}
+/// A response body holding a concurrency permit until it ends or is dropped.
+pub type PermitBody<B> = crate::body::HeldBody<B, Permit>;

@@ -15,6 +15,7 @@
 //! - [`concurrency`]: at most N in flight, permits released when the response body ends or is
 //!   dropped; 503 when full.
 
+pub mod body;
 pub mod client;
 pub mod concurrency;
 pub mod criticality;

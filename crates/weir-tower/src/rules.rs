@@ -26,7 +26,7 @@ use http::{
     header, Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode,
     Uri,
 };
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use tower::{Layer, Service};
 use weir_core::stats::Outcome;
 use weir_core::{Clock, Criticality, MonotonicClock};
@@ -480,11 +480,7 @@ where
                     return Poll::Ready(match out {
                         Ok(r) => {
                             let failed = r.status().is_server_error();
-                            Ok(r.map(|body| GuardBody::Passing {
-                                inner: body,
-                                guard,
-                                failed,
-                            }))
+                            Ok(r.map(|body| GuardBody::passing(body, guard, failed)))
                         }
                         Err(e) => {
                             if let Some(g) = guard {
@@ -524,9 +520,7 @@ where
                     } else {
                         blocked_response(&block)
                     };
-                    return Poll::Ready(Ok(r.map(|text| GuardBody::Refused {
-                        text: Some(Bytes::from(text)),
-                    })));
+                    return Poll::Ready(Ok(r.map(GuardBody::refused)));
                 }
             }
         }
@@ -609,76 +603,9 @@ fn percent_encode(s: &str) -> String {
     out
 }
 
-pin_project_lite::pin_project! {
-    /// A response body holding the rules' guard until it ends (completed: success, or error
-    /// for a 5xx or a body error) or is dropped (released without an outcome).
-    #[project = GuardBodyProj]
-    pub enum GuardBody<B, C: Clock> {
-        /// The inner service's body.
-        Passing {
-            #[pin]
-            inner: B,
-            guard: Option<Guard<C>>,
-            failed: bool,
-        },
-        /// A refusal's problem body.
-        Refused {
-            text: Option<Bytes>,
-        },
-    }
-}
-
-impl<B: Body<Data = Bytes>, C: Clock> Body for GuardBody<B, C> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.project() {
-            GuardBodyProj::Passing {
-                mut inner,
-                guard,
-                failed,
-            } => {
-                let frame = std::task::ready!(inner.as_mut().poll_frame(cx));
-                // Servers stop polling once `is_end_stream` says so (a sized body): the end
-                // is the last frame or `None`, whichever comes first.
-                let ended = frame.is_none() || inner.is_end_stream();
-                let outcome = match &frame {
-                    Some(Err(_)) => Some(Outcome::Error),
-                    _ if !ended => None,
-                    _ if *failed => Some(Outcome::Error),
-                    _ => Some(Outcome::Success),
-                };
-                if let Some(o) = outcome {
-                    if let Some(g) = guard.take() {
-                        g.complete(o);
-                    }
-                }
-                Poll::Ready(frame)
-            }
-            GuardBodyProj::Refused { text } => Poll::Ready(text.take().map(|t| Ok(Frame::data(t)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Self::Passing { inner, .. } => inner.is_end_stream(),
-            Self::Refused { text } => text.is_none(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Self::Passing { inner, .. } => inner.size_hint(),
-            Self::Refused { text } => {
-                SizeHint::with_exact(text.as_ref().map_or(0, |t| t.len() as u64))
-            }
-        }
-    }
-}
+/// A response body holding the rules' guard until it ends (completed: success, or error for
+/// a 5xx or a body error) or is dropped (released without an outcome).
+pub type GuardBody<B, C> = crate::body::HeldBody<B, Guard<C>>;
 
 #[cfg(test)]
 mod tests {

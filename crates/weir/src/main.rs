@@ -198,16 +198,21 @@ fn init_logging() {
         .try_init();
 }
 
-fn run_proxy(args: ProxyArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+/// The multi-threaded runtime of `serve` and `proxy` (one error line if it cannot start).
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
+        .map_err(|e| {
             eprintln!("weir: error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+            ExitCode::FAILURE
+        })
+}
+
+fn run_proxy(args: ProxyArgs) -> ExitCode {
+    let runtime = match runtime() {
+        Ok(r) => r,
+        Err(code) => return code,
     };
     let settings = proxy::Settings {
         rules: args.rules,
@@ -422,15 +427,9 @@ fn check_lyft(args: &CheckConfigArgs) -> ExitCode {
 }
 
 fn run_serve(args: ServeArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("weir: error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(serve(args))
 }
