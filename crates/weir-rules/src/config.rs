@@ -105,6 +105,34 @@ pub enum Behavior {
     WarmUpPace,
 }
 
+impl Behavior {
+    /// The name used in rule files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Behavior::Reject => "reject",
+            Behavior::Pace => "pace",
+            Behavior::WarmUp => "warm_up",
+            Behavior::WarmUpPace => "warm_up_pace",
+        }
+    }
+}
+
+impl RateAlgorithm {
+    /// The name used in rule files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RateAlgorithm::SlidingWindow => "sliding_window",
+            RateAlgorithm::FixedWindow => "fixed_window",
+            RateAlgorithm::SlidingLog => "sliding_log",
+            RateAlgorithm::SlidingCounter => "sliding_counter",
+            RateAlgorithm::Gcra => "gcra",
+            RateAlgorithm::TokenBucket => "token_bucket",
+            RateAlgorithm::Pacing => "pacing",
+            RateAlgorithm::WarmUp => "warm_up",
+        }
+    }
+}
+
 /// A flow rule: a rate (`qps` units per `window`) or a concurrency limit.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

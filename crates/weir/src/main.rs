@@ -308,24 +308,29 @@ fn check_rules(path: &std::path::Path) -> ExitCode {
         for h in &r.hot_params {
             let _ = writeln!(
                 out,
-                "  hot_param {}: params[{}] {} per {} each ({:?}, at most {} values, on_full {:?}){}",
+                "  hot_param {}: params[{}] {} per {} each ({}, at most {} values, on_full {}){}",
                 h.id,
                 h.param,
                 h.threshold,
                 duration::format_duration(h.window.unwrap_or(Duration::from_secs(1))),
-                h.algorithm,
+                h.algorithm.as_str(),
                 h.max_values,
-                h.on_full,
+                format!("{:?}", h.on_full).to_lowercase(),
                 if h.shadow { " [shadow]" } else { "" }
             );
         }
         for f in &r.flow {
             let what = match (f.qps, f.concurrency) {
                 (Some(q), _) => format!(
-                    "{q} per {} ({:?}{})",
+                    "{q} per {} ({}{}{})",
                     duration::format_duration(f.window.unwrap_or(Duration::from_secs(1))),
-                    f.behavior,
-                    f.algorithm.map(|a| format!(", {a:?}")).unwrap_or_default()
+                    f.behavior.as_str(),
+                    f.algorithm
+                        .map(|a| format!(", {}", a.as_str()))
+                        .unwrap_or_default(),
+                    f.max_wait
+                        .map(|w| format!(", max_wait {}", duration::format_duration(w)))
+                        .unwrap_or_default()
                 ),
                 (None, Some(c)) => format!("{c} in flight"),
                 _ => String::new(),
@@ -354,7 +359,35 @@ fn check_rules(path: &std::path::Path) -> ExitCode {
         }
     }
     if let Some(s) = &set.system {
-        let _ = writeln!(out, "system: {s:?}");
+        let mut parts = Vec::new();
+        if let Some(n) = s.max_qps {
+            parts.push(format!("max_qps {n}/s"));
+        }
+        if let Some(n) = s.max_in_flight {
+            parts.push(format!("max_in_flight {n}"));
+        }
+        if let Some(d) = s.max_avg_rt {
+            parts.push(format!("max_avg_rt {}", duration::format_duration(d)));
+        }
+        if let Some(c) = s.max_cpu {
+            parts.push(format!("max_cpu {c}"));
+        }
+        if let Some(b) = &s.bbr {
+            parts.push(format!(
+                "bbr (cpu ≥ {})",
+                b.cpu_threshold
+                    .unwrap_or(weir_core::adaptive::bbr::BbrConfig::default().cpu_threshold)
+            ));
+        }
+        if let Some(a) = &s.adaptive {
+            parts.push(format!("adaptive {:?}", a.algorithm));
+        }
+        let _ = writeln!(
+            out,
+            "system (inbound calls): {}{}",
+            parts.join(", "),
+            if s.shadow { " [shadow]" } else { "" }
+        );
     }
     if let Some(h) = &set.http {
         for r in &h.routes {
