@@ -27,8 +27,11 @@
 //!   estimate is divided by the usage (at most by 1 / threshold). Max pass only measures what
 //!   was admitted; with criticality shares capping admissions below the estimate, throughput
 //!   fell, the next estimate with it, and the gate settled where the CPU read the threshold
-//!   (goodput 0.82 at 3 × load; 0.90–0.93 with the scaling, 0.98 without shares at all). Share
+//!   (goodput 0.82 at 3 × load; 0.89–0.93 with the scaling, 0.98 without shares at all). Share
 //!   caps are rounded, not floored.
+//! - **CRITICAL_PLUS headroom** (`critical_plus_headroom`, default 1.2): the most critical
+//!   level may fill 1.2 × the estimate, since the other shares leave it only the top tenth
+//!   (simulator, 3 × load: CRITICAL_PLUS success 92.7 % → 99.0 %).
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,6 +71,11 @@ pub struct BbrConfig {
     /// 0.8 at 3 × load). A CPU that is not saturated says the service could do 1 / usage
     /// times more; at saturation the estimate is used as measured.
     pub scale_by_cpu: bool,
+    /// CRITICAL_PLUS requests may fill this multiple of the estimate (≥ 1; 1 = kratos): a
+    /// short queue for the most critical work instead of a drop. The other levels' shares
+    /// leave CRITICAL_PLUS only the top tenth of the estimate, which at 3 × load is less than
+    /// its demand (simulator: 92.7 % success at 1.0, 99 % at 1.2, goodput unchanged).
+    pub critical_plus_headroom: f64,
 }
 
 impl Default for BbrConfig {
@@ -81,6 +89,7 @@ impl Default for BbrConfig {
             estimate_group: 1,
             overload_factor: 4.0,
             scale_by_cpu: true,
+            critical_plus_headroom: 1.2,
         }
     }
 }
@@ -234,6 +243,9 @@ impl Bbr {
         // Rounded, not floored: flooring a share of a small estimate every time starves the
         // tier (and the estimate with it).
         let cap = match &self.config.shares {
+            Some(_) if level == Criticality::CriticalPlus => {
+                (max * self.config.critical_plus_headroom.max(1.0)).round() as u64
+            }
             Some(s) => (max * share(s, level)).round() as u64,
             None => max.round() as u64,
         };
