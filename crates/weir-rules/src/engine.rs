@@ -183,6 +183,19 @@ impl<C: Clock> Guard<C> {
         self.finish(Some(outcome));
     }
 
+    /// Releases what a call blocked after the system rule admitted it holds, recording
+    /// nothing: it never ran (a completion with a zero response time would drag BBR's min RT
+    /// and the inbound average down).
+    fn cancel(&mut self) {
+        // Dropping BBR / adaptive permits unreported releases them without a sample.
+        self.system.take();
+        self.permit.take();
+        self.call.take();
+        if let Some(shared) = self.inbound.take() {
+            shared.inbound.window.end();
+        }
+    }
+
     fn finish(&mut self, outcome: Option<Outcome>) {
         let res = self.resource.take();
         let now = match (&res, &self.inbound) {
@@ -378,8 +391,10 @@ impl<C: Clock + Clone> Rules<C> {
         let Some(res) = res else {
             return Ok(guard);
         };
-        self.check_resource(&res, ctx, now, &mut guard)
-            .map_err(|b| blocked(Some(&res), resource, b))?;
+        if let Err(b) = self.check_resource(&res, ctx, now, &mut guard) {
+            guard.cancel();
+            return Err(blocked(Some(&res), resource, b));
+        }
         res.stats.pass(now);
         guard.start = now + guard.wait;
         guard.resource = Some(res);

@@ -371,3 +371,24 @@ fn long_parameter_values_are_counted_under_a_bounded_digest() {
     assert!(!call(&long_a), "the same long value is the same key");
     assert!(call(&long_b), "a different long value is another key");
 }
+
+#[test]
+fn calls_blocked_after_the_system_rule_record_no_completion() {
+    let (r, clock) = rules("resources:\n  - name: api\n    flow:\n      - {id: one, qps: 1, window: 1m}\nsystem: {max_avg_rt: 50ms}\n");
+    let ctx = Context::default();
+    let g = r.entry("api", &ctx).unwrap();
+    clock.advance(Duration::from_millis(40));
+    g.complete(Outcome::Success);
+    // Ten calls pass the system rule and are blocked by the flow rule: they never ran.
+    for _ in 0..10 {
+        assert_eq!(r.entry("api", &ctx).err().unwrap().rule.as_ref(), "one");
+    }
+    let g = r.entry("other", &ctx).unwrap();
+    clock.advance(Duration::from_millis(100));
+    g.complete(Outcome::Success);
+    // Average of what ran: (40 + 100) / 2 = 70 ms > 50 ms (not diluted by ten 0 ms "calls").
+    assert_eq!(
+        r.entry("other", &ctx).err().unwrap().rule.as_ref(),
+        "system:max_avg_rt"
+    );
+}
