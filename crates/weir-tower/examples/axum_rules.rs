@@ -8,41 +8,17 @@
 //! exits.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use weir_rules::engine::Rules;
-use weir_rules::watch::{load, Watcher};
 use weir_tower::rules::RulesLayer;
+
+mod common;
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let demo = args.iter().any(|a| a == "--demo");
-    let path = args
-        .iter()
-        .find(|a| !a.starts_with("--"))
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules.yaml"))
-        });
-    let set = load(&path).unwrap_or_else(|e| {
-        eprintln!("axum_rules: error: {e}");
-        std::process::exit(2)
-    });
-    let rules = Arc::new(Rules::new(&set).unwrap_or_else(|e| {
-        eprintln!("axum_rules: error: {}: {e}", path.display());
-        std::process::exit(2)
-    }));
-    // Edits to the file apply within a second; a bad edit is reported and ignored.
-    let _watcher = Watcher::start(rules.clone(), path.clone(), Duration::from_secs(1), |e| {
-        eprintln!("axum_rules: rules file: {e:?}")
-    })
-    .expect("watcher thread");
+    let (rules, demo, _watcher) = common::rules_from_args("axum_rules");
     let app = Router::new()
         .route("/hello", get(|| async { "hello\n" }))
         .route("/admin", get(|| async { "admin\n" }))
@@ -54,7 +30,7 @@ async fn main() {
     };
     let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
     let local = listener.local_addr().expect("address");
-    println!("axum_rules: http://{local} (rules: {})", path.display());
+    println!("axum_rules: http://{local}");
     let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

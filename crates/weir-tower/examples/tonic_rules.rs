@@ -7,34 +7,16 @@
 //! Without `--demo` it serves on 127.0.0.1:50051; with `--demo` it calls itself five times
 //! (the bundled rules allow 3 per 10 s), prints the statuses and exits.
 
-use std::path::PathBuf;
-use std::sync::Arc;
-
 use tonic::transport::Server;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-use weir_rules::engine::Rules;
 use weir_tower::rules::RulesLayer;
+
+mod common;
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let demo = args.iter().any(|a| a == "--demo");
-    let path = args
-        .iter()
-        .find(|a| !a.starts_with("--"))
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules.yaml"))
-        });
-    let set = weir_rules::watch::load(&path).unwrap_or_else(|e| {
-        eprintln!("tonic_rules: error: {e}");
-        std::process::exit(2)
-    });
-    let rules = Arc::new(Rules::new(&set).unwrap_or_else(|e| {
-        eprintln!("tonic_rules: error: {}: {e}", path.display());
-        std::process::exit(2)
-    }));
+    let (rules, demo, _watcher) = common::rules_from_args("tonic_rules");
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -46,7 +28,7 @@ async fn main() {
     };
     let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
     let local = listener.local_addr().expect("address");
-    println!("tonic_rules: grpc://{local} (rules: {})", path.display());
+    println!("tonic_rules: grpc://{local}");
     let server = Server::builder()
         .layer(RulesLayer::new(rules))
         .add_service(health)

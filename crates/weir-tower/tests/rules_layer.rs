@@ -304,6 +304,26 @@ fn get_req(port: u16) -> http::Request<Full<bytes::Bytes>> {
         .unwrap()
 }
 
+/// `n` requests through `svc`, one at a time: each one's status or the layer's refusal.
+async fn outcomes<S, E>(mut svc: S, port: u16, n: usize) -> Vec<Result<StatusCode, ClientError<E>>>
+where
+    S: Service<
+        http::Request<Full<bytes::Bytes>>,
+        Response = http::Response<hyper::body::Incoming>,
+        Error = ClientError<E>,
+    >,
+{
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let r = match svc.ready().await {
+            Ok(s) => s.call(get_req(port)).await,
+            Err(e) => Err(e),
+        };
+        out.push(r.map(|r| r.status()));
+    }
+    out
+}
+
 #[tokio::test]
 async fn client_breaker_stops_sending_to_a_failing_server() {
     let (port, hits) = failing_server(u32::MAX).await;
@@ -316,23 +336,15 @@ async fn client_breaker_stops_sending_to_a_failing_server() {
         })
         .unwrap(),
     );
-    let mut svc = ServiceBuilder::new()
+    let svc = ServiceBuilder::new()
         .layer(BreakerLayer::new(breaker))
         .service(http);
-    let mut open = 0;
-    for _ in 0..20 {
-        match svc
-            .ready()
-            .await
-            .unwrap_or_else(|_| panic!("not ready"))
-            .call(get_req(port))
-            .await
-        {
-            Ok(r) => assert_eq!(r.status(), 503),
-            Err(ClientError::BreakerOpen { .. }) => open += 1,
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let out = outcomes(svc, port, 20).await;
+    assert!(out.iter().all(|r| matches!(
+        r,
+        Ok(StatusCode::SERVICE_UNAVAILABLE) | Err(ClientError::BreakerOpen { .. })
+    )));
+    let open = out.iter().filter(|r| r.is_err()).count();
     assert_eq!(
         hits.load(Ordering::SeqCst),
         4,
@@ -347,23 +359,15 @@ async fn client_throttle_rejects_locally_when_the_server_rejects() {
     let http = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
     let clock = Arc::new(ManualClock::new(0));
     let throttle = Arc::new(SreThrottle::with(2.0, Duration::from_secs(120), 120, 7).unwrap());
-    let mut svc = ServiceBuilder::new()
+    let svc = ServiceBuilder::new()
         .layer(ThrottleLayer::with_clock(throttle.clone(), clock))
         .service(http);
-    let mut local = 0;
-    for _ in 0..200 {
-        match svc
-            .ready()
-            .await
-            .unwrap_or_else(|_| panic!("not ready"))
-            .call(get_req(port))
-            .await
-        {
-            Ok(r) => assert_eq!(r.status(), 503),
-            Err(ClientError::Throttled) => local += 1,
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let out = outcomes(svc, port, 200).await;
+    assert!(out.iter().all(|r| matches!(
+        r,
+        Ok(StatusCode::SERVICE_UNAVAILABLE) | Err(ClientError::Throttled)
+    )));
+    let local = out.iter().filter(|r| r.is_err()).count();
     // With no accepts the rejection probability climbs to n / (n + 1): almost all local.
     assert!(local >= 150, "only {local} rejected locally");
     assert_eq!(hits.load(Ordering::SeqCst) as usize + local, 200);
