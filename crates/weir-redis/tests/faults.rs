@@ -100,11 +100,15 @@ async fn killed_under_load_falls_back_at_once_and_returns_after_restart() {
     let s = limiter.status();
     eprintln!("{calls} calls, slowest {slowest:?}, {s:?}");
     assert!(slowest <= config.timeout + SLACK, "a call took {slowest:?}");
-    assert_eq!(
-        s.to_fallback, 1,
-        "one switch per outage, not one per request"
+    // One switch per outage, not one per request (hundreds of thousands of calls here). On a
+    // loaded machine a call right after the restart can exceed the 30 ms timeout, which is a
+    // real second switch (a CI run saw 2): allow a few, and every one must come back.
+    assert!(
+        (1..=3).contains(&s.to_fallback),
+        "{} switches to the fallback for one outage",
+        s.to_fallback
     );
-    assert_eq!(s.to_redis, 1);
+    assert_eq!(s.to_redis, s.to_fallback, "every switch came back to Redis");
     // Errors: the calls already in flight when Redis died, not one per request.
     assert!(s.errors <= 16, "{} errors", s.errors);
 }
