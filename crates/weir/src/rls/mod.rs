@@ -1,5 +1,6 @@
 //! `weir serve`: the Envoy rate-limit service (RLS v3) on Lyft's configuration format.
 
+mod batch;
 pub mod config;
 pub mod engine;
 pub mod server;

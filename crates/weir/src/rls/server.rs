@@ -25,6 +25,7 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
+use super::batch::{self, FirstPollInline};
 use super::config::{self, DomainConfig, Unit};
 use super::engine::{
     BadRequest, Engine, EngineOptions, HeaderStyle, Request, RequestDescriptor, Response, Store,
@@ -274,21 +275,44 @@ impl RateLimitService for Grpc {
     }
 }
 
-/// Serves gRPC on `addr` until the process ends.
+/// Serves gRPC on `listener` until the process ends.
+///
+/// hyper's HTTP/2 server directly (prior knowledge, as Envoy and gRPC clients speak) rather
+/// than tonic's transport, for one reason: the executor. [`FirstPollInline`] finishes a
+/// memory-store decision on the connection's task, so the responses to one socket read
+/// leave in one write (see `first_poll.rs`).
 pub async fn serve_grpc(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
 ) -> Result<(), String> {
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
-        .tcp_nodelay(true)
+    let svc = RateLimitServiceServer::new(Grpc(service));
+    let mut builder = hyper::server::conn::http2::Builder::new(FirstPollInline);
+    builder
         .initial_connection_window_size(4 << 20)
         .initial_stream_window_size(1 << 20)
         .max_concurrent_streams(1_024)
-        .add_service(RateLimitServiceServer::new(Grpc(service)))
-        .serve_with_incoming(incoming)
-        .await
-        .map_err(|e| e.to_string())
+        .timer(hyper_util::rt::TokioTimer::new());
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                tracing::warn!(error = %e, "gRPC accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Nagle + delayed ACK stall a caller that multiplexes streams on one connection
+        // (Envoy opens one per worker) for 40 ms.
+        let _ = stream.set_nodelay(true);
+        let builder = builder.clone();
+        let svc = hyper_util::service::TowerToHyperService::new(svc.clone());
+        tokio::spawn(async move {
+            if let Err(e) = batch::serve(&builder, stream, svc).await {
+                tracing::debug!(error = %e, "gRPC connection ended with an error");
+            }
+        });
+    }
 }
 
 // ---- HTTP: proto3 JSON ----
