@@ -55,3 +55,19 @@ def wrk_run(wrk, env, port, secs, path="/"):
     return {"rps": rps, "p99_ms": float(p99.group(1)) * scale, "non2xx": int(non2xx.group(1)) if non2xx else 0}
 
 
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds used so far by process `pid` (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds():
+    """CPU seconds of this script's finished (waited-for) children, e.g. wrk after its run."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime

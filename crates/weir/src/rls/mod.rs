@@ -3,4 +3,5 @@
 mod batch;
 pub mod config;
 pub mod engine;
+pub mod grpc;
 pub mod server;

@@ -17,9 +17,6 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     self as pbr, rate_limit::Unit as PbUnit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use parking_lot::RwLock;
 use serde::{Deserialize, Deserializer};
@@ -30,6 +27,7 @@ use super::config::{self, DomainConfig, Unit};
 use super::engine::{
     BadRequest, Engine, EngineOptions, HeaderStyle, Request, RequestDescriptor, Response, Store,
 };
+use super::grpc::GrpcService;
 
 /// The bundled example configuration (served without `--config`).
 pub const EXAMPLE: &str = include_str!("../../config/example.yaml");
@@ -70,6 +68,11 @@ impl Service {
     pub fn with_headers(mut self, style: HeaderStyle) -> Self {
         self.headers = style;
         self
+    }
+
+    /// The style of rate-limit headers asked of Envoy.
+    pub fn header_style(&self) -> HeaderStyle {
+        self.headers
     }
 
     /// The current engine.
@@ -181,7 +184,7 @@ fn unit_from_pb(u: i32) -> Option<Unit> {
     })
 }
 
-fn from_proto(r: RateLimitRequest) -> Result<Request, BadRequest> {
+pub(super) fn from_proto(r: RateLimitRequest) -> Result<Request, BadRequest> {
     let descriptors = r
         .descriptors
         .into_iter()
@@ -213,7 +216,7 @@ fn from_proto(r: RateLimitRequest) -> Result<Request, BadRequest> {
     })
 }
 
-fn to_proto(r: &Response, style: HeaderStyle) -> RateLimitResponse {
+pub(super) fn to_proto(r: &Response, style: HeaderStyle) -> RateLimitResponse {
     let code = |over: bool| if over { pbr::Code::OverLimit } else { pbr::Code::Ok } as i32;
     RateLimitResponse {
         overall_code: code(r.over_limit),
@@ -254,38 +257,17 @@ fn prost_types_duration(d: Duration) -> envoy_types::pb::google::protobuf::Durat
     }
 }
 
-/// The gRPC side.
-#[derive(Clone)]
-pub struct Grpc(pub Arc<Service>);
-
-#[tonic::async_trait]
-impl RateLimitService for Grpc {
-    async fn should_rate_limit(
-        &self,
-        request: tonic::Request<RateLimitRequest>,
-    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        let req =
-            from_proto(request.into_inner()).map_err(|e| tonic::Status::invalid_argument(e.0))?;
-        let resp = self
-            .0
-            .decide(&req)
-            .await
-            .map_err(|e| tonic::Status::invalid_argument(e.0))?;
-        Ok(tonic::Response::new(to_proto(&resp, self.0.headers)))
-    }
-}
-
 /// Serves gRPC on `listener` until the process ends.
 ///
-/// hyper's HTTP/2 server directly (prior knowledge, as Envoy and gRPC clients speak) rather
-/// than tonic's transport, for one reason: the executor. [`FirstPollInline`] finishes a
-/// memory-store decision on the connection's task, so the responses to one socket read
-/// leave in one write (see `first_poll.rs`).
+/// hyper's HTTP/2 server directly (prior knowledge, as Envoy and gRPC clients speak) with the
+/// hand-framed unary method of `grpc.rs`; [`FirstPollInline`] finishes a memory-store decision
+/// on the connection's task, so the responses to one socket read leave in one write (see
+/// `batch.rs`).
 pub async fn serve_grpc(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
 ) -> Result<(), String> {
-    let svc = RateLimitServiceServer::new(Grpc(service));
+    let svc = GrpcService(service);
     let mut builder = hyper::server::conn::http2::Builder::new(FirstPollInline);
     builder
         .initial_connection_window_size(4 << 20)
@@ -306,7 +288,7 @@ pub async fn serve_grpc(
         // (Envoy opens one per worker) for 40 ms.
         let _ = stream.set_nodelay(true);
         let builder = builder.clone();
-        let svc = hyper_util::service::TowerToHyperService::new(svc.clone());
+        let svc = svc.clone();
         tokio::spawn(async move {
             if let Err(e) = batch::serve(&builder, stream, svc).await {
                 tracing::debug!(error = %e, "gRPC connection ended with an error");

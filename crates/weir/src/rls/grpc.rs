@@ -1,0 +1,375 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`: one unary gRPC method,
+//! served as a plain hyper service.
+//!
+//! Why not tonic's generated server: per call it builds a decoding stream, a metadata map, an
+//! encoding stream and boxed bodies, ≈ 20 % of `weir serve`'s CPU per decision under load
+//! (docs/serve.md). A unary call is simple enough to frame by hand: the request body is one
+//! length-prefixed message; the answer is `200`, `content-type: application/grpc`, one
+//! length-prefixed message and the trailer `grpc-status: 0`. Errors are "trailers-only"
+//! answers (status and message in the headers, no body), as gRPC specifies. Compression is not
+//! offered (no `grpc-accept-encoding`), so conforming clients (Envoy, tonic, grpc-go) send
+//! uncompressed messages; a compressed one is answered UNIMPLEMENTED.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use prost::Message;
+
+use super::server::{from_proto, to_proto, Service};
+
+/// The one method served.
+pub const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// Largest request message accepted (tonic's and grpc-go's default).
+pub const MAX_MESSAGE: usize = 4 << 20;
+
+/// gRPC status codes of the errors answered here (success is the `grpc-status: 0` trailer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    /// The request could not be read to its end (the caller went away).
+    Cancelled = 1,
+    /// A malformed or invalid request.
+    InvalidArgument = 3,
+    /// A request message above [`MAX_MESSAGE`].
+    ResourceExhausted = 8,
+    /// An unknown method, or a compressed message.
+    Unimplemented = 12,
+}
+
+/// The ratelimit service as a hyper service.
+#[derive(Clone)]
+pub struct GrpcService(pub Arc<Service>);
+
+impl hyper::service::Service<Request<Incoming>> for GrpcService {
+    type Response = Response<GrpcBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<GrpcBody>, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { Ok(handle(&service, req).await) })
+    }
+}
+
+async fn handle<B>(service: &Service, req: Request<B>) -> Response<GrpcBody>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if req.uri().path() != PATH {
+        let m = format!("unknown method {}", req.uri().path());
+        return status(Code::Unimplemented, &m);
+    }
+    let grpc = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if !grpc {
+        // Not a gRPC call at all: plain HTTP, as the gRPC spec asks.
+        let mut r = Response::new(GrpcBody::empty());
+        *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        return r;
+    }
+    let body = match Limited::new(req.into_body(), MAX_MESSAGE + 5)
+        .collect()
+        .await
+    {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            let m = format!("request message larger than {MAX_MESSAGE} bytes");
+            return status(Code::ResourceExhausted, &m);
+        }
+        Err(e) => return status(Code::Cancelled, &format!("reading the request: {e}")),
+    };
+    let message = match unframe(&body) {
+        Ok(m) => m,
+        Err((code, m)) => return status(code, m),
+    };
+    let request = match RateLimitRequest::decode(message) {
+        Ok(r) => r,
+        Err(e) => return status(Code::InvalidArgument, &format!("bad RateLimitRequest: {e}")),
+    };
+    let request = match from_proto(request) {
+        Ok(r) => r,
+        Err(e) => return status(Code::InvalidArgument, &e.0),
+    };
+    match service.decide(&request).await {
+        Ok(r) => ok(&to_proto(&r, service.header_style())),
+        Err(e) => status(Code::InvalidArgument, &e.0),
+    }
+}
+
+/// The message of a unary request body: exactly one uncompressed length-prefixed message.
+fn unframe(body: &Bytes) -> Result<Bytes, (Code, &'static str)> {
+    let Some(&[flag, a, b, c, d]) = body.get(..5) else {
+        return Err((Code::InvalidArgument, "request body is not a gRPC message"));
+    };
+    if flag != 0 {
+        return Err((Code::Unimplemented, "compressed messages are not supported"));
+    }
+    let len = u32::from_be_bytes([a, b, c, d]) as usize;
+    if body.len() - 5 != len {
+        return Err((
+            Code::InvalidArgument,
+            "a unary request carries exactly one message",
+        ));
+    }
+    Ok(body.slice(5..))
+}
+
+fn ok(message: &impl Message) -> Response<GrpcBody> {
+    let len = message.encoded_len();
+    let mut buf = BytesMut::with_capacity(5 + len);
+    buf.put_u8(0);
+    buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+    // Cannot fail: the buffer has room for `encoded_len` bytes.
+    let _ = message.encode(&mut buf);
+    let mut trailers = HeaderMap::with_capacity(1);
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let mut r = Response::new(GrpcBody {
+        data: Some(buf.freeze()),
+        trailers: Some(trailers),
+    });
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    r
+}
+
+/// A trailers-only answer: `code` and `message` in the response headers, no body.
+pub fn status(code: Code, message: &str) -> Response<GrpcBody> {
+    let mut r = Response::new(GrpcBody::empty());
+    let h = r.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    h.insert("grpc-status", HeaderValue::from(code as u16));
+    if let Ok(v) = HeaderValue::from_str(&percent_encode(message)) {
+        h.insert("grpc-message", v);
+    }
+    r
+}
+
+/// gRPC's `grpc-message` encoding: bytes outside printable ASCII, and `%`, as `%XX`.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &b in s.as_bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A gRPC response body: at most one data frame, then at most one trailers frame.
+pub struct GrpcBody {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl GrpcBody {
+    fn empty() -> Self {
+        Self {
+            data: None,
+            trailers: None,
+        }
+    }
+}
+
+impl Body for GrpcBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(d) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(d))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rls::engine::{EngineOptions, Store};
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+    use http_body_util::Full;
+
+    fn service() -> Service {
+        Service::new(None, Store::Memory, EngineOptions::default(), None).expect("bundled example")
+    }
+
+    fn call(path: &str, content_type: &str, body: Bytes) -> Response<GrpcBody> {
+        let req = Request::post(path)
+            .header("content-type", content_type)
+            .body(Full::new(body))
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(handle(&service(), req))
+    }
+
+    fn grpc_status(r: &Response<GrpcBody>) -> (String, String) {
+        let h = r.headers();
+        let get = |k: &str| {
+            h.get(k)
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default()
+        };
+        (get("grpc-status"), get("grpc-message"))
+    }
+
+    #[test]
+    fn a_decision_is_one_message_then_the_ok_trailer() {
+        let req = RateLimitRequest {
+            domain: "example".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "remote_address".into(),
+                    value: "10.0.0.1".into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 1,
+        };
+        let r = call(PATH, "application/grpc", framed(&req.encode_to_vec()));
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["content-type"], "application/grpc");
+        let mut body = r.into_body();
+        let data = body.data.take().expect("one message");
+        assert_eq!(
+            u32::from_be_bytes(data[1..5].try_into().unwrap()) as usize,
+            data.len() - 5
+        );
+        let resp = RateLimitResponse::decode(&data[5..]).unwrap();
+        assert_eq!(resp.statuses.len(), 1);
+        assert_eq!(body.trailers.take().unwrap()["grpc-status"], "0");
+    }
+
+    #[test]
+    fn bad_calls_get_the_grpc_status_that_names_the_problem() {
+        let r = call("/other.Service/Method", "application/grpc", framed(b""));
+        assert_eq!(grpc_status(&r).0, "12");
+        assert!(grpc_status(&r).1.contains("/other.Service/Method"));
+
+        let r = call(PATH, "application/json", framed(b""));
+        assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+
+        let r = call(
+            PATH,
+            "application/grpc",
+            Bytes::from_static(b"\xff\xff\xff\xff\xff\xff"),
+        );
+        assert_eq!(grpc_status(&r).0, "12", "compressed flag");
+
+        let r = call(PATH, "application/grpc", framed(b"\xff\xff\xff"));
+        assert_eq!(grpc_status(&r).0, "3");
+        assert!(
+            grpc_status(&r).1.starts_with("bad RateLimitRequest"),
+            "{:?}",
+            grpc_status(&r)
+        );
+
+        let empty_value = RateLimitRequest {
+            domain: "example".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "remote_address".into(),
+                    value: String::new(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 1,
+        };
+        let r = call(
+            PATH,
+            "application/grpc+proto",
+            framed(&empty_value.encode_to_vec()),
+        );
+        assert_eq!(grpc_status(&r).0, "3");
+        assert!(
+            grpc_status(&r).1.contains("empty value"),
+            "{:?}",
+            grpc_status(&r)
+        );
+
+        let huge = vec![0u8; MAX_MESSAGE + 1];
+        let r = call(PATH, "application/grpc", framed(&huge));
+        assert_eq!(grpc_status(&r).0, "8");
+    }
+
+    fn framed(msg: &[u8]) -> Bytes {
+        let mut b = vec![0u8];
+        b.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        b.extend_from_slice(msg);
+        Bytes::from(b)
+    }
+
+    #[test]
+    fn unframe_takes_exactly_one_uncompressed_message() {
+        assert_eq!(
+            unframe(&framed(b"abc")).unwrap(),
+            Bytes::from_static(b"abc")
+        );
+        assert_eq!(unframe(&framed(b"")).unwrap(), Bytes::new());
+        assert_eq!(
+            unframe(&Bytes::from_static(b"\0\0")).unwrap_err().0,
+            Code::InvalidArgument
+        );
+        let mut two = framed(b"a").to_vec();
+        two.extend_from_slice(&framed(b"b"));
+        assert_eq!(
+            unframe(&Bytes::from(two)).unwrap_err().0,
+            Code::InvalidArgument
+        );
+        let mut short = framed(b"abcd").to_vec();
+        short.pop();
+        assert_eq!(
+            unframe(&Bytes::from(short)).unwrap_err().0,
+            Code::InvalidArgument
+        );
+        let mut compressed = framed(b"abc").to_vec();
+        compressed[0] = 1;
+        assert_eq!(
+            unframe(&Bytes::from(compressed)).unwrap_err().0,
+            Code::Unimplemented
+        );
+    }
+
+    #[test]
+    fn grpc_message_is_percent_encoded() {
+        assert_eq!(percent_encode("a b%c"), "a b%25c");
+        assert_eq!(percent_encode("é\n"), "%C3%A9%0A");
+        let r = status(Code::InvalidArgument, "bad\tvalue");
+        assert_eq!(r.headers()["grpc-status"], "3");
+        assert_eq!(r.headers()["grpc-message"], "bad%09value");
+        assert!(r.body().is_end_stream());
+    }
+}
