@@ -501,6 +501,17 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .ok();
+    if let Some(handle) = prometheus.clone() {
+        // install_recorder leaves upkeep to us: without it every histogram sample (one per
+        // decision) is kept until the next scrape, so memory grew ≈ 2 MB/s at 150 k
+        // decisions/s when nobody scraped /metrics.
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                handle.run_upkeep();
+            }
+        });
+    }
     let options = rls::engine::EngineOptions {
         instances: args.instances,
         shadow: args.shadow,
