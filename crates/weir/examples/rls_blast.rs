@@ -259,11 +259,7 @@ async fn connection(addr: String, streams: usize, deadline: Instant) -> Result<S
                         }
                     }
                 }
-                RST_STREAM => {
-                    if inflight.remove(&id).is_some() {
-                        stats.failed += 1;
-                    }
-                }
+                RST_STREAM if inflight.remove(&id).is_some() => stats.failed += 1,
                 SETTINGS if flags & ACK == 0 => frame_header(&mut out, 0, SETTINGS, ACK, 0),
                 PING if flags & ACK == 0 => {
                     frame_header(&mut out, 8, PING, ACK, 0);
