@@ -149,6 +149,29 @@ struct Compiled<C: Clock> {
     set: Arc<RuleSet>,
 }
 
+/// One resource of a rule set in force, looked up once (see [`Rules::resolve`]).
+pub struct Resolved<C: Clock = MonotonicClock> {
+    compiled: Arc<Compiled<C>>,
+    resource: Option<Arc<Resource<C>>>,
+}
+
+impl<C: Clock> Clone for Resolved<C> {
+    fn clone(&self) -> Self {
+        Self {
+            compiled: self.compiled.clone(),
+            resource: self.resource.clone(),
+        }
+    }
+}
+
+impl<C: Clock> std::fmt::Debug for Resolved<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolved")
+            .field("has_rules", &self.resource.is_some())
+            .finish()
+    }
+}
+
 /// A call admitted to a resource. [`Guard::complete`] reports how it ended; dropping it
 /// without that releases what it holds and records its response time with no outcome.
 #[must_use = "complete the guard with the call's outcome"]
@@ -329,6 +352,37 @@ impl<C: Clock + Clone> Rules<C> {
     pub fn entry(&self, resource: &str, ctx: &Context<'_>) -> Result<Guard<C>, Block> {
         let compiled = self.current.load();
         let res = compiled.resources.get(resource).cloned();
+        self.entry_in(&compiled, res, resource, ctx)
+    }
+
+    /// Looks `resource` up once in the rules in force, for [`Rules::entry_resolved`]. Valid
+    /// until the next [`Rules::apply`] (compare [`Rules::generation`] and resolve again when it
+    /// changed): a stale one still admits by the rules it was resolved from.
+    pub fn resolve(&self, resource: &str) -> Resolved<C> {
+        let compiled = self.current.load_full();
+        let resource = compiled.resources.get(resource).cloned();
+        Resolved { compiled, resource }
+    }
+
+    /// [`Rules::entry`] for a resource resolved beforehand (`resource` is its name, used in
+    /// blocks): no rule-set load and no name lookup per call. A route table resolves each
+    /// route's resource when it compiles.
+    pub fn entry_resolved(
+        &self,
+        resolved: &Resolved<C>,
+        resource: &str,
+        ctx: &Context<'_>,
+    ) -> Result<Guard<C>, Block> {
+        self.entry_in(&resolved.compiled, resolved.resource.clone(), resource, ctx)
+    }
+
+    fn entry_in(
+        &self,
+        compiled: &Compiled<C>,
+        res: Option<Arc<Resource<C>>>,
+        resource: &str,
+        ctx: &Context<'_>,
+    ) -> Result<Guard<C>, Block> {
         let system = compiled.system.as_ref().filter(|_| ctx.inbound);
         let mut guard = Guard {
             resource: None,

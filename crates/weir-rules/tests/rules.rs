@@ -179,3 +179,25 @@ fn yaml_errors_name_file_line_column_and_path() {
     let e = RuleSet::from_yaml(Path::new("r.yaml"), "resources:\n  - name: a\n    flow:\n      - {id: x, qps: 3}\n  - name: b\n    flow:\n      - {id: x, qps: 3}\n").unwrap_err();
     assert!(e.to_string().contains("duplicate rule id \"x\""), "{e}");
 }
+
+#[test]
+fn a_resolved_resource_shares_state_with_entry_and_is_refreshed_after_apply() {
+    let (r, _) = rules("resources:\n  - name: api\n    flow:\n      - {id: api-qps, qps: 4, window: 1s, algorithm: sliding_log}\n");
+    let resolved = r.resolve("api");
+    let generation = r.generation();
+    // The same counters whichever way a call enters.
+    assert!(r.entry_resolved(&resolved, "api", &CTX).is_ok());
+    assert!(r.entry("api", &CTX).is_ok());
+    assert_eq!(passes(&r, "api", &CTX, 5), 2);
+    let block = r.entry_resolved(&resolved, "api", &CTX).err().unwrap();
+    assert_eq!(&*block.rule, "api-qps");
+    // A resource without rules passes; system rules would still apply to it.
+    let none = r.resolve("other");
+    assert!(r.entry_resolved(&none, "other", &CTX).is_ok());
+    // After a reload the generation moves on; resolving again gives the new rules.
+    r.apply(&set("resources:\n  - name: api\n    flow:\n      - {id: api-qps, qps: 4, window: 1s, algorithm: sliding_log}\n      - {id: api-one, concurrency: 1}\n")).unwrap();
+    assert_ne!(r.generation(), generation);
+    let fresh = r.resolve("api");
+    let block = r.entry_resolved(&fresh, "api", &CTX).err().unwrap();
+    assert_eq!(&*block.rule, "api-qps", "counters kept across the reload");
+}

@@ -30,8 +30,8 @@ use http_body::Body;
 use tower::{Layer, Service};
 use weir_core::stats::Outcome;
 use weir_core::{Clock, Criticality, MonotonicClock};
-use weir_rules::config::{HttpConfig, Param};
-use weir_rules::engine::{Block, Context as CallContext, Guard, RuleKind, Rules};
+use weir_rules::config::Param;
+use weir_rules::engine::{Block, Context as CallContext, Guard, Resolved, RuleKind, Rules};
 
 use crate::key::ClientIp;
 use crate::problem;
@@ -106,8 +106,10 @@ where
 
 /// One compiled route.
 #[derive(Debug)]
-struct Route {
+struct Route<C: Clock> {
     resource: Box<str>,
+    /// The resource looked up in the rules the table was compiled from.
+    resolved: Resolved<C>,
     prefix: Box<str>,
     methods: Vec<Method>,
     headers: Vec<(HeaderName, Option<HeaderValue>)>,
@@ -123,20 +125,25 @@ enum RouteParam {
 }
 
 /// Compiled `http` section of a rule set.
-#[derive(Debug, Default)]
-struct Table {
+#[derive(Debug)]
+struct Table<C: Clock> {
     generation: u64,
-    routes: Vec<Route>,
+    routes: Vec<Route<C>>,
     origin_header: Option<HeaderName>,
     client_ip: ClientIp,
 }
 
-impl Table {
-    fn compile(http: Option<&HttpConfig>, generation: u64) -> Self {
-        let Some(http) = http else {
+impl<C: Clock + Clone> Table<C> {
+    /// Compiles the `http` section of the rules in force (read after `generation`, so a table
+    /// is never newer than its generation says; an older one is recompiled at the next call).
+    fn compile(rules: &Rules<C>, generation: u64) -> Self {
+        let set = rules.rule_set();
+        let Some(http) = set.http.as_ref() else {
             return Self {
                 generation,
-                ..Self::default()
+                routes: Vec::new(),
+                origin_header: None,
+                client_ip: ClientIp::default(),
             };
         };
         // The rule set was validated (names, CIDRs); anything still unparsable is skipped.
@@ -151,6 +158,7 @@ impl Table {
                 .iter()
                 .map(|r| Route {
                     resource: r.resource.as_str().into(),
+                    resolved: rules.resolve(&r.resource),
                     prefix: r.prefix.trim_end_matches('/').into(),
                     methods: r
                         .methods
@@ -197,39 +205,39 @@ fn under(path: &str, prefix: &str) -> bool {
 /// the rules (recompiled when [`Rules::generation`] changes).
 pub struct Routes<C: Clock + Clone = MonotonicClock> {
     rules: Arc<Rules<C>>,
-    table: ArcSwap<Table>,
+    table: ArcSwap<Table<C>>,
 }
 
 impl<C: Clock + Clone> Routes<C> {
     /// Routes of the rules in force in `rules`.
     pub fn new(rules: Arc<Rules<C>>) -> Self {
-        let table = Table::compile(rules.rule_set().http.as_ref(), rules.generation());
+        let table = Table::compile(&rules, rules.generation());
         Self {
             rules,
             table: ArcSwap::from_pointee(table),
         }
     }
 
-    fn table(&self) -> arc_swap::Guard<Arc<Table>> {
+    fn table(&self) -> arc_swap::Guard<Arc<Table<C>>> {
         let t = self.table.load();
         let generation = self.rules.generation();
         if t.generation == generation {
             return t;
         }
-        let table = Table::compile(self.rules.rule_set().http.as_ref(), generation);
+        let table = Table::compile(&self.rules, generation);
         self.table.store(Arc::new(table));
         self.table.load()
     }
 }
 
 /// A classification that owns what it borrowed from the route table.
-struct Owned {
-    table: arc_swap::Guard<Arc<Table>>,
+struct Owned<C: Clock> {
+    table: arc_swap::Guard<Arc<Table<C>>>,
     route: usize,
 }
 
 impl<C: Clock + Clone + Send + Sync + 'static> Routes<C> {
-    fn find(&self, req: Head<'_>) -> Option<Owned> {
+    fn find(&self, req: Head<'_>) -> Option<Owned<C>> {
         let table = self.table();
         let path = req.uri.path();
         let route = table.routes.iter().position(|r| {
@@ -248,7 +256,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Routes<C> {
 }
 
 /// The call derived from a route, owning its strings (the table guard lives in the future).
-fn target_of<'a>(table: &'a Table, route: usize, req: Head<'a>) -> Target<'a> {
+fn target_of<'a, C: Clock>(table: &'a Table<C>, route: usize, req: Head<'a>) -> Target<'a> {
     let r = &table.routes[route];
     let origin = table
         .origin_header
@@ -375,9 +383,10 @@ where
         let entry = match &*self.layer.classifier {
             Classifier::Routes(routes) => routes.find(head).map(|owned| {
                 let t = target_of(&owned.table, owned.route, head);
-                admit(&self.layer.rules, &t)
+                let resolved = &owned.table.routes[owned.route].resolved;
+                admit(&self.layer.rules, Some(resolved), &t)
             }),
-            Classifier::Custom(c) => c.classify(head).map(|t| admit(&self.layer.rules, &t)),
+            Classifier::Custom(c) => c.classify(head).map(|t| admit(&self.layer.rules, None, &t)),
         };
         match entry {
             None => RulesFuture::Pass {
@@ -413,7 +422,15 @@ where
     }
 }
 
-fn admit<C: Clock + Clone>(rules: &Rules<C>, t: &Target<'_>) -> Result<Guard<C>, Block> {
+fn admit<C: Clock + Clone>(
+    rules: &Rules<C>,
+    resolved: Option<&Resolved<C>>,
+    t: &Target<'_>,
+) -> Result<Guard<C>, Block> {
+    let entry = |ctx: &CallContext<'_>| match resolved {
+        Some(r) => rules.entry_resolved(r, t.resource, ctx),
+        None => rules.entry(t.resource, ctx),
+    };
     let mut ctx = CallContext {
         origin: t.origin,
         criticality: t.criticality,
@@ -421,7 +438,7 @@ fn admit<C: Clock + Clone>(rules: &Rules<C>, t: &Target<'_>) -> Result<Guard<C>,
         inbound: true,
     };
     if t.params.is_empty() {
-        return rules.entry(t.resource, &ctx);
+        return entry(&ctx);
     }
     // Hot-parameter rules index the first 8 parameters.
     let mut params = [""; 8];
@@ -430,7 +447,7 @@ fn admit<C: Clock + Clone>(rules: &Rules<C>, t: &Target<'_>) -> Result<Guard<C>,
         *slot = p;
     }
     ctx.params = &params[..n];
-    rules.entry(t.resource, &ctx)
+    entry(&ctx)
 }
 
 /// A paced call waiting for its turn.
