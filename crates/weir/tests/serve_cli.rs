@@ -203,6 +203,11 @@ fn http_json_limits_exactly_then_429_and_refuses_bad_input() {
         metrics.contains("weir_rls_shadow_over_limit_total"),
         "{metrics}"
     );
+    assert!(
+        metrics.contains("# TYPE weir_rls_decision_seconds histogram")
+            && metrics.contains("weir_rls_decision_seconds_bucket{le=\"+Inf\"}"),
+        "{metrics}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -4,4 +4,5 @@ mod batch;
 pub mod config;
 pub mod engine;
 pub mod grpc;
+pub mod latency;
 pub mod server;

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -40,7 +40,7 @@ pub struct Service {
     config: Option<PathBuf>,
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     headers: HeaderStyle,
-    latency: metrics::Histogram,
+    latency: super::latency::Latency,
 }
 
 impl Service {
@@ -60,7 +60,7 @@ impl Service {
             config,
             prometheus,
             headers: HeaderStyle::None,
-            latency: metrics::histogram!("weir_rls_decision_seconds"),
+            latency: super::latency::Latency::default(),
         })
     }
 
@@ -82,10 +82,10 @@ impl Service {
 
     /// Decides a request, recording the latency.
     pub async fn decide(&self, request: &Request) -> Result<Response, BadRequest> {
-        let start = Instant::now();
+        let start = self.latency.start();
         let engine = self.engine();
         let r = engine.decide(&self.store, request).await;
-        self.latency.record(start.elapsed().as_secs_f64());
+        self.latency.since(start);
         if r.is_err() {
             metrics::counter!("weir_rls_bad_requests_total").increment(1);
         }
@@ -481,7 +481,11 @@ async fn metrics_handler(State(service): State<Arc<Service>>) -> axum::response:
                 axum::http::header::CONTENT_TYPE,
                 "text/plain; version=0.0.4",
             )],
-            h.render(),
+            {
+                let mut text = h.render();
+                service.latency.render(&mut text);
+                text
+            },
         )
             .into_response(),
         None => (StatusCode::NOT_FOUND, "metrics recorder not installed").into_response(),
