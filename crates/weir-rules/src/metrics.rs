@@ -17,22 +17,19 @@ pub const RT_BUCKETS: [f64; 14] = [
 ];
 
 /// The same bounds in nanoseconds.
-const RT_BUCKETS_NS: [u64; 14] = [
-    500_000,
-    1_000_000,
-    2_500_000,
-    5_000_000,
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    100_000_000,
-    250_000_000,
-    500_000_000,
-    1_000_000_000,
-    2_500_000_000,
-    5_000_000_000,
-    10_000_000_000,
-];
+const RT_BUCKETS_NS: [u64; RT_BUCKETS.len()] = bounds_ns(RT_BUCKETS);
+
+/// Histogram bounds in seconds as whole nanoseconds (rounded), computed at compile time so the
+/// two lists cannot drift apart.
+pub const fn bounds_ns<const N: usize>(seconds: [f64; N]) -> [u64; N] {
+    let mut out = [0u64; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = (seconds[i] * 1e9 + 0.5) as u64;
+        i += 1;
+    }
+    out
+}
 
 /// Counters of one rule.
 #[derive(Debug, Default)]
@@ -247,6 +244,17 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bounds_in_nanoseconds_are_exact() {
+        assert_eq!(RT_BUCKETS_NS[0], 500_000);
+        assert_eq!(RT_BUCKETS_NS[2], 2_500_000);
+        assert_eq!(RT_BUCKETS_NS[13], 10_000_000_000);
+        assert_eq!(
+            bounds_ns([0.000_005, 0.000_01, 0.001]),
+            [5_000, 10_000, 1_000_000]
+        );
+    }
 
     #[test]
     fn histogram_buckets_are_cumulative_and_bounded_inclusively() {

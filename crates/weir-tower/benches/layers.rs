@@ -12,53 +12,17 @@
 //! - `tower_governor`: `GovernorLayer` with its global key extractor (governor's GCRA);
 //! - `tower_resilience`: `tower-resilience-ratelimiter`'s fixed-window layer.
 
-use std::future::Future;
-use std::hint::black_box;
-use std::path::Path;
-use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use axum::body::Body;
 use criterion::{criterion_group, criterion_main, Criterion};
-use http::{Request, Response};
-use tower::{Layer, Service};
+use tower::Layer;
 use weir_core::{Gcra, KeyedLimiter, Quota};
-use weir_rules::config::RuleSet;
-use weir_rules::engine::Rules;
 use weir_tower::key::Global;
 use weir_tower::limit::RateLimitLayer;
 use weir_tower::rules::{ClassifyFn, RulesLayer, Target};
 
-type Handler = tower::util::ServiceFn<
-    fn(Request<()>) -> std::future::Ready<Result<Response<Body>, std::convert::Infallible>>,
->;
-
-fn handler() -> Handler {
-    fn h(_: Request<()>) -> std::future::Ready<Result<Response<Body>, std::convert::Infallible>> {
-        std::future::ready(Ok(Response::new(Body::empty())))
-    }
-    tower::service_fn(h as fn(_) -> _)
-}
-
-/// One request through `svc`, polled to completion (every case here is ready at once).
-fn once<S>(svc: &mut S)
-where
-    S: Service<Request<()>>,
-    S::Error: std::fmt::Debug,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    match svc.poll_ready(&mut cx) {
-        Poll::Ready(r) => r.expect("ready"),
-        Poll::Pending => panic!("not ready at once"),
-    }
-    let req = Request::get("/api/x").body(()).expect("request");
-    let mut fut = std::pin::pin!(svc.call(req));
-    match fut.as_mut().poll(&mut cx) {
-        Poll::Ready(r) => drop(black_box(r.expect("response"))),
-        Poll::Pending => panic!("not answered at once"),
-    }
-}
+mod fixture;
+use fixture::{handler, once};
 
 fn layers(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -66,12 +30,7 @@ fn layers(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let _ctx = rt.enter();
-    let set = RuleSet::from_yaml(
-        Path::new("bench.yaml"),
-        "resources:\n  - name: api\n    flow:\n      - {id: api-qps, qps: 1000000000, algorithm: gcra}\nhttp:\n  routes:\n    - {resource: api, prefix: /api}\n",
-    )
-    .expect("rules");
-    let rules = Arc::new(Rules::new(&set).expect("rules"));
+    let rules = fixture::rules();
     let mut g = c.benchmark_group("layer");
     let mut plain = handler();
     g.bench_function("handler", |b| b.iter(|| once(&mut plain)));

@@ -6,45 +6,17 @@
 //! valgrind --tool=callgrind target/release/examples/pass_path_profile rules 200000
 //! ```
 //!
-//! Run each mode (`plain`: the handler alone; `rules`: one GCRA flow rule on a route) with two
-//! counts N and subtract, so one-time costs (runtime, clock calibration) cancel out:
-//! instructions per request = (Ir(2N) − Ir(N)) / N. Readings in docs/tower.md.
+//! Run each mode (`plain`: the handler alone; `rules`: one GCRA flow rule on a route; the same
+//! fixture as `benches/layers.rs`) with two counts N and subtract, so one-time costs (runtime,
+//! clock calibration) cancel out: instructions per request = (Ir(2N) − Ir(N)) / N. Readings in
+//! docs/tower.md.
 
-use std::future::Future;
-use std::path::Path;
-use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
-
-use axum::body::Body;
-use http::{Request, Response};
-use tower::{Layer, Service};
-use weir_rules::config::RuleSet;
-use weir_rules::engine::Rules;
+use tower::Layer;
 use weir_tower::rules::RulesLayer;
 
-type Handler =
-    fn(Request<()>) -> std::future::Ready<Result<Response<Body>, std::convert::Infallible>>;
-
-fn handler(_: Request<()>) -> std::future::Ready<Result<Response<Body>, std::convert::Infallible>> {
-    std::future::ready(Ok(Response::new(Body::empty())))
-}
-
-fn run<S: Service<Request<()>>>(svc: &mut S, n: usize)
-where
-    S::Error: std::fmt::Debug,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    for _ in 0..n {
-        if svc.poll_ready(&mut cx).is_pending() {
-            panic!("not ready at once");
-        }
-        let req = Request::get("/api/x").body(()).expect("request");
-        let mut fut = std::pin::pin!(svc.call(req));
-        if let Poll::Ready(r) = fut.as_mut().poll(&mut cx) {
-            drop(std::hint::black_box(r));
-        }
-    }
-}
+#[path = "../benches/fixture.rs"]
+mod fixture;
+use fixture::{handler, once, rules};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -55,16 +27,15 @@ fn main() {
         .build()
         .expect("runtime");
     let _ctx = rt.enter();
-    let set = RuleSet::from_yaml(
-        Path::new("profile.yaml"),
-        "resources:\n  - name: api\n    flow:\n      - {id: api-qps, qps: 1000000000, algorithm: gcra}\nhttp:\n  routes:\n    - {resource: api, prefix: /api}\n",
-    )
-    .expect("rules");
-    let rules = Arc::new(Rules::new(&set).expect("rules"));
-    let service = tower::service_fn(handler as Handler);
     match mode.as_str() {
-        "plain" => run(&mut { service }, n),
-        "rules" => run(&mut RulesLayer::new(rules).layer(service), n),
+        "plain" => {
+            let mut svc = handler();
+            (0..n).for_each(|_| once(&mut svc));
+        }
+        "rules" => {
+            let mut svc = RulesLayer::new(rules()).layer(handler());
+            (0..n).for_each(|_| once(&mut svc));
+        }
         other => {
             eprintln!("usage: pass_path_profile plain|rules [N] (got {other:?})");
             std::process::exit(2);

@@ -20,24 +20,7 @@ pub const BUCKETS: [f64; 16] = [
     0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
-const BUCKETS_NS: [u64; 16] = [
-    5_000,
-    10_000,
-    25_000,
-    50_000,
-    100_000,
-    250_000,
-    500_000,
-    1_000_000,
-    2_500_000,
-    5_000_000,
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    100_000_000,
-    250_000_000,
-    1_000_000_000,
-];
+const BUCKETS_NS: [u64; BUCKETS.len()] = weir_rules::metrics::bounds_ns(BUCKETS);
 
 /// The metric's name.
 pub const NAME: &str = "weir_rls_decision_seconds";

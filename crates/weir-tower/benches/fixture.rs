@@ -1,0 +1,56 @@
+//! Shared by `benches/layers.rs` and `examples/pass_path_profile.rs`: the trivial handler, one
+//! request polled to completion, and the one-flow-rule set both measure.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use axum::body::Body;
+use http::{Request, Response};
+use tower::Service;
+use weir_rules::config::RuleSet;
+use weir_rules::engine::Rules;
+
+/// The handler every case calls: an empty `axum::body::Body`.
+pub type Handler = tower::util::ServiceFn<
+    fn(Request<()>) -> std::future::Ready<Result<Response<Body>, std::convert::Infallible>>,
+>;
+
+/// The trivial handler.
+pub fn handler() -> Handler {
+    fn h(_: Request<()>) -> std::future::Ready<Result<Response<Body>, std::convert::Infallible>> {
+        std::future::ready(Ok(Response::new(Body::empty())))
+    }
+    tower::service_fn(h as fn(_) -> _)
+}
+
+/// One request through `svc`, polled to completion (every case here is ready at once).
+pub fn once<S>(svc: &mut S)
+where
+    S: Service<Request<()>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    match svc.poll_ready(&mut cx) {
+        Poll::Ready(r) => r.expect("ready"),
+        Poll::Pending => panic!("not ready at once"),
+    }
+    let req = Request::get("/api/x").body(()).expect("request");
+    let mut fut = std::pin::pin!(svc.call(req));
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(r) => drop(black_box(r.expect("response"))),
+        Poll::Pending => panic!("not answered at once"),
+    }
+}
+
+/// One flow rule (GCRA, a limit never reached) on resource `api`, routed from `/api`.
+pub fn rules() -> Arc<Rules> {
+    let set = RuleSet::from_yaml(
+        Path::new("bench.yaml"),
+        "resources:\n  - name: api\n    flow:\n      - {id: api-qps, qps: 1000000000, algorithm: gcra}\nhttp:\n  routes:\n    - {resource: api, prefix: /api}\n",
+    )
+    .expect("rules");
+    Arc::new(Rules::new(&set).expect("rules"))
+}
