@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -128,15 +128,18 @@ fn unframe(body: &Bytes) -> Result<Bytes, (Code, &'static str)> {
 
 fn ok(message: &impl Message) -> Response<GrpcBody> {
     let len = message.encoded_len();
-    let mut buf = BytesMut::with_capacity(5 + len);
-    buf.put_u8(0);
-    buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-    // Cannot fail: the buffer has room for `encoded_len` bytes.
+    // A Vec, not a BytesMut: prost writes varints a byte at a time, and BytesMut's `put_slice`
+    // is an out-of-line call (then memmove) per byte where Vec's inlines to a store.
+    // `Bytes::from(Vec)` takes the allocation without copying.
+    let mut buf = Vec::with_capacity(5 + len);
+    buf.push(0);
+    buf.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    // Cannot fail: a Vec grows as needed.
     let _ = message.encode(&mut buf);
     let mut trailers = HeaderMap::with_capacity(1);
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
     let mut r = Response::new(GrpcBody {
-        data: Some(buf.freeze()),
+        data: Some(Bytes::from(buf)),
         trailers: Some(trailers),
     });
     r.headers_mut().insert(
