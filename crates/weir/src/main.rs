@@ -4,6 +4,7 @@
 //!
 //! Errors print one line `weir: error: …` and exit 2 (bad usage, configuration or input).
 
+mod accept;
 mod duration;
 mod overload;
 mod proxy;
@@ -108,6 +109,9 @@ struct ServeArgs {
     /// (RateLimit-Policy, RateLimit, Retry-After).
     #[arg(long, value_name = "STYLE", default_value = "none", value_parser = ["none", "draft03", "ietf"])]
     response_headers: String,
+    /// Most connections open at once on each listener (accepting pauses at the cap).
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    max_connections: usize,
 }
 
 #[derive(clap::Args)]
@@ -570,18 +574,13 @@ async fn serve(args: ServeArgs) -> ExitCode {
         "try: curl -s -XPOST http://{h}/json -d '{{\"domain\":\"{domain}\",\"descriptors\":[{{\"entries\":[{{\"key\":\"remote_address\",\"value\":\"10.0.0.1\"}}]}}]}}'"
     );
     let _ = io::stdout().flush();
-    let result = tokio::select! {
-        r = rls::server::serve_grpc(service.clone(), grpc) => r.map_err(|e| format!("gRPC server: {e}")),
-        r = rls::server::serve_http(service.clone(), http) => r.map_err(|e| format!("HTTP server: {e}")),
-        _ = tokio::signal::ctrl_c() => Ok(()),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("weir: error: {e}");
-            ExitCode::FAILURE
-        }
+    // The accept loops run until the process is stopped (accept errors are retried).
+    tokio::select! {
+        () = rls::server::serve_grpc(service.clone(), grpc, args.max_connections) => {}
+        () = rls::server::serve_http(service.clone(), http, args.max_connections) => {}
+        _ = tokio::signal::ctrl_c() => {}
     }
+    ExitCode::SUCCESS
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {

@@ -27,7 +27,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use tower::{Service, ServiceBuilder};
 use weir_rules::engine::Rules;
 use weir_rules::watch::{Event, Watcher};
@@ -339,48 +339,17 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
     if let Some(admin) = admin {
         tokio::spawn(serve_admin(admin, rules.clone(), stats.clone()));
     }
-    let slots = Arc::new(tokio::sync::Semaphore::new(s.max_connections.max(1)));
     let header_timeout = s.header_timeout;
-    let accept = async {
-        loop {
-            // At the connection cap, stop accepting (the kernel's backlog holds new ones)
-            // rather than take connections that cannot be served.
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            let (stream, peer) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off, keep serving.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            let svc = ServiceBuilder::new()
-                .map_request(move |mut req: Request<Incoming>| {
-                    req.extensions_mut().insert(PeerAddr(peer));
-                    req
-                })
-                .layer(layer.clone())
-                .service(forward.clone());
-            tokio::spawn(async move {
-                let io = TokioIo::new(stream);
-                let svc = hyper_util::service::TowerToHyperService::new(svc);
-                let mut builder =
-                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                builder
-                    .http1()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(header_timeout);
-                if let Err(e) = builder.serve_connection(io, svc).await {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-                drop(slot);
-            });
-        }
-    };
+    let accept = crate::accept::serve(listener, s.max_connections, "proxy", move |stream, peer| {
+        let svc = ServiceBuilder::new()
+            .map_request(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(PeerAddr(peer));
+                req
+            })
+            .layer(layer.clone())
+            .service(forward.clone());
+        crate::accept::serve_http(stream, svc, header_timeout)
+    });
     tokio::select! {
         _ = accept => Ok(()),
         _ = tokio::signal::ctrl_c() => Ok(()),
@@ -398,7 +367,9 @@ async fn serve_admin(listener: tokio::net::TcpListener, rules: Arc<Rules>, stats
             }),
         )
         .route("/healthz", get(|| async { "ok\n" }));
-    if let Err(e) = axum::serve(listener, app).await {
-        eprintln!("weir proxy: admin server failed: {e}");
-    }
+    // A handful of scrapers at most: a small cap keeps a connection flood off the proxy.
+    crate::accept::serve(listener, 64, "admin", move |stream, _| {
+        crate::accept::serve_http(stream, app.clone(), Duration::from_secs(10))
+    })
+    .await;
 }

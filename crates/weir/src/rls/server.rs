@@ -257,7 +257,7 @@ fn prost_types_duration(d: Duration) -> envoy_types::pb::google::protobuf::Durat
     }
 }
 
-/// Serves gRPC on `listener` until the process ends.
+/// Serves gRPC on `listener` until the process ends, at most `max_connections` connections at once.
 ///
 /// hyper's HTTP/2 server directly (prior knowledge, as Envoy and gRPC clients speak) with the
 /// hand-framed unary method of `grpc.rs`; [`FirstPollInline`] finishes a memory-store decision
@@ -266,7 +266,8 @@ fn prost_types_duration(d: Duration) -> envoy_types::pb::google::protobuf::Durat
 pub async fn serve_grpc(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
-) -> Result<(), String> {
+    max_connections: usize,
+) {
     let svc = GrpcService(service);
     let mut builder = hyper::server::conn::http2::Builder::new(FirstPollInline);
     builder
@@ -277,27 +278,16 @@ pub async fn serve_grpc(
         // for the caller to decode per decision.
         .auto_date_header(false)
         .timer(hyper_util::rt::TokioTimer::new());
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                // Out of file descriptors and the like: back off, keep serving.
-                tracing::warn!(error = %e, "gRPC accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        // Nagle + delayed ACK stall a caller that multiplexes streams on one connection
-        // (Envoy opens one per worker) for 40 ms.
-        let _ = stream.set_nodelay(true);
+    crate::accept::serve(listener, max_connections, "gRPC", move |stream, _| {
         let builder = builder.clone();
         let svc = svc.clone();
-        tokio::spawn(async move {
+        async move {
             if let Err(e) = batch::serve(&builder, stream, svc).await {
                 tracing::debug!(error = %e, "gRPC connection ended with an error");
             }
-        });
-    }
+        }
+    })
+    .await;
 }
 
 // ---- HTTP: proto3 JSON ----
@@ -495,18 +485,23 @@ async fn metrics_handler(State(service): State<Arc<Service>>) -> axum::response:
     }
 }
 
-/// Serves the HTTP API (`POST /json`, `GET /healthz`, `GET /metrics`).
+/// Serves the HTTP API (`POST /json`, `GET /healthz`, `GET /metrics`) over HTTP/1.1 and h2c,
+/// at most `max_connections` connections at once; a client gets 10 s to send a request head.
 pub async fn serve_http(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
-) -> Result<(), String> {
+    max_connections: usize,
+) {
     let app = Router::new()
         .route("/json", post(json_handler))
         .route("/healthz", get(|| async { "OK\n" }))
         .route("/healthcheck", get(|| async { "OK\n" }))
         .route("/metrics", get(metrics_handler))
         .with_state(service);
-    axum::serve(listener, app).await.map_err(|e| e.to_string())
+    crate::accept::serve(listener, max_connections, "HTTP", move |stream, _| {
+        crate::accept::serve_http(stream, app.clone(), Duration::from_secs(10))
+    })
+    .await;
 }
 
 /// Binds an address, naming it in the error.
