@@ -20,7 +20,7 @@ descriptors:
     value: '/cart*'
     descriptors:
       - key: user
-        rate_limit: {unit: minute, requests_per_unit: 2}
+        rate_limit: {unit: minute, requests_per_unit: 2, name: cart}
   - key: shadowed
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
@@ -279,7 +279,9 @@ fn envoy_limits_exactly_with_headers_nested_wildcards_and_shadow() {
     );
     let (code, head, _) = get(e.port, &[("x-user", "ann")]);
     assert_eq!(code, 429);
-    assert!(head.contains("x-ratelimit-limit: 3"), "{head}");
+    // An unnamed rule: Envoy's header carries no `name=` (current_limit.name is empty, as
+    // Lyft's service leaves it).
+    assert!(head.contains("x-ratelimit-limit: 3, 3;w=60\r\n"), "{head}");
     assert!(head.contains("x-ratelimit-remaining: 0"), "{head}");
     assert!(head.contains("x-ratelimit-reset:"), "{head}");
     // nested path + user under a wildcard value: 2 per minute
@@ -287,6 +289,10 @@ fn envoy_limits_exactly_with_headers_nested_wildcards_and_shadow() {
         codes(e.port, &[("x-user", "zed"), ("x-path", "/cart/items")], 4),
         [200, 200, 429, 429]
     );
+    // a named rule: Envoy names it in the policy list
+    let (code, head, _) = get(e.port, &[("x-user", "yan"), ("x-path", "/cart")]);
+    assert_eq!(code, 200);
+    assert!(head.contains("name=\"cart\""), "{head}");
     // a path outside the wildcard: only the user limit (3)
     assert_eq!(
         codes(e.port, &[("x-user", "kay"), ("x-path", "/home")], 4),

@@ -54,8 +54,8 @@ pub struct RequestDescriptor {
 pub struct Status {
     /// Over its limit (never in shadow mode).
     pub over_limit: bool,
-    /// The limit applied: (name, requests per unit, unit); none when no limit matched.
-    pub limit: Option<(String, u64, Unit)>,
+    /// The limit applied; none when no limit matched.
+    pub limit: Option<AppliedLimit>,
     /// Units left in the window.
     pub remaining: u64,
     /// Time until the limit is fully reset.
@@ -64,6 +64,21 @@ pub struct Status {
     pub retry_after: Option<Duration>,
     /// The limit's window (the unit, or the `window` extension).
     pub window: Duration,
+}
+
+/// The limit a descriptor was held to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppliedLimit {
+    /// The YAML `name`, reported in `current_limit.name` (empty when absent, as Lyft's service
+    /// does: Envoy appends a non-empty name to its `x-ratelimit-limit` header).
+    pub name: Option<Arc<str>>,
+    /// Names the limit in the IETF `RateLimit` headers: `name`, else the rule's id (empty for a
+    /// request's limit override).
+    pub policy: Arc<str>,
+    /// Requests per unit.
+    pub requests_per_unit: u64,
+    /// The unit.
+    pub unit: Unit,
 }
 
 /// The answer to a request.
@@ -99,6 +114,8 @@ pub struct Rule {
     pub shadow: bool,
     store_rule: Option<Arc<RedisRule>>,
     metrics: RuleMetrics,
+    /// Built once, cloned (two reference counts) into every status.
+    applied: AppliedLimit,
 }
 
 /// Metric handles registered once per rule (no label allocation per request).
@@ -118,13 +135,6 @@ impl RuleMetrics {
             near_limit: metrics::counter!("weir_rls_near_limit_total", "rule" => rule.clone()),
             shadow_over_limit: metrics::counter!("weir_rls_shadow_over_limit_total", "rule" => rule),
         }
-    }
-}
-
-impl Rule {
-    /// The name reported to Envoy and used in metrics (`name`, else the id).
-    pub fn display_name(&self) -> &str {
-        self.limit.name.as_deref().unwrap_or(&self.id)
     }
 }
 
@@ -376,7 +386,12 @@ impl Engine {
                     let shadow = rule.is_some_and(|r| r.shadow);
                     status_of(
                         &decision,
-                        (String::new(), u64::from(rpu), unit),
+                        AppliedLimit {
+                            name: None,
+                            policy: Arc::from(""),
+                            requests_per_unit: u64::from(rpu),
+                            unit,
+                        },
                         unit.duration(),
                         shadow,
                     )
@@ -392,16 +407,8 @@ impl Engine {
                     } else if let Some(sr) = &r.store_rule {
                         let key = counter_key(&d.entries);
                         let decision = acquire(store, sr, &key, hits).await;
-                        let status = status_of(
-                            &decision,
-                            (
-                                r.display_name().to_string(),
-                                r.limit.requests_per_unit,
-                                r.limit.unit,
-                            ),
-                            r.limit.window,
-                            r.shadow,
-                        );
+                        let status =
+                            status_of(&decision, r.applied.clone(), r.limit.window, r.shadow);
                         metrics_for(r, &decision, hits);
                         status
                     } else {
@@ -455,7 +462,7 @@ fn no_limit() -> Status {
     }
 }
 
-fn status_of(d: &Decision, limit: (String, u64, Unit), window: Duration, shadow: bool) -> Status {
+fn status_of(d: &Decision, limit: AppliedLimit, window: Duration, shadow: bool) -> Status {
     Status {
         window,
         over_limit: !d.allowed() && !shadow,
@@ -553,6 +560,12 @@ fn build_nodes(
                     None => store_rule(&id, limit, options)?,
                 };
                 let rule = Arc::new(Rule {
+                    applied: AppliedLimit {
+                        name: limit.name.as_deref().map(Arc::from),
+                        policy: Arc::from(limit.name.as_deref().unwrap_or(&id)),
+                        requests_per_unit: limit.requests_per_unit,
+                        unit: limit.unit,
+                    },
                     metrics: RuleMetrics::new(&id),
                     id: id.clone(),
                     limit: limit.clone(),
@@ -781,7 +794,12 @@ impl Response {
         else {
             return Vec::new();
         };
-        let Some((name, limit, _)) = &s.limit else {
+        let Some(AppliedLimit {
+            policy: name,
+            requests_per_unit: limit,
+            ..
+        }) = &s.limit
+        else {
             return Vec::new();
         };
         let secs = |d: Duration| d.as_nanos().div_ceil(1_000_000_000);

@@ -225,10 +225,10 @@ pub(super) fn to_proto(r: &Response, style: HeaderStyle) -> RateLimitResponse {
             .iter()
             .map(|s| pbr::DescriptorStatus {
                 code: code(s.over_limit),
-                current_limit: s.limit.as_ref().map(|(name, rpu, unit)| pbr::RateLimit {
-                    name: name.clone(),
-                    requests_per_unit: u32::try_from(*rpu).unwrap_or(u32::MAX),
-                    unit: pb_unit(*unit) as i32,
+                current_limit: s.limit.as_ref().map(|l| pbr::RateLimit {
+                    name: l.name.as_deref().unwrap_or_default().to_string(),
+                    requests_per_unit: u32::try_from(l.requests_per_unit).unwrap_or(u32::MAX),
+                    unit: pb_unit(l.unit) as i32,
                 }),
                 limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
                 duration_until_reset: s.limit.as_ref().map(|_| prost_types_duration(s.reset)),
@@ -430,8 +430,12 @@ fn to_json(r: &Response, style: HeaderStyle) -> Value {
         "overallCode": code(r.over_limit),
         "statuses": r.statuses.iter().map(|s| {
             let mut v = json!({"code": code(s.over_limit)});
-            if let Some((name, rpu, unit)) = &s.limit {
-                v["currentLimit"] = json!({"name": name, "requestsPerUnit": rpu, "unit": unit.proto_name()});
+            if let Some(l) = &s.limit {
+                // proto3 JSON leaves out an empty name, as Lyft's answer does.
+                v["currentLimit"] = match &l.name {
+                    Some(name) => json!({"name": &**name, "requestsPerUnit": l.requests_per_unit, "unit": l.unit.proto_name()}),
+                    None => json!({"requestsPerUnit": l.requests_per_unit, "unit": l.unit.proto_name()}),
+                };
                 v["limitRemaining"] = json!(s.remaining);
                 v["durationUntilReset"] = json!(format!("{}s", s.reset.as_secs_f64()));
             }
