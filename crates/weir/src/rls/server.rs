@@ -22,7 +22,7 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
-use super::batch::{self, FirstPollInline};
+use super::batch;
 use super::config::{self, DomainConfig, Unit};
 use super::engine::{
     BadRequest, Engine, EngineOptions, HeaderStyle, Request, RequestDescriptor, Response, Store,
@@ -260,16 +260,31 @@ fn prost_types_duration(d: Duration) -> envoy_types::pb::google::protobuf::Durat
 /// Serves gRPC on `listener` until the process ends, at most `max_connections` connections at once.
 ///
 /// hyper's HTTP/2 server directly (prior knowledge, as Envoy and gRPC clients speak) with the
-/// hand-framed unary method of `grpc.rs`; [`FirstPollInline`] finishes a memory-store decision
-/// on the connection's task, so the responses to one socket read leave in one write (see
-/// `batch.rs`).
+/// hand-framed unary method of `grpc.rs`; every stream runs on its connection's task
+/// ([`batch::ConnectionExecutor`]), so the answers to one socket read (memory store) or to one
+/// batch of Redis replies leave in one write (see `batch.rs`).
 pub async fn serve_grpc(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
     max_connections: usize,
 ) {
     let svc = GrpcService(service);
-    let mut builder = hyper::server::conn::http2::Builder::new(FirstPollInline);
+    crate::accept::serve(listener, max_connections, "gRPC", move |stream, _| {
+        let svc = svc.clone();
+        async move {
+            if let Err(e) = batch::serve(grpc_builder, stream, svc).await {
+                tracing::debug!(error = %e, "gRPC connection ended with an error");
+            }
+        }
+    })
+    .await;
+}
+
+/// The HTTP/2 settings of a gRPC connection, around that connection's executor.
+fn grpc_builder(
+    executor: batch::ConnectionExecutor,
+) -> hyper::server::conn::http2::Builder<batch::ConnectionExecutor> {
+    let mut builder = hyper::server::conn::http2::Builder::new(executor);
     builder
         .initial_connection_window_size(4 << 20)
         .initial_stream_window_size(1 << 20)
@@ -278,16 +293,7 @@ pub async fn serve_grpc(
         // for the caller to decode per decision.
         .auto_date_header(false)
         .timer(hyper_util::rt::TokioTimer::new());
-    crate::accept::serve(listener, max_connections, "gRPC", move |stream, _| {
-        let builder = builder.clone();
-        let svc = svc.clone();
-        async move {
-            if let Err(e) = batch::serve(&builder, stream, svc).await {
-                tracing::debug!(error = %e, "gRPC connection ended with an error");
-            }
-        }
-    })
-    .await;
+    builder
 }
 
 // ---- HTTP: proto3 JSON ----
