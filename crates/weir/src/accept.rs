@@ -8,6 +8,9 @@
 //!   multiplexes streams on one connection (Envoy opens one per worker) for 40 ms.
 //! - An accept error (out of file descriptors and the like) is logged and retried after 50 ms;
 //!   the listener keeps serving.
+//! - Graceful stop: once a [`Shutdown`] says stop, the loop closes its listener, every
+//!   connection is asked to finish what it has in flight (HTTP/2 GOAWAY; HTTP/1.1 closes after
+//!   the current response) and [`serve`] returns when the last one has ended.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -15,9 +18,84 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 
-/// Accepts connections on `listener` forever, handing each to `handle` on its own task.
+/// Says "stop" to every [`Shutdown`] made with it.
+pub struct ShutdownTrigger(watch::Sender<bool>);
+
+impl ShutdownTrigger {
+    /// Asks every listener and connection to finish.
+    pub fn stop(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+/// Learns when to stop; cheap to clone, one per listener and connection.
+#[derive(Clone)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    /// Completes once [`ShutdownTrigger::stop`] was called (never, if the trigger is dropped
+    /// without it).
+    pub async fn stopping(&mut self) {
+        if self.0.wait_for(|stop| *stop).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Completes at the first SIGINT (Ctrl-C) or SIGTERM (what `kill`, systemd and Kubernetes send).
+pub async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Runs `servers` until a stop signal, then stops them through `trigger` and gives them up to
+/// `grace` (or until a second signal) to finish the requests in flight. `what` names the
+/// command in the messages.
+pub async fn run_until_stopped(
+    what: &str,
+    servers: impl Future<Output = ()>,
+    trigger: ShutdownTrigger,
+    grace: Duration,
+) {
+    tokio::pin!(servers);
+    tokio::select! {
+        () = &mut servers => return,
+        () = stop_signal() => {}
+    }
+    eprintln!(
+        "{what}: stopping: finishing the requests in flight (at most {grace:?}; a second signal stops at once)"
+    );
+    trigger.stop();
+    tokio::select! {
+        r = tokio::time::timeout(grace, servers) => {
+            if r.is_err() {
+                eprintln!("{what}: connections still open after {grace:?}, closing them");
+            }
+        }
+        () = stop_signal() => eprintln!("{what}: second stop signal, closing the connections"),
+    }
+}
+
+/// A trigger and the first [`Shutdown`] listening to it.
+pub fn shutdown() -> (ShutdownTrigger, Shutdown) {
+    let (tx, rx) = watch::channel(false);
+    (ShutdownTrigger(tx), Shutdown(rx))
+}
+
+/// Accepts connections on `listener` until `shutdown` says stop, handing each to `handle`
+/// (with its own [`Shutdown`]) on its own task; then returns once every connection has ended.
 ///
 /// The connection's slot is held until the future `handle` returns completes. `what` names the
 /// listener in logs. `max_connections` of 0 is treated as 1.
@@ -25,39 +103,56 @@ pub async fn serve<F, Fut>(
     listener: TcpListener,
     max_connections: usize,
     what: &'static str,
+    mut shutdown: Shutdown,
     mut handle: F,
 ) where
-    F: FnMut(TcpStream, SocketAddr) -> Fut,
+    F: FnMut(TcpStream, SocketAddr, Shutdown) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let slots = Arc::new(Semaphore::new(max_connections.max(1)));
-    loop {
-        // The semaphore is never closed, so this only waits.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, listener = what, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let connection = handle(stream, peer);
-        tokio::spawn(async move {
-            connection.await;
-            drop(slot);
-        });
+    let max = max_connections.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+    let slots = Arc::new(Semaphore::new(max));
+    let for_connections = shutdown.clone();
+    let accept = async {
+        loop {
+            // The semaphore is never closed, so this only waits.
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let (stream, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, listener = what, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let connection = handle(stream, peer, for_connections.clone());
+            tokio::spawn(async move {
+                connection.await;
+                drop(slot);
+            });
+        }
+    };
+    tokio::select! {
+        () = accept => {}
+        () = shutdown.stopping() => {}
     }
+    drop(listener);
+    // Every slot back: every connection has ended. `max` fits in u32 (clamped above).
+    let _ = slots.acquire_many(max as u32).await;
 }
 
 /// Serves HTTP/1.1 and h2c (prior knowledge) on one accepted connection with a tower service
-/// (an axum `Router`, the proxy's stack) until the client closes it; a client that takes longer
-/// than `header_timeout` to send a request head is disconnected.
-pub async fn serve_http<S, B>(stream: TcpStream, service: S, header_timeout: Duration)
-where
+/// (an axum `Router`, the proxy's stack) until the client closes it or `shutdown` says stop
+/// (then the requests in flight finish first); a client that takes longer than
+/// `header_timeout` to send a request head is disconnected.
+pub async fn serve_http<S, B>(
+    stream: TcpStream,
+    service: S,
+    header_timeout: Duration,
+    mut shutdown: Shutdown,
+) where
     S: tower::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
         + Clone
         + Send
@@ -76,7 +171,16 @@ where
         .http1()
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(header_timeout);
-    if let Err(e) = builder.serve_connection(io, service).await {
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let ended = tokio::select! {
+        r = conn.as_mut() => r,
+        () = shutdown.stopping() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = ended {
         tracing::debug!(error = %e, "connection ended with an error");
     }
 }
@@ -112,7 +216,8 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (live, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (l, p) = (live.clone(), peak.clone());
-        tokio::spawn(serve(listener, 2, "test", move |s, _| {
+        let (_keep, shutdown) = shutdown();
+        tokio::spawn(serve(listener, 2, "test", shutdown, move |s, _, _| {
             greet_and_hold(s, l.clone(), p.clone())
         }));
         let limit = Duration::from_secs(10);
@@ -140,11 +245,103 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (live, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (l, p) = (live.clone(), peak.clone());
-        tokio::spawn(serve(listener, 0, "test", move |s, _| {
+        let (_keep, shutdown) = shutdown();
+        tokio::spawn(serve(listener, 0, "test", shutdown, move |s, _, _| {
             greet_and_hold(s, l.clone(), p.clone())
         }));
         let mut a = TcpStream::connect(addr).await.unwrap();
         let got = tokio::time::timeout(Duration::from_secs(10), greeting(&mut a)).await;
         assert!(got.unwrap(), "a cap of 0 must still serve one connection");
+    }
+
+    #[tokio::test]
+    async fn stop_closes_the_listener_and_waits_for_open_connections() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (live, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (l, p) = (live.clone(), peak.clone());
+        let (trigger, shutdown) = shutdown();
+        // A connection that ends only when its client closes, whatever the stop says.
+        let server = tokio::spawn(serve(listener, 8, "test", shutdown, move |s, _, _| {
+            greet_and_hold(s, l.clone(), p.clone())
+        }));
+        let limit = Duration::from_secs(10);
+        let mut a = TcpStream::connect(addr).await.unwrap();
+        assert!(tokio::time::timeout(limit, greeting(&mut a)).await.unwrap());
+        trigger.stop();
+        // The listener closes: a new connection is refused (bounded wait for the stop to land).
+        let deadline = tokio::time::Instant::now() + limit;
+        while TcpStream::connect(addr).await.is_ok() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "listener still open"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            !server.is_finished(),
+            "returned with a connection still open"
+        );
+        drop(a);
+        tokio::time::timeout(limit, server)
+            .await
+            .expect("returns once the last connection ended")
+            .unwrap();
+        assert_eq!(live.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn stop_lets_an_http_request_in_flight_finish() {
+        use http_body_util::{BodyExt, Empty};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (trigger, shutdown) = shutdown();
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let gate = Arc::new(parking_lot::Mutex::new(Some((started_tx, release_rx))));
+        let app = tower::service_fn(move |_req: http::Request<hyper::body::Incoming>| {
+            let gate = gate.lock().take();
+            async move {
+                if let Some((started, release)) = gate {
+                    let _ = started.send(());
+                    let _ = release.await;
+                }
+                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from_static(b"done"),
+                )))
+            }
+        });
+        let server = tokio::spawn(serve(listener, 8, "test", shutdown, move |s, _, sd| {
+            serve_http(s, app.clone(), Duration::from_secs(10), sd)
+        }));
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::get("http://x/")
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let call = tokio::spawn(async move { sender.send_request(req).await });
+        let limit = Duration::from_secs(10);
+        tokio::time::timeout(limit, started_rx)
+            .await
+            .unwrap()
+            .unwrap();
+        trigger.stop();
+        // The request is in flight when the stop comes; it still gets its answer.
+        release_tx.send(()).unwrap();
+        let res = tokio::time::timeout(limit, call)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"done");
+        tokio::time::timeout(limit, server)
+            .await
+            .expect("the connection closes after its last response")
+            .unwrap();
     }
 }

@@ -79,6 +79,9 @@ struct ProxyArgs {
     /// Most client connections at once (accepting pauses at the cap).
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     max_connections: usize,
+    /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish before exit.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
+    drain_timeout: Duration,
     /// auto (HTTP/2 requests go out over h2c — gRPC needs it —, HTTP/1.x over HTTP/1.1), http1
     /// or h2c.
     #[arg(long, value_name = "P", default_value = "auto")]
@@ -112,6 +115,9 @@ struct ServeArgs {
     /// Most connections open at once on each listener (accepting pauses at the cap).
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     max_connections: usize,
+    /// On SIGTERM or Ctrl-C, how long the calls in flight get to finish before exit.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
+    drain_timeout: Duration,
 }
 
 #[derive(clap::Args)]
@@ -234,6 +240,7 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
         header_timeout: args.header_timeout,
         max_connections: args.max_connections,
         upstream_protocol: args.upstream_protocol,
+        drain_timeout: args.drain_timeout,
     };
     match runtime.block_on(proxy::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -574,12 +581,21 @@ async fn serve(args: ServeArgs) -> ExitCode {
         "try: curl -s -XPOST http://{h}/json -d '{{\"domain\":\"{domain}\",\"descriptors\":[{{\"entries\":[{{\"key\":\"remote_address\",\"value\":\"10.0.0.1\"}}]}}]}}'"
     );
     let _ = io::stdout().flush();
-    // The accept loops run until the process is stopped (accept errors are retried).
-    tokio::select! {
-        () = rls::server::serve_grpc(service.clone(), grpc, args.max_connections) => {}
-        () = rls::server::serve_http(service.clone(), http, args.max_connections) => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    // The accept loops run until a stop signal (accept errors are retried); then both listeners
+    // close and the calls in flight finish.
+    let (trigger, shutdown) = accept::shutdown();
+    let servers = async {
+        tokio::join!(
+            rls::server::serve_grpc(
+                service.clone(),
+                grpc,
+                args.max_connections,
+                shutdown.clone()
+            ),
+            rls::server::serve_http(service.clone(), http, args.max_connections, shutdown),
+        );
+    };
+    accept::run_until_stopped("weir serve", servers, trigger, args.drain_timeout).await;
     ExitCode::SUCCESS
 }
 

@@ -417,3 +417,62 @@ async fn grpc_goes_through_over_h2c_and_blocked_calls_get_grpc_statuses() {
         .unwrap();
     assert!(pushback > 3_000_000, "{pushback}");
 }
+
+#[tokio::test]
+async fn sigterm_closes_the_listener_and_finishes_the_request_in_flight() {
+    // An upstream that answers /slow only when the test releases it.
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap().port();
+    let gate = release.clone();
+    let app = Router::new().fallback(get(move || {
+        let (started, gate) = (started_tx.clone(), gate.clone());
+        async move {
+            let _ = started.send(()).await;
+            gate.notified().await;
+            "finished"
+        }
+    }));
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let file = rules_file("drain", RULES);
+    let mut p = Proxy::start(&file, &format!("http://127.0.0.1:{up}"), &[]);
+    let port = p.port;
+    let call = tokio::spawn(async move { get_url(port, "/slow", false, &[]).await });
+    let limit = Duration::from_secs(10);
+    tokio::time::timeout(limit, started_rx.recv())
+        .await
+        .expect("the request reached the upstream");
+    let pid = p.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    // The listener closes first (bounded wait), with the request still in flight...
+    let deadline = Instant::now() + limit;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "listener still open after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!call.is_finished());
+    // ...which still gets its answer, and then the proxy exits 0.
+    release.notify_one();
+    let (code, _, body) = tokio::time::timeout(limit, call).await.unwrap().unwrap();
+    assert_eq!((code, body.as_str()), (200, "finished"));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = p.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "proxy still running after draining"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+}

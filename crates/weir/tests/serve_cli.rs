@@ -504,3 +504,56 @@ fn response_headers_ietf_and_draft03() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Sends SIGTERM (what `kill`, systemd and Kubernetes send) and waits, bounded, for the exit.
+fn terminate(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let pid = child.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn sigterm_stops_cleanly_and_an_idle_connection_cannot_hold_it_past_the_drain_timeout() {
+    // An idle client on each listener: the gRPC one never sends the HTTP/2 preface, the HTTP
+    // one holds a keep-alive connection after a request.
+    let mut s = Serve::start(&["--drain-timeout", "2s"]);
+    let grpc_idle = TcpStream::connect(("127.0.0.1", s.grpc)).unwrap();
+    let mut http_idle = TcpStream::connect(("127.0.0.1", s.http)).unwrap();
+    write!(http_idle, "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    http_idle
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut first = [0u8; 12];
+    http_idle.read_exact(&mut first).unwrap();
+    assert_eq!(&first[9..12], b"200");
+    let started = Instant::now();
+    let status = terminate(&mut s.child, Duration::from_secs(15)).expect("exits after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    // Bounded by the drain timeout (2 s) plus slack for a loaded machine.
+    assert!(
+        started.elapsed() < Duration::from_secs(12),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        TcpStream::connect(("127.0.0.1", s.http)).is_err(),
+        "HTTP listener still open after exit"
+    );
+    let mut err = String::new();
+    s.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(err.contains("weir serve: stopping"), "{err}");
+    drop(grpc_idle);
+}

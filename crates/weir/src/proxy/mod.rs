@@ -54,6 +54,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// How to speak to the upstream.
     pub upstream_protocol: UpstreamProtocol,
+    /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish.
+    pub drain_timeout: Duration,
 }
 
 /// The protocol spoken to the upstream.
@@ -336,27 +338,42 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
             .map(|a| format!(", metrics: http://{a}/metrics"))
             .unwrap_or_default()
     );
+    let (trigger, shutdown) = crate::accept::shutdown();
     if let Some(admin) = admin {
-        tokio::spawn(serve_admin(admin, rules.clone(), stats.clone()));
+        tokio::spawn(serve_admin(
+            admin,
+            rules.clone(),
+            stats.clone(),
+            shutdown.clone(),
+        ));
     }
     let header_timeout = s.header_timeout;
-    let accept = crate::accept::serve(listener, s.max_connections, "proxy", move |stream, peer| {
-        let svc = ServiceBuilder::new()
-            .map_request(move |mut req: Request<Incoming>| {
-                req.extensions_mut().insert(PeerAddr(peer));
-                req
-            })
-            .layer(layer.clone())
-            .service(forward.clone());
-        crate::accept::serve_http(stream, svc, header_timeout)
-    });
-    tokio::select! {
-        _ = accept => Ok(()),
-        _ = tokio::signal::ctrl_c() => Ok(()),
-    }
+    let accept = crate::accept::serve(
+        listener,
+        s.max_connections,
+        "proxy",
+        shutdown,
+        move |stream, peer, sd| {
+            let svc = ServiceBuilder::new()
+                .map_request(move |mut req: Request<Incoming>| {
+                    req.extensions_mut().insert(PeerAddr(peer));
+                    req
+                })
+                .layer(layer.clone())
+                .service(forward.clone());
+            crate::accept::serve_http(stream, svc, header_timeout, sd)
+        },
+    );
+    crate::accept::run_until_stopped("weir proxy", accept, trigger, s.drain_timeout).await;
+    Ok(())
 }
 
-async fn serve_admin(listener: tokio::net::TcpListener, rules: Arc<Rules>, stats: Arc<ProxyStats>) {
+async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    rules: Arc<Rules>,
+    stats: Arc<ProxyStats>,
+    shutdown: crate::accept::Shutdown,
+) {
     use axum::routing::get;
     let app = axum::Router::new()
         .route(
@@ -368,8 +385,8 @@ async fn serve_admin(listener: tokio::net::TcpListener, rules: Arc<Rules>, stats
         )
         .route("/healthz", get(|| async { "ok\n" }));
     // A handful of scrapers at most: a small cap keeps a connection flood off the proxy.
-    crate::accept::serve(listener, 64, "admin", move |stream, _| {
-        crate::accept::serve_http(stream, app.clone(), Duration::from_secs(10))
+    crate::accept::serve(listener, 64, "admin", shutdown, move |stream, _, sd| {
+        crate::accept::serve_http(stream, app.clone(), Duration::from_secs(10), sd)
     })
     .await;
 }

@@ -235,11 +235,13 @@ impl<C: Future<Output = Result<(), hyper::Error>>> Future for Drain<C> {
 
 /// Serves one HTTP/2 connection on `stream` with a builder from `builder` (given this
 /// connection's executor) and `service`, running its streams on this task and coalescing
-/// writes (see the module documentation).
+/// writes (see the module documentation). Once `shutdown` says stop, the connection sends
+/// GOAWAY, finishes the streams it has and closes.
 pub async fn serve<S, B>(
     builder: impl FnOnce(ConnectionExecutor) -> hyper::server::conn::http2::Builder<ConnectionExecutor>,
     stream: TcpStream,
     service: S,
+    mut shutdown: crate::accept::Shutdown,
 ) -> Result<(), hyper::Error>
 where
     S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B> + Send + 'static,
@@ -258,14 +260,19 @@ where
     let executor = ConnectionExecutor::default();
     let io = hyper_util::rt::TokioIo::new(CoalescedIo(shared.clone()));
     let conn = builder(executor.clone()).serve_connection(io, service);
-    Drain {
+    let mut drain = Drain {
         conn: Box::pin(conn),
         shared,
         executor,
         streams: FuturesUnordered::new(),
         done: None,
+    };
+    tokio::select! {
+        r = &mut drain => return r,
+        () = shutdown.stopping() => {}
     }
-    .await
+    drain.conn.as_mut().graceful_shutdown();
+    drain.await
 }
 
 #[cfg(test)]
@@ -326,6 +333,7 @@ mod tests {
                         bytes::Bytes::from_static(b"answer"),
                     )))
                 });
+            let (_keep, shutdown) = crate::accept::shutdown();
             let _ = serve(
                 |e| {
                     let mut b = hyper::server::conn::http2::Builder::new(e);
@@ -334,6 +342,7 @@ mod tests {
                 },
                 s,
                 svc,
+                shutdown,
             )
             .await;
         });

@@ -257,7 +257,8 @@ fn prost_types_duration(d: Duration) -> envoy_types::pb::google::protobuf::Durat
     }
 }
 
-/// Serves gRPC on `listener` until the process ends, at most `max_connections` connections at once.
+/// Serves gRPC on `listener` until `shutdown` says stop and its connections have finished, at
+/// most `max_connections` connections at once.
 ///
 /// hyper's HTTP/2 server directly (prior knowledge, as Envoy and gRPC clients speak) with the
 /// hand-framed unary method of `grpc.rs`; every stream runs on its connection's task
@@ -267,16 +268,23 @@ pub async fn serve_grpc(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
     max_connections: usize,
+    shutdown: crate::accept::Shutdown,
 ) {
     let svc = GrpcService(service);
-    crate::accept::serve(listener, max_connections, "gRPC", move |stream, _| {
-        let svc = svc.clone();
-        async move {
-            if let Err(e) = batch::serve(grpc_builder, stream, svc).await {
-                tracing::debug!(error = %e, "gRPC connection ended with an error");
+    crate::accept::serve(
+        listener,
+        max_connections,
+        "gRPC",
+        shutdown,
+        move |stream, _, sd| {
+            let svc = svc.clone();
+            async move {
+                if let Err(e) = batch::serve(grpc_builder, stream, svc, sd).await {
+                    tracing::debug!(error = %e, "gRPC connection ended with an error");
+                }
             }
-        }
-    })
+        },
+    )
     .await;
 }
 
@@ -495,12 +503,14 @@ async fn metrics_handler(State(service): State<Arc<Service>>) -> axum::response:
     }
 }
 
-/// Serves the HTTP API (`POST /json`, `GET /healthz`, `GET /metrics`) over HTTP/1.1 and h2c,
-/// at most `max_connections` connections at once; a client gets 10 s to send a request head.
+/// Serves the HTTP API (`POST /json`, `GET /healthz`, `GET /metrics`) over HTTP/1.1 and h2c
+/// until `shutdown` says stop and its connections have finished, at most `max_connections`
+/// connections at once; a client gets 10 s to send a request head.
 pub async fn serve_http(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
     max_connections: usize,
+    shutdown: crate::accept::Shutdown,
 ) {
     let app = Router::new()
         .route("/json", post(json_handler))
@@ -508,9 +518,15 @@ pub async fn serve_http(
         .route("/healthcheck", get(|| async { "OK\n" }))
         .route("/metrics", get(metrics_handler))
         .with_state(service);
-    crate::accept::serve(listener, max_connections, "HTTP", move |stream, _| {
-        crate::accept::serve_http(stream, app.clone(), Duration::from_secs(10))
-    })
+    crate::accept::serve(
+        listener,
+        max_connections,
+        "HTTP",
+        shutdown,
+        move |stream, _, sd| {
+            crate::accept::serve_http(stream, app.clone(), Duration::from_secs(10), sd)
+        },
+    )
     .await;
 }
 
