@@ -72,6 +72,15 @@ impl Serve {
         Some((code, body))
     }
 
+    /// Everything the process wrote to stderr (call once it has exited or been killed).
+    fn stderr_after_exit(&mut self) -> String {
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        err
+    }
+
     fn get(&self, path: &str) -> Option<(u16, String)> {
         self.request("GET", path, "")
     }
@@ -354,13 +363,7 @@ fn hot_reload_applies_changes_keeps_counters_and_survives_bad_files() {
         "nested rule kept its count across the reload"
     );
     let _ = s.child.kill();
-    let mut err = String::new();
-    s.child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = s.stderr_after_exit();
     assert!(
         err.contains("reload kept the previous configuration") && err.contains("limits.yaml:4:"),
         "{err}"
@@ -547,13 +550,7 @@ fn sigterm_stops_cleanly_and_an_idle_connection_cannot_hold_it_past_the_drain_ti
         TcpStream::connect(("127.0.0.1", s.http)).is_err(),
         "HTTP listener still open after exit"
     );
-    let mut err = String::new();
-    s.child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = s.stderr_after_exit();
     assert!(err.contains("weir serve: stopping"), "{err}");
     drop(grpc_idle);
 }
