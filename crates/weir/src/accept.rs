@@ -210,16 +210,31 @@ mod tests {
         matches!(c.read(&mut b).await, Ok(1))
     }
 
-    #[tokio::test]
-    async fn at_the_cap_accepting_waits_for_a_closed_connection() {
+    /// A greeting server (see [`greet_and_hold`]) with cap `max` on a free port: its address,
+    /// live and peak connection counts, stop trigger and task.
+    async fn greeter(
+        max: usize,
+    ) -> (
+        SocketAddr,
+        Arc<AtomicUsize>,
+        Arc<AtomicUsize>,
+        ShutdownTrigger,
+        tokio::task::JoinHandle<()>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (live, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (l, p) = (live.clone(), peak.clone());
-        let (_keep, shutdown) = shutdown();
-        tokio::spawn(serve(listener, 2, "test", shutdown, move |s, _, _| {
+        let (trigger, shutdown) = shutdown();
+        let server = tokio::spawn(serve(listener, max, "test", shutdown, move |s, _, _| {
             greet_and_hold(s, l.clone(), p.clone())
         }));
+        (addr, live, peak, trigger, server)
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_accepting_waits_for_a_closed_connection() {
+        let (addr, _live, peak, _keep, _server) = greeter(2).await;
         let limit = Duration::from_secs(10);
         let mut a = TcpStream::connect(addr).await.unwrap();
         let mut b = TcpStream::connect(addr).await.unwrap();
@@ -241,14 +256,7 @@ mod tests {
 
     #[tokio::test]
     async fn zero_means_one() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (live, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (l, p) = (live.clone(), peak.clone());
-        let (_keep, shutdown) = shutdown();
-        tokio::spawn(serve(listener, 0, "test", shutdown, move |s, _, _| {
-            greet_and_hold(s, l.clone(), p.clone())
-        }));
+        let (addr, _live, _peak, _keep, _server) = greeter(0).await;
         let mut a = TcpStream::connect(addr).await.unwrap();
         let got = tokio::time::timeout(Duration::from_secs(10), greeting(&mut a)).await;
         assert!(got.unwrap(), "a cap of 0 must still serve one connection");
@@ -256,15 +264,8 @@ mod tests {
 
     #[tokio::test]
     async fn stop_closes_the_listener_and_waits_for_open_connections() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (live, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (l, p) = (live.clone(), peak.clone());
-        let (trigger, shutdown) = shutdown();
-        // A connection that ends only when its client closes, whatever the stop says.
-        let server = tokio::spawn(serve(listener, 8, "test", shutdown, move |s, _, _| {
-            greet_and_hold(s, l.clone(), p.clone())
-        }));
+        // Its connections end only when their client closes, whatever the stop says.
+        let (addr, live, _peak, trigger, server) = greeter(8).await;
         let limit = Duration::from_secs(10);
         let mut a = TcpStream::connect(addr).await.unwrap();
         assert!(tokio::time::timeout(limit, greeting(&mut a)).await.unwrap());
