@@ -75,7 +75,13 @@ async fn killed_under_load_falls_back_at_once_and_returns_after_restart() {
     let rule = Arc::new(gcra("kill", 4));
     let tasks = load(&limiter, &rule, Duration::from_millis(2_500));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(limiter.status().on_redis);
+    // On a loaded machine one call can exceed the 30 ms timeout while Redis is healthy (a CI
+    // run saw it): that is a real, short switch, counted below; wait for the way back.
+    let on_redis = within(Duration::from_secs(2), || limiter.status().on_redis).await;
+    assert!(
+        on_redis.is_some(),
+        "not on Redis under load before the kill"
+    );
     tokio::task::block_in_place(|| redis.kill());
     let down = within(Duration::from_secs(1), || !limiter.status().on_redis).await;
     assert!(down.is_some(), "never switched to the fallback");
