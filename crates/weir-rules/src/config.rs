@@ -762,6 +762,21 @@ fn validate_http(
         if !r.prefix.starts_with('/') {
             return Err((format!("{p}.prefix"), "must start with /".into()));
         }
+        // Requests are matched on their normal form: a prefix in another form matches nothing.
+        match crate::path::normalize(&r.prefix) {
+            Ok(n) if n == r.prefix && !r.prefix.contains(';') => {}
+            Ok(n) => {
+                return Err((
+                    format!("{p}.prefix"),
+                    format!(
+                        "{:?} is not in normal form (requests are matched as {:?}; no `;`)",
+                        r.prefix,
+                        crate::path::match_path(&n)
+                    ),
+                ))
+            }
+            Err(e) => return Err((format!("{p}.prefix"), e.to_string())),
+        }
         for (j, m) in r.methods.iter().enumerate() {
             if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
                 return Err((

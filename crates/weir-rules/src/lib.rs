@@ -14,6 +14,7 @@ pub mod config;
 pub mod engine;
 pub mod keys;
 pub mod metrics;
+pub mod path;
 pub mod rate;
 mod system;
 pub mod watch;

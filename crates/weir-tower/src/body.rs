@@ -52,20 +52,41 @@ pin_project_lite::pin_project! {
 }
 
 impl<B, H> HeldBody<B, H> {
-    /// `inner`, holding `held`; `failed` when the status already says so (5xx).
-    pub fn passing(inner: B, held: Option<H>, failed: bool) -> Self {
-        Self::Passing {
-            inner,
-            held,
-            failed,
-        }
-    }
-
     /// A refusal's body.
     pub fn refused(text: impl Into<Bytes>) -> Self {
         Self::Refused {
             text: Some(text.into()),
         }
+    }
+}
+
+impl<B: Body<Data = Bytes>, H: Held> HeldBody<B, H> {
+    /// The response `r` with its body holding `held` until it ends; failed when the status is
+    /// a 5xx. A response that has no body to poll — already at its end (`Content-Length: 0`,
+    /// an empty 500), a 1xx / 204 / 304, or the answer to a HEAD request (`head_request`),
+    /// which servers send without polling the body — ends `held` at once: a server never
+    /// polls such a body, and the outcome (an error for an empty 5xx, the success that closes
+    /// a half-open breaker) would otherwise be lost with it.
+    pub fn wrap(r: http::Response<B>, held: Option<H>, head_request: bool) -> http::Response<Self> {
+        let status = r.status();
+        let failed = status.is_server_error();
+        let bodiless = head_request
+            || status.is_informational()
+            || status == http::StatusCode::NO_CONTENT
+            || status == http::StatusCode::NOT_MODIFIED
+            || r.body().is_end_stream();
+        let held = match held {
+            Some(h) if bodiless => {
+                h.end(failed);
+                None
+            }
+            h => h,
+        };
+        r.map(|inner| Self::Passing {
+            inner,
+            held,
+            failed,
+        })
     }
 }
 

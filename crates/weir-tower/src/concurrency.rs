@@ -61,10 +61,12 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let level = crate::criticality::read(req.headers());
+        let head = req.method() == http::Method::HEAD;
         match self.limiter.try_acquire_as(1, level) {
             Ok(permit) => ConcurrencyFuture::Admitted {
                 inner: self.inner.call(req),
                 permit: Some(permit),
+                head,
             },
             Err(_) => ConcurrencyFuture::Shed,
         }
@@ -80,6 +82,7 @@ pin_project_lite::pin_project! {
             #[pin]
             inner: F,
             permit: Option<Permit>,
+            head: bool,
         },
         /// Full: a 503.
         Shed,
@@ -95,10 +98,14 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            ConcProj::Admitted { inner, permit } => {
+            ConcProj::Admitted {
+                inner,
+                permit,
+                head,
+            } => {
                 let out = std::task::ready!(inner.poll(cx));
                 let permit = permit.take();
-                Poll::Ready(out.map(|r| r.map(|body| PermitBody::passing(body, permit, false))))
+                Poll::Ready(out.map(|r| PermitBody::wrap(r, permit, *head)))
             }
             ConcProj::Shed => {
                 let r: Response<String> = problem::problem(

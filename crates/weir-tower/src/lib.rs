@@ -21,6 +21,8 @@ pub mod concurrency;
 pub mod criticality;
 pub mod key;
 pub mod limit;
+/// Path normal form (shared with the rule files' route prefixes).
+pub use weir_rules::path;
 pub mod problem;
 pub mod rules;
 pub mod shed;

@@ -12,6 +12,8 @@
 //!   HTTP 200 with trailers-only `grpc-status` RESOURCE_EXHAUSTED (rate rules),
 //!   PERMISSION_DENIED (authority) or UNAVAILABLE (breaker, system), `grpc-message`, and
 //!   `grpc-retry-pushback-ms` when the wait is known.
+//! - Request paths are normalised first ([`crate::path`]): the inner service sees the path
+//!   that was matched; an ambiguous path (`%2F`, `\\`, `%00`, …) is answered 400.
 //! - Requests no route matches pass untouched.
 
 use std::future::Future;
@@ -237,9 +239,9 @@ struct Owned<C: Clock> {
 }
 
 impl<C: Clock + Clone + Send + Sync + 'static> Routes<C> {
-    fn find(&self, req: Head<'_>) -> Option<Owned<C>> {
+    /// The first route matching `req`, whose path as routes match it is `path`.
+    fn find(&self, req: Head<'_>, path: &str) -> Option<Owned<C>> {
         let table = self.table();
-        let path = req.uri.path();
         let route = table.routes.iter().position(|r| {
             under(path, &r.prefix)
                 && (r.methods.is_empty() || r.methods.contains(req.method))
@@ -256,7 +258,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Routes<C> {
 }
 
 /// The call derived from a route, owning its strings (the table guard lives in the future).
-fn target_of<'a, C: Clock>(table: &'a Table<C>, route: usize, req: Head<'a>) -> Target<'a> {
+fn target_of<'a, C: Clock>(
+    table: &'a Table<C>,
+    route: usize,
+    req: Head<'a>,
+    path: &'a str,
+) -> Target<'a> {
     let r = &table.routes[route];
     let origin = table
         .origin_header
@@ -276,7 +283,7 @@ fn target_of<'a, C: Clock>(table: &'a Table<C>, route: usize, req: Head<'a>) -> 
                     .map(|ip: IpAddr| ip.to_string().into())
                     .unwrap_or_default(),
                 RouteParam::Method => req.method.as_str().into(),
-                RouteParam::Path => req.uri.path().into(),
+                RouteParam::Path => path.into(),
                 RouteParam::Header(h) => req
                     .headers
                     .get(h)
@@ -378,24 +385,43 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        match crate::path::normalize(req.uri().path()) {
+            Ok(std::borrow::Cow::Borrowed(_)) => {}
+            Ok(std::borrow::Cow::Owned(normal)) => {
+                if set_path(req.uri_mut(), &normal).is_err() {
+                    return RulesFuture::Invalid {
+                        detail: Some("the normalised path is not a valid URI"),
+                    };
+                }
+            }
+            Err(e) => {
+                return RulesFuture::Invalid {
+                    detail: Some(e.as_str()),
+                }
+            }
+        }
         let head = Head::of(&req);
+        let path = crate::path::match_path(req.uri().path());
         let entry = match &*self.layer.classifier {
-            Classifier::Routes(routes) => routes.find(head).map(|owned| {
-                let t = target_of(&owned.table, owned.route, head);
+            Classifier::Routes(routes) => routes.find(head, &path).map(|owned| {
+                let t = target_of(&owned.table, owned.route, head, &path);
                 let resolved = &owned.table.routes[owned.route].resolved;
                 admit(&self.layer.rules, Some(resolved), &t)
             }),
             Classifier::Custom(c) => c.classify(head).map(|t| admit(&self.layer.rules, None, &t)),
         };
+        let head = req.method() == Method::HEAD;
         match entry {
             None => RulesFuture::Pass {
                 inner: self.inner.call(req),
                 guard: None,
+                head,
             },
             Some(Ok(guard)) if guard.wait().is_zero() => RulesFuture::Pass {
                 inner: self.inner.call(req),
                 guard: Some(guard),
+                head,
             },
             Some(Ok(guard)) => {
                 // Paced: wait, then call the service that was made ready (boxed: rare, and
@@ -420,6 +446,18 @@ where
             },
         }
     }
+}
+
+/// Replaces the path of `uri`, keeping its query (and scheme and authority, if any).
+fn set_path(uri: &mut Uri, path: &str) -> Result<(), http::Error> {
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut parts = std::mem::take(uri).into_parts();
+    parts.path_and_query = Some(pq.parse()?);
+    *uri = Uri::from_parts(parts)?;
+    Ok(())
 }
 
 fn admit<C: Clock + Clone>(
@@ -467,6 +505,7 @@ pin_project_lite::pin_project! {
             #[pin]
             inner: S::Future,
             guard: Option<Guard<C>>,
+            head: bool,
         },
         /// Admitted by a paced rule: waiting for its turn.
         Waiting {
@@ -476,6 +515,10 @@ pin_project_lite::pin_project! {
         Blocked {
             block: Option<Box<Block>>,
             grpc: bool,
+        },
+        /// A path refused by [`crate::path::normalize`]: answered 400.
+        Invalid {
+            detail: Option<&'static str>,
         },
     }
 }
@@ -491,14 +534,11 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
             match self.as_mut().project() {
-                RulesProj::Pass { inner, guard } => {
+                RulesProj::Pass { inner, guard, head } => {
                     let out = std::task::ready!(inner.poll(cx));
                     let guard = guard.take();
                     return Poll::Ready(match out {
-                        Ok(r) => {
-                            let failed = r.status().is_server_error();
-                            Ok(r.map(|body| GuardBody::passing(body, guard, failed)))
-                        }
+                        Ok(r) => Ok(GuardBody::wrap(r, guard, *head)),
                         Err(e) => {
                             if let Some(g) = guard {
                                 g.complete(Outcome::Error);
@@ -522,10 +562,12 @@ where
                         guard,
                         ..
                     } = *p;
+                    let head = req.method() == Method::HEAD;
                     let inner = svc.call(req);
                     self.set(RulesFuture::Pass {
                         inner,
                         guard: Some(guard),
+                        head,
                     });
                 }
                 RulesProj::Blocked { block, grpc } => {
@@ -537,6 +579,13 @@ where
                     } else {
                         blocked_response(&block)
                     };
+                    return Poll::Ready(Ok(r.map(GuardBody::refused)));
+                }
+                RulesProj::Invalid { detail } => {
+                    let Some(detail) = detail.take() else {
+                        return Poll::Pending;
+                    };
+                    let r: Response<String> = problem::problem(StatusCode::BAD_REQUEST, detail);
                     return Poll::Ready(Ok(r.map(GuardBody::refused)));
                 }
             }

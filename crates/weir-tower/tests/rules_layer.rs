@@ -45,6 +45,8 @@ resources:
     authority: {id: ops-only, allow: [ops]}
   - name: flaky
     breaker: {id: flaky-breaker, error_ratio: 0.5, min_calls: 2, open_for: 30s}
+  - name: empty
+    breaker: {id: empty-breaker, error_ratio: 0.5, min_calls: 2, open_for: 30s}
   - name: stream
     flow:
       - {id: one-stream, concurrency: 1}
@@ -59,6 +61,7 @@ http:
     - {resource: search, prefix: /search, params: [client_ip]}
     - {resource: admin, prefix: /admin}
     - {resource: flaky, prefix: /flaky}
+    - {resource: empty, prefix: /empty}
     - {resource: stream, prefix: /stream}
     - {resource: paced, prefix: /paced}
 ";
@@ -82,6 +85,10 @@ async fn app(trusted: &str) -> (u16, Arc<Rules<Arc<ManualClock>>>, Arc<ManualClo
         .route(
             "/flaky",
             get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "boom") }),
+        )
+        .route(
+            "/empty",
+            get(|| async { StatusCode::INTERNAL_SERVER_ERROR }),
         )
         .route("/stream", get(|| async { Body::new(Endless(false)) }))
         .route("/paced", get(|| async { "paced" }))
@@ -184,6 +191,65 @@ async fn server_errors_open_the_breaker_which_answers_503() {
     assert!(body.contains("flaky-breaker"), "{body}");
     let flaky = rules.snapshot().resource("flaky").unwrap().clone();
     assert_eq!((flaky.completed, flaky.errors), (2, 2));
+}
+
+#[tokio::test]
+async fn empty_5xx_bodies_and_head_answers_record_their_outcome() {
+    // A 500 with `Content-Length: 0` ends before its body is polled.
+    let (port, rules, _) = app("10.0.0.0/8").await;
+    for _ in 0..2 {
+        assert_eq!(request(port, "GET", "/empty", &[]).await.0, 500);
+    }
+    assert_eq!(request(port, "GET", "/empty", &[]).await.0, 503);
+    let empty = rules.snapshot().resource("empty").unwrap().clone();
+    assert_eq!((empty.completed, empty.errors), (2, 2));
+    // A HEAD answer is sent without its body ever being polled.
+    let (port, rules, _) = app("10.0.0.0/8").await;
+    for _ in 0..2 {
+        assert_eq!(request(port, "HEAD", "/flaky", &[]).await.0, 500);
+    }
+    assert_eq!(request(port, "HEAD", "/flaky", &[]).await.0, 503);
+    let flaky = rules.snapshot().resource("flaky").unwrap().clone();
+    assert_eq!((flaky.completed, flaky.errors), (2, 2));
+    let orders = rules.snapshot().resource("orders").unwrap().clone();
+    assert_eq!(orders.in_flight, 0);
+}
+
+#[tokio::test]
+async fn every_spelling_of_a_limited_path_is_the_limited_path() {
+    let (port, rules, _) = app("10.0.0.0/8").await;
+    // Admitted under other spellings (axum's router, which ran before this route layer,
+    // answers them 404; `weir proxy` forwards the normalised path), they use the quota.
+    request(port, "POST", "//orders", &[]).await;
+    request(port, "POST", "/%6frders", &[]).await;
+    for p in [
+        "/orders",
+        "//orders",
+        "/./orders",
+        "/x/../orders",
+        "/%6frders",
+        "/%6Frders?q=1",
+        "/orders;jsessionid=1",
+        "/x/..;y/orders",
+    ] {
+        let (code, head, _) = request(port, "POST", p, &[]).await;
+        assert_eq!(code, 429, "{p}: {head}");
+    }
+    for p in [
+        "/orders%2f",
+        "/orders%2Fx",
+        "/orders%00",
+        "/orders%zz",
+        "/a\\orders",
+    ] {
+        let (code, _, body) = request(port, "POST", p, &[]).await;
+        assert_eq!(code, 400, "{p}: {body}");
+    }
+    assert_eq!(
+        rules.snapshot().resource("orders").unwrap().passes,
+        2,
+        "only the two admitted calls were counted as passes"
+    );
 }
 
 #[tokio::test]

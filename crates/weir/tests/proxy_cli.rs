@@ -114,6 +114,38 @@ async fn upstream() -> u16 {
     port
 }
 
+/// An upstream answering the path and query it received (`GET /fail…` gets an empty 500).
+async fn path_upstream() -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let app = Router::new().fallback(|uri: http::Uri| async move {
+        if uri.path().starts_with("/fail") {
+            return (http::StatusCode::INTERNAL_SERVER_ERROR, String::new());
+        }
+        (http::StatusCode::OK, format!("path={uri}"))
+    });
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    port
+}
+
+/// One raw HTTP/1.1 request line sent as is: (status, body).
+async fn raw_request(port: u16, method: &str, target: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let req = format!("{method} {target} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("answered within 10 s")
+        .unwrap();
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head[9..12].parse().unwrap(), body.to_string())
+}
+
 fn rules_file(name: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("weir-proxy-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -163,6 +195,55 @@ async fn proxies_http1_and_h2c_applying_the_rules() {
             "missing {line:?} in\n{metrics}"
         );
     }
+}
+
+#[tokio::test]
+async fn other_spellings_of_a_limited_path_are_limited_and_forwarded_normalised() {
+    let up = path_upstream().await;
+    let file = rules_file(
+        "paths",
+        "resources:
+  - name: checkout
+    flow:
+      - {id: checkout-1, qps: 1, window: 1m, algorithm: fixed_window}
+  - name: fail
+    breaker: {id: fail-breaker, error_ratio: 0.5, min_calls: 2, open_for: 1m}
+http:
+  routes:
+    - {resource: checkout, prefix: /api/checkout}
+    - {resource: fail, prefix: /fail}
+",
+    );
+    let p = Proxy::start(&file, &format!("http://127.0.0.1:{up}"), &[]);
+    // What the upstream receives is what was matched.
+    let (code, body) = raw_request(p.port, "GET", "/api//x/../%63heckout/?a=%2F").await;
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "path=/api/checkout/?a=%2F"),
+        "forwarded normalised, query untouched"
+    );
+    for target in [
+        "/api/checkout",
+        "/api//checkout",
+        "//api/checkout",
+        "/api/./checkout",
+        "/api/x/../checkout",
+        "/api/%63heckout",
+        "/%61pi/checkout",
+        "/api/checkout;v=1",
+    ] {
+        let (code, body) = raw_request(p.port, "GET", target).await;
+        assert_eq!(code, 429, "{target}: {body}");
+    }
+    for target in ["/api/checkout%2f", "/api%2fcheckout", "/api/checkout%00"] {
+        let (code, body) = raw_request(p.port, "GET", target).await;
+        assert_eq!(code, 400, "{target}: {body}");
+    }
+    // An upstream 500 with an empty body counts as an error: the breaker opens.
+    for _ in 0..2 {
+        assert_eq!(raw_request(p.port, "GET", "/fail").await.0, 500);
+    }
+    assert_eq!(raw_request(p.port, "GET", "/fail").await.0, 503);
 }
 
 #[tokio::test]
