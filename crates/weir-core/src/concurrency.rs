@@ -348,7 +348,7 @@ impl Inner {
     fn try_take(&self, n: u64, peek: bool, cap: u64) -> bool {
         let mut current = self.in_flight.load(Ordering::SeqCst);
         loop {
-            if current + n > cap {
+            if n > cap || current > cap - n {
                 return false;
             }
             if peek {

@@ -121,7 +121,7 @@ impl Algorithm for FixedWindow {
         if need > self.quota.limit() {
             return v;
         }
-        if count + need > self.quota.limit() {
+        if count > self.quota.limit() - need {
             v.outcome = Outcome::Denied;
             return v;
         }

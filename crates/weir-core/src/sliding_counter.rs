@@ -94,7 +94,7 @@ impl SlidingCounter {
     fn earliest_offset(&self, prev: u64, cur: u64, need: u64) -> Option<u64> {
         let limit = self.quota.limit();
         let w = self.quota.window_nanos();
-        let room = limit.checked_sub(cur + need)?;
+        let room = limit.checked_sub(cur)?.checked_sub(need)?;
         if prev == 0 {
             return Some(0);
         }

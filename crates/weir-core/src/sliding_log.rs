@@ -104,9 +104,9 @@ impl Algorithm for SlidingLog {
         if need > limit {
             return Decision::never(limit, limit.saturating_sub(live), reset(state));
         }
-        if live + need > limit {
+        if live > limit - need {
             // The oldest entries must expire until `live + need − limit` units are gone.
-            let target = state.expired + (live + need - limit);
+            let target = state.expired.saturating_add(live - (limit - need));
             let k = state.entries.partition_point(|e| e.cumulative < target);
             let retry = state
                 .entries

@@ -134,13 +134,14 @@ impl Algorithm for SlidingWindow {
         if need > limit {
             return Decision::never(limit, remaining, reset_at(newest));
         }
-        if sum + need > limit {
+        // need ≤ limit here: `limit − need` cannot overflow where `sum + need` could.
+        if sum > limit - need {
             // Walk buckets oldest first until enough units have expired.
             let mut freed = 0;
             let mut retry = 0;
             for (index, count) in self.live(state, cur) {
                 freed += count;
-                if sum - freed + need <= limit {
+                if sum - freed <= limit - need {
                     retry = (index + b)
                         .saturating_mul(self.bucket_ns)
                         .saturating_sub(now);

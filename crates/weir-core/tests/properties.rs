@@ -360,6 +360,28 @@ fn extreme_inputs_do_not_panic() {
     hammer!(WarmupTokenBucket::new(quota(1000, 1000), Duration::from_secs(1)).unwrap());
 }
 
+/// A limit near 2^64 is still a limit: the count never wraps past it.
+#[test]
+fn limits_near_two_to_the_64_never_wrap() {
+    let max = u64::MAX;
+    macro_rules! exact_at_the_top {
+        ($alg:expr) => {{
+            let alg = $alg;
+            let now = 1_000;
+            let mut s = alg.initial_state(now);
+            assert!(alg.decide(&mut s, max - 1, now).allowed());
+            assert!(alg.decide(&mut s, 1, now).allowed(), "the last unit");
+            for n in [1, 2, 1_000, max] {
+                assert!(!alg.decide(&mut s, n, now).allowed(), "{n} past the limit");
+            }
+        }};
+    }
+    // Fixed windows pack their count with the window index and sliding logs cap their limit:
+    // both refuse a limit this large at construction.
+    exact_at_the_top!(SlidingWindow::new(quota(max, 1000), 10).unwrap());
+    exact_at_the_top!(SlidingCounter::new(quota(max, 1000)).unwrap());
+}
+
 /// Runs events whose times, as the algorithm sees them, are jittered up to `jitter` ns into the
 /// past (another thread's clock read that lags, see `MonotonicClock`). Returns admitted
 /// (true time + wait, units).

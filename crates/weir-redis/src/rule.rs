@@ -1,6 +1,7 @@
 //! A limit stored in Redis: algorithm, quota and key prefix, validated once, plus the local
 //! limiter that stands in for it when Redis is unreachable.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use weir_core::{ConfigError, Decision, MonotonicClock, Quota};
@@ -66,8 +67,25 @@ pub struct RedisRule {
     params: [u64; 2],
     count_denied: bool,
     batch: u64,
-    /// The per-instance stand-in used during a fallback.
-    local: KeyedRate<MonotonicClock>,
+    /// The per-instance stand-in used during a fallback (shared with the rules retuned from
+    /// this one, so that a new limit keeps the counters).
+    local: Arc<KeyedRate<MonotonicClock>>,
+}
+
+/// The local state of a rule taking the parameters of its retuned successor: applied once the
+/// whole configuration the successor belongs to is valid (see [`RedisRule::retuned`]).
+#[must_use = "the local state keeps the old parameters until the retune is applied"]
+pub struct Retune {
+    local: Arc<KeyedRate<MonotonicClock>>,
+    spec: RateSpec,
+}
+
+impl Retune {
+    /// Gives the shared local state its new parameters (every key keeps its state).
+    pub fn apply(self) {
+        // `spec` was checked by `RedisRule::retuned` and has the same algorithm: cannot fail.
+        let _ = self.local.retune(&self.spec);
+    }
 }
 
 /// Options of a [`RedisRule`] beyond algorithm and quota.
@@ -113,30 +131,96 @@ impl RedisRule {
         options: RuleOptions,
     ) -> Result<Self, ConfigError> {
         let name = name.into();
+        let (quota, params, local) = Self::checked(algorithm, limit, window, options)?;
+        let local = KeyedRate::new(&local, options.local_keys.max(1), MonotonicClock::new())?;
+        Ok(Self {
+            name,
+            algorithm,
+            quota,
+            params,
+            count_denied: options.count_denied,
+            batch: options.batch,
+            local: Arc::new(local),
+        })
+    }
+
+    /// This rule with another limit or algorithm parameter (burst) — same name, algorithm and
+    /// window, so the same Redis keys and state — sharing this rule's local counters. The
+    /// local counters take the new parameters when the returned [`Retune`] is applied (after
+    /// the rest of the new configuration proved valid; until then this rule is unchanged).
+    pub fn retuned(
+        &self,
+        algorithm: RedisAlgorithm,
+        limit: u64,
+        options: RuleOptions,
+    ) -> Result<(Self, Retune), ConfigError> {
+        if algorithm.name() != self.algorithm.name() {
+            return Err(invalid(format!(
+                "a retune keeps the algorithm ({} → {})",
+                self.algorithm.name(),
+                algorithm.name()
+            )));
+        }
+        let window = self.quota.window();
+        let (quota, params, spec) = Self::checked(algorithm, limit, window, options)?;
+        spec.check()?;
+        let rule = Self {
+            name: self.name.clone(),
+            algorithm,
+            quota,
+            params,
+            count_denied: options.count_denied,
+            batch: options.batch,
+            local: self.local.clone(),
+        };
+        let retune = Retune {
+            local: self.local.clone(),
+            spec,
+        };
+        Ok((rule, retune))
+    }
+
+    /// Validates a rule: its quota, script parameters and local stand-in's spec. Messages do
+    /// not name the rule: callers say which one.
+    pub fn check(
+        algorithm: RedisAlgorithm,
+        limit: u64,
+        window: Duration,
+        options: RuleOptions,
+    ) -> Result<(), ConfigError> {
+        Self::checked(algorithm, limit, window, options)?.2.check()
+    }
+
+    fn checked(
+        algorithm: RedisAlgorithm,
+        limit: u64,
+        window: Duration,
+        options: RuleOptions,
+    ) -> Result<(Quota, [u64; 2], RateSpec), ConfigError> {
         let quota = Quota::new(limit, window)?;
         let window_us = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
         if window < Duration::from_millis(1) || window.subsec_nanos() % 1_000 != 0 {
             return Err(invalid(format!(
-                "rule {name}: window must be whole microseconds and at least 1 ms, got {window:?}"
+                "window must be whole microseconds and at least 1 ms, got {window:?}"
             )));
         }
         if options.batch == 0 || options.batch > limit {
             return Err(invalid(format!(
-                "rule {name}: batch must be in [1, limit = {limit}], got {}",
+                "batch must be in [1, limit = {limit}], got {}",
                 options.batch
             )));
         }
         if options.batch > 1 && algorithm == RedisAlgorithm::Concurrency {
             return Err(invalid(format!(
-                "rule {name}: batch does not apply to concurrency rules"
+                "batch does not apply to concurrency rules"
             )));
         }
         if options.instances == 0 {
-            return Err(invalid(format!("rule {name}: instances must be ≥ 1")));
+            return Err(invalid("instances must be ≥ 1".into()));
         }
         // Times are µs since 2026: stay below 2^53 with room for 100 years of them.
         if u128::from(window_us) * 4 >= EXACT / 8 {
-            return Err(invalid(format!("rule {name}: window too long")));
+            return Err(invalid("window too long".into()));
         }
         let share = limit.div_ceil(options.instances).max(1);
         let interval = window_us.div_ceil(limit).max(1);
@@ -152,13 +236,11 @@ impl RedisRule {
                     1_000
                 };
                 if u128::from(limit) * u128::from(window_us / res) >= EXACT {
-                    return Err(invalid(format!(
-                        "rule {name}: limit × window (ms) must be below 2^53"
-                    )));
+                    return Err(invalid(format!("limit × window (ms) must be below 2^53")));
                 }
                 if window_us % res != 0 {
                     return Err(invalid(format!(
-                        "rule {name}: a window this long must be whole milliseconds"
+                        "a window this long must be whole milliseconds"
                     )));
                 }
                 (
@@ -169,7 +251,7 @@ impl RedisRule {
             RedisAlgorithm::SlidingWindow { buckets } => {
                 if buckets == 0 || window_us % u64::from(buckets) != 0 {
                     return Err(invalid(format!(
-                        "rule {name}: a window of {window_us} µs does not divide into {buckets} buckets"
+                        "a window of {window_us} µs does not divide into {buckets} buckets"
                     )));
                 }
                 (
@@ -184,7 +266,7 @@ impl RedisRule {
                 if limit > MAX_MEMBER_LIMIT =>
             {
                 return Err(ConfigError::TooLarge {
-                    what: "sliding log / concurrency limit in Redis",
+                    what: "sliding log / concurrency limit",
                     value: limit,
                     max: MAX_MEMBER_LIMIT,
                 });
@@ -196,14 +278,12 @@ impl RedisRule {
                 }
                 if options.batch > burst {
                     return Err(invalid(format!(
-                        "rule {name}: batch {} exceeds burst {burst}",
+                        "batch {} exceeds burst {burst}",
                         options.batch
                     )));
                 }
                 if u128::from(burst + limit) * u128::from(interval) >= EXACT / 8 {
-                    return Err(invalid(format!(
-                        "rule {name}: burst × interval too large to be exact"
-                    )));
+                    return Err(invalid(format!("burst × interval too large to be exact")));
                 }
                 let alg = match algorithm {
                     RedisAlgorithm::Gcra { .. } => RateAlgorithm::Gcra,
@@ -219,16 +299,7 @@ impl RedisRule {
             // leases per window.
             RedisAlgorithm::Concurrency => ([window_us, 0], local_spec(RateAlgorithm::FixedWindow)),
         };
-        let local = KeyedRate::new(&local, options.local_keys.max(1), MonotonicClock::new())?;
-        Ok(Self {
-            name,
-            algorithm,
-            quota,
-            params,
-            count_denied: options.count_denied,
-            batch: options.batch,
-            local,
-        })
+        Ok((quota, params, local))
     }
 
     /// The rule's name (part of every key).

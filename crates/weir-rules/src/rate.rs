@@ -62,6 +62,11 @@ enum Built {
 }
 
 impl RateSpec {
+    /// Whether the spec builds (what [`KeyedRate::new`] and [`KeyedRate::retune`] check).
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.build().map(|_| ())
+    }
+
     fn build(&self) -> Result<Built, ConfigError> {
         let q = Quota::new(self.limit, self.window)?;
         let burst = self.burst.unwrap_or(self.limit);

@@ -162,10 +162,98 @@ pub struct RateLimit {
     pub burst: Option<u64>,
 }
 
+impl RateLimit {
+    /// The algorithm as weir-redis runs it (in Redis, and in memory as its local stand-in).
+    pub fn redis_algorithm(&self) -> weir_redis::RedisAlgorithm {
+        use weir_redis::RedisAlgorithm as R;
+        let burst = self.burst.unwrap_or(self.requests_per_unit);
+        match self.algorithm {
+            Algorithm::FixedWindow => R::FixedWindow,
+            Algorithm::SlidingCounter => R::SlidingCounter,
+            Algorithm::SlidingWindow => R::SlidingWindow {
+                buckets: weir_core::sliding_window::DEFAULT_BUCKETS,
+            },
+            Algorithm::SlidingLog => R::SlidingLog,
+            Algorithm::Gcra => R::Gcra { burst },
+            Algorithm::TokenBucket => R::TokenBucket { burst },
+        }
+    }
+}
+
+/// Largest count (`requests_per_unit`, `burst`) accepted: 2^53, the largest integer Redis's
+/// Lua numbers hold exactly. One bound for both stores, so a configuration that loads in
+/// memory also loads on Redis.
+pub const MAX_COUNT: u64 = 1 << 53;
+
+/// A count (`requests_per_unit`, `burst`): a positive integer at most [`MAX_COUNT`], with an
+/// error that says so for anything else (negative, fractional, beyond 2^64, a string).
+fn count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    struct V;
+    impl<'de> de::Visitor<'de> for V {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a whole number from 1 to {MAX_COUNT}")
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Option<u64>, E> {
+            if v > MAX_COUNT {
+                return Err(E::custom(format!(
+                    "{v} cannot be counted exactly: at most {MAX_COUNT} (2^53)"
+                )));
+            }
+            Ok(Some(v))
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Option<u64>, E> {
+            match u64::try_from(v) {
+                Ok(v) => self.visit_u64(v),
+                Err(_) => Err(E::custom(format!("{v} is negative: expected {}", Exp))),
+            }
+        }
+        fn visit_u128<E: de::Error>(self, v: u128) -> Result<Option<u64>, E> {
+            Err(E::custom(format!(
+                "{v} cannot be counted exactly: at most {MAX_COUNT} (2^53)"
+            )))
+        }
+        fn visit_i128<E: de::Error>(self, v: i128) -> Result<Option<u64>, E> {
+            match u64::try_from(v) {
+                Ok(v) => self.visit_u64(v),
+                Err(_) if v > 0 => self.visit_u128(v.unsigned_abs()),
+                Err(_) => Err(E::custom(format!("{v} is negative: expected {}", Exp))),
+            }
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Option<u64>, E> {
+            Err(E::custom(format!(
+                "{v} is not a whole number: expected {}",
+                Exp
+            )))
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Option<u64>, E> {
+            Err(E::custom(format!(
+                "{v:?} is not a number: expected {}",
+                Exp
+            )))
+        }
+    }
+    /// The expectation, for messages.
+    struct Exp;
+    impl std::fmt::Display for Exp {
+        fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a whole number from 1 to {MAX_COUNT}")
+        }
+    }
+    d.deserialize_any(V)
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRateLimit {
     unit: Option<Unit>,
+    #[serde(default, deserialize_with = "count")]
     requests_per_unit: Option<u64>,
     name: Option<String>,
     #[serde(default)]
@@ -174,6 +262,7 @@ struct RawRateLimit {
     replaces: Vec<Replace>,
     #[serde(default)]
     algorithm: Algorithm,
+    #[serde(default, deserialize_with = "count")]
     burst: Option<u64>,
     window: Option<String>,
 }
@@ -225,7 +314,7 @@ impl<'de> Deserialize<'de> for RateLimit {
                 raw.algorithm.name()
             )));
         }
-        Ok(RateLimit {
+        let limit = RateLimit {
             unit,
             requests_per_unit,
             window: window.unwrap_or_else(|| unit.duration()),
@@ -234,7 +323,25 @@ impl<'de> Deserialize<'de> for RateLimit {
             replaces: raw.replaces.into_iter().map(|r| r.name).collect(),
             algorithm: raw.algorithm,
             burst: raw.burst,
-        })
+        };
+        if !limit.unlimited {
+            // What the store checks when the rule is built, said here with the location.
+            weir_redis::RedisRule::check(
+                limit.redis_algorithm(),
+                limit.requests_per_unit,
+                limit.window,
+                weir_redis::RuleOptions::default(),
+            )
+            .map_err(|e| {
+                de::Error::custom(format!(
+                    "{} {} per {:?}: {e}",
+                    limit.algorithm.name(),
+                    limit.requests_per_unit,
+                    limit.window
+                ))
+            })?;
+        }
+        Ok(limit)
     }
 }
 
@@ -438,6 +545,47 @@ mod tests {
         assert!(e.contains("requests_per_unit must be ≥ 1"), "{e}");
         let e = err("domain: d\n  bad: [\n");
         assert!(e.starts_with("c.yaml:"), "{e}");
+    }
+
+    #[test]
+    fn counts_that_cannot_be_exact_are_refused_with_their_location() {
+        let rl = |body: &str| {
+            err(&format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{body}}}\n"
+            ))
+        };
+        let e = rl("unit: second, requests_per_unit: 18446744073709551616");
+        assert!(
+            e.starts_with("c.yaml:4:")
+                && e.contains("requests_per_unit")
+                && e.contains("cannot be counted exactly"),
+            "{e}"
+        );
+        let e = rl("unit: second, requests_per_unit: 18446744073709551615");
+        assert!(e.contains("at most 9007199254740992"), "{e}");
+        let e = rl("unit: second, requests_per_unit: 9007199254740993");
+        assert!(e.contains("cannot be counted exactly"), "{e}");
+        let e = rl("unit: second, requests_per_unit: 2.5");
+        assert!(e.contains("not a whole number"), "{e}");
+        let e = rl("unit: second, requests_per_unit: 4000000, algorithm: sliding_log");
+        assert!(
+            e.starts_with("c.yaml:3:5: descriptors[0].rate_limit: ")
+                && e.contains("sliding log")
+                && !e.contains("Redis"),
+            "{e}"
+        );
+        let e = rl("unit: second, requests_per_unit: 9007199254740992, algorithm: gcra");
+        assert!(
+            e.starts_with("c.yaml:3:5: descriptors[0].rate_limit: ")
+                && e.contains("too large")
+                && !e.contains("rule"),
+            "{e}"
+        );
+        assert!(parse(
+            Path::new("c.yaml"),
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4294967295}\n"
+        )
+        .is_ok());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use weir_core::Decision;
-use weir_redis::{RedisAlgorithm, RedisLimiter, RedisRule, RuleOptions};
+use weir_redis::{RedisLimiter, RedisRule, Retune, RuleOptions};
 
 use super::config::{Algorithm, Descriptor, DomainConfig, RateLimit, Unit};
 
@@ -175,6 +175,26 @@ impl Default for EngineOptions {
     }
 }
 
+fn rule_options(options: EngineOptions) -> RuleOptions {
+    RuleOptions {
+        instances: options.instances,
+        local_keys: options.local_keys,
+        ..RuleOptions::default()
+    }
+}
+
+/// The name of a rule's counters (in Redis: `weir:{NAME:KEY}`): the rule's id with its
+/// algorithm and window, the two things whose change makes the old state meaningless (a
+/// fixed-window count read as a GCRA time, a 1 s count read as a 1 min one). A new limit,
+/// burst or `name` keeps the counters.
+fn counter_name(id: &str, limit: &RateLimit) -> String {
+    format!(
+        "{id}|{}|{}ms",
+        limit.algorithm.name(),
+        limit.window.as_millis()
+    )
+}
+
 fn store_rule(
     id: &str,
     limit: &RateLimit,
@@ -183,39 +203,48 @@ fn store_rule(
     if limit.unlimited {
         return Ok(None);
     }
-    let n = limit.requests_per_unit;
-    let algorithm = match limit.algorithm {
-        Algorithm::FixedWindow => RedisAlgorithm::FixedWindow,
-        Algorithm::SlidingCounter => RedisAlgorithm::SlidingCounter,
-        Algorithm::SlidingWindow => RedisAlgorithm::SlidingWindow {
-            buckets: weir_core::sliding_window::DEFAULT_BUCKETS,
-        },
-        Algorithm::SlidingLog => RedisAlgorithm::SlidingLog,
-        Algorithm::Gcra => RedisAlgorithm::Gcra {
-            burst: limit.burst.unwrap_or(n),
-        },
-        Algorithm::TokenBucket => RedisAlgorithm::TokenBucket {
-            burst: limit.burst.unwrap_or(n),
-        },
-    };
     RedisRule::new(
-        id,
-        algorithm,
-        n,
+        counter_name(id, limit),
+        limit.redis_algorithm(),
+        limit.requests_per_unit,
         limit.window,
-        RuleOptions {
-            instances: options.instances,
-            local_keys: options.local_keys,
-            ..RuleOptions::default()
-        },
+        rule_options(options),
     )
     .map(|r| Some(Arc::new(r)))
     .map_err(|e| format!("rule {id}: {e}"))
 }
 
+/// The counters of a reloaded rule: the previous rule's when they still mean the same
+/// (same algorithm and window), retuned to the new limit once the whole configuration is
+/// valid (`retunes`); new ones otherwise.
+fn reloaded_store_rule(
+    id: &str,
+    limit: &RateLimit,
+    previous: Option<&Rule>,
+    options: EngineOptions,
+    retunes: &mut Vec<Retune>,
+) -> Result<Option<Arc<RedisRule>>, String> {
+    let kept = previous.filter(|p| {
+        !limit.unlimited && p.limit.algorithm == limit.algorithm && p.limit.window == limit.window
+    });
+    let Some(old) = kept.and_then(|p| p.store_rule.as_ref()) else {
+        return store_rule(id, limit, options);
+    };
+    let algorithm = limit.redis_algorithm();
+    if old.limit() == limit.requests_per_unit && old.algorithm() == algorithm {
+        return Ok(Some(old.clone()));
+    }
+    let (rule, retune) = old
+        .retuned(algorithm, limit.requests_per_unit, rule_options(options))
+        .map_err(|e| format!("rule {id}: {e}"))?;
+    retunes.push(retune);
+    Ok(Some(Arc::new(rule)))
+}
+
 impl Engine {
-    /// Builds from loaded domains. Rules whose path and limit are unchanged from `previous`
-    /// keep their counters.
+    /// Builds from loaded domains. A rule of `previous` with the same descriptor path, algorithm
+    /// and window keeps its counters, whatever else changed (limit, burst, name, shadow mode);
+    /// request-supplied limit overrides keep theirs. `previous` is untouched when this fails.
     pub fn build(
         domains: &[DomainConfig],
         options: EngineOptions,
@@ -224,16 +253,26 @@ impl Engine {
         let old: HashMap<&str, &Arc<Rule>> = previous
             .map(|p| p.rules.iter().map(|r| (r.id.as_str(), r)).collect())
             .unwrap_or_default();
-        let mut rules = Vec::new();
+        let mut built = Built {
+            options,
+            old: &old,
+            rules: Vec::new(),
+            retunes: Vec::new(),
+        };
         let mut tree = HashMap::new();
         for d in domains {
-            let nodes = build_nodes(&d.domain, &d.descriptors, options, &old, &mut rules)?;
+            let nodes = built.nodes(&d.domain, &d.descriptors)?;
             tree.insert(d.domain.clone(), nodes);
         }
+        // Everything is valid: now the kept counters may take their new limits.
+        for r in built.retunes {
+            r.apply();
+        }
+        let overrides = previous.map_or_else(HashMap::new, |p| p.overrides.lock().clone());
         Ok(Self {
             domains: tree,
-            rules,
-            overrides: Mutex::new(HashMap::new()),
+            rules: built.rules,
+            overrides: Mutex::new(overrides),
             instances: options.instances,
             local_keys: options.local_keys,
         })
@@ -381,7 +420,7 @@ impl Engine {
                     let id = rule
                         .map_or_else(|| format!("{}.override", request.domain), |r| r.id.clone());
                     let sr = self.override_rule(&id, rpu, unit)?;
-                    let key = counter_key(&d.entries);
+                    let key = counter_key(&d.entries, rule.is_none());
                     let decision = acquire(store, &sr, &key, hits).await;
                     let shadow = rule.is_some_and(|r| r.shadow);
                     status_of(
@@ -405,7 +444,7 @@ impl Engine {
                     {
                         no_limit()
                     } else if let Some(sr) = &r.store_rule {
-                        let key = counter_key(&d.entries);
+                        let key = counter_key(&d.entries, false);
                         let decision = acquire(store, sr, &key, hits).await;
                         let status =
                             status_of(&decision, r.applied.clone(), r.limit.window, r.shadow);
@@ -477,17 +516,20 @@ fn status_of(d: &Decision, limit: AppliedLimit, window: Duration, shadow: bool) 
     }
 }
 
-/// The counter key: the request's values (the rule fixes the keys).
-/// The counter of a request's descriptor: its values joined (the rule fixes the keys), stored
-/// as a digest when longer than 64 bytes (up to 16 values of 1 KiB each would otherwise be kept
-/// as is in every counter, in memory and in Redis).
-fn counter_key(entries: &[(String, String)]) -> String {
+/// The counter of a request's descriptor within its rule. Each entry is written with its
+/// length, so no two different descriptors share a counter (`a=x, b=y` is not `k="x\u{1f}y"`);
+/// `with_keys` adds the keys, for counters not fixed to a configured descriptor path (limit
+/// overrides without a matching rule, where `user=alice` and `org=alice` must differ). Stored
+/// as a digest when longer than 64 bytes (16 values of 1 KiB each would otherwise be kept as
+/// is in every counter, in memory and in Redis).
+fn counter_key(entries: &[(String, String)], with_keys: bool) -> String {
+    use std::fmt::Write;
     let mut k = String::new();
-    for (i, (_, v)) in entries.iter().enumerate() {
-        if i > 0 {
-            k.push('\u{1f}');
+    for (key, value) in entries {
+        if with_keys {
+            let _ = write!(k, "{}:{key}", key.len());
         }
-        k.push_str(v);
+        let _ = write!(k, "{}:{value}", value.len());
     }
     match weir_rules::keys::KeyShortener.bounded(&k) {
         std::borrow::Cow::Borrowed(_) => k,
@@ -535,57 +577,56 @@ fn wildcard_match(pattern: &str, value: &str) -> Option<usize> {
     Some(parts.iter().map(|p| p.len()).sum())
 }
 
-fn build_nodes(
-    prefix: &str,
-    descriptors: &[Descriptor],
+/// A configuration being built into rules and a match tree.
+struct Built<'a> {
     options: EngineOptions,
-    old: &HashMap<&str, &Arc<Rule>>,
-    rules: &mut Vec<Arc<Rule>>,
-) -> Result<Vec<Node>, String> {
-    let mut nodes = Vec::with_capacity(descriptors.len());
-    for d in descriptors {
-        let id = match &d.value {
-            Some(v) => format!("{prefix}.{}_{v}", d.key),
-            None => format!("{prefix}.{}", d.key),
-        };
-        let rule = match &d.rate_limit {
-            Some(limit) => {
-                let shadow = d.shadow_mode || options.shadow;
-                let reuse = old
-                    .get(id.as_str())
-                    .filter(|r| r.limit == *limit)
-                    .and_then(|r| r.store_rule.clone());
-                let store_rule = match reuse {
-                    Some(r) => Some(r),
-                    None => store_rule(&id, limit, options)?,
-                };
-                let rule = Arc::new(Rule {
-                    applied: AppliedLimit {
-                        name: limit.name.as_deref().map(Arc::from),
-                        policy: Arc::from(limit.name.as_deref().unwrap_or(&id)),
-                        requests_per_unit: limit.requests_per_unit,
-                        unit: limit.unit,
-                    },
-                    metrics: RuleMetrics::new(&id),
-                    id: id.clone(),
-                    limit: limit.clone(),
-                    shadow,
-                    store_rule,
-                });
-                rules.push(rule.clone());
-                Some(rule)
-            }
-            None => None,
-        };
-        let children = build_nodes(&id, &d.descriptors, options, old, rules)?;
-        nodes.push(Node {
-            key: d.key.clone(),
-            value: d.value.clone(),
-            rule,
-            children,
-        });
+    old: &'a HashMap<&'a str, &'a Arc<Rule>>,
+    rules: Vec<Arc<Rule>>,
+    retunes: Vec<Retune>,
+}
+
+impl Built<'_> {
+    fn nodes(&mut self, prefix: &str, descriptors: &[Descriptor]) -> Result<Vec<Node>, String> {
+        let mut nodes = Vec::with_capacity(descriptors.len());
+        for d in descriptors {
+            let id = match &d.value {
+                Some(v) => format!("{prefix}.{}_{v}", d.key),
+                None => format!("{prefix}.{}", d.key),
+            };
+            let rule = match &d.rate_limit {
+                Some(limit) => {
+                    let shadow = d.shadow_mode || self.options.shadow;
+                    let previous = self.old.get(id.as_str()).map(|r| &***r);
+                    let store_rule =
+                        reloaded_store_rule(&id, limit, previous, self.options, &mut self.retunes)?;
+                    let rule = Arc::new(Rule {
+                        applied: AppliedLimit {
+                            name: limit.name.as_deref().map(Arc::from),
+                            policy: Arc::from(limit.name.as_deref().unwrap_or(&id)),
+                            requests_per_unit: limit.requests_per_unit,
+                            unit: limit.unit,
+                        },
+                        metrics: RuleMetrics::new(&id),
+                        id: id.clone(),
+                        limit: limit.clone(),
+                        shadow,
+                        store_rule,
+                    });
+                    self.rules.push(rule.clone());
+                    Some(rule)
+                }
+                None => None,
+            };
+            let children = self.nodes(&id, &d.descriptors)?;
+            nodes.push(Node {
+                key: d.key.clone(),
+                value: d.value.clone(),
+                rule,
+                children,
+            });
+        }
+        Ok(nodes)
     }
-    Ok(nodes)
 }
 
 #[cfg(test)]
@@ -649,7 +690,7 @@ descriptors:
             pass(&e, &req("d", &[("a", "x"), ("b", &b)])).await,
             "another long value"
         );
-        let key = counter_key(&[("a".into(), "x".into()), ("b".into(), a)]);
+        let key = counter_key(&[("a".into(), "x".into()), ("b".into(), a)], false);
         assert!(key.len() <= weir_rules::keys::MAX_KEY_LEN, "{key}");
     }
 
@@ -734,25 +775,105 @@ descriptors:
         assert!(e.decide(&Store::Memory, &r).await.is_err());
     }
 
+    fn reloaded(previous: &Engine, yaml: &str) -> Engine {
+        let c = super::super::config::parse(Path::new("t.yaml"), yaml).unwrap();
+        Engine::build(&[c], EngineOptions::default(), Some(previous)).unwrap()
+    }
+
+    async fn passes(e: &Engine, r: &Request, tries: u32) -> u32 {
+        let mut ok = 0;
+        for _ in 0..tries {
+            ok += u32::from(pass(e, r).await);
+        }
+        ok
+    }
+
     #[tokio::test]
-    async fn reload_keeps_counters_of_unchanged_rules() {
+    async fn reload_keeps_counters_unless_algorithm_or_window_change() {
+        let exact = req("d", &[("k", "exact")]);
         let e1 = engine(CONFIG);
-        assert!(pass(&e1, &req("d", &[("k", "exact")])).await);
-        let c = super::super::config::parse(Path::new("t.yaml"), CONFIG).unwrap();
-        let e2 = Engine::build(&[c], EngineOptions::default(), Some(&e1)).unwrap();
-        assert!(
-            !pass(&e2, &req("d", &[("k", "exact")])).await,
-            "counter kept"
+        assert!(pass(&e1, &exact).await);
+        let e2 = reloaded(&e1, CONFIG);
+        assert!(!pass(&e2, &exact).await, "unchanged rule: counter kept");
+        // A higher limit and a new name: the one unit used still counts.
+        let raised = CONFIG.replace(
+            "value: exact\n    rate_limit: {unit: minute, requests_per_unit: 1}",
+            "value: exact\n    rate_limit: {unit: minute, requests_per_unit: 5, name: renamed}",
         );
-        let changed = CONFIG.replace(
-            "requests_per_unit: 1}\n  - key: k\n    value: 'pre*'",
-            "requests_per_unit: 5}\n  - key: k\n    value: 'pre*'",
+        assert_ne!(raised, CONFIG);
+        let e3 = reloaded(&e2, &raised);
+        assert_eq!(
+            passes(&e3, &exact, 10).await,
+            4,
+            "limit 5, one already used"
         );
-        let c = super::super::config::parse(Path::new("t.yaml"), &changed).unwrap();
-        let e3 = Engine::build(&[c], EngineOptions::default(), Some(&e2)).unwrap();
+        // Lowering it during an incident hands out no fresh quota.
+        let e4 = reloaded(&e3, CONFIG);
+        assert_eq!(passes(&e4, &exact, 3).await, 0);
+        // Another algorithm (or window) counts differently: it starts from zero.
+        let gcra = CONFIG.replace(
+            "value: exact\n    rate_limit: {unit: minute, requests_per_unit: 1}",
+            "value: exact\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: gcra}",
+        );
+        let e5 = reloaded(&e4, &gcra);
+        assert_eq!(passes(&e5, &exact, 3).await, 1);
+        // A failed reload leaves the running rules as they were.
+        let raised9 = CONFIG.replace(
+            "value: exact\n    rate_limit: {unit: minute, requests_per_unit: 1}",
+            "value: exact\n    rate_limit: {unit: minute, requests_per_unit: 9}",
+        );
+        let mut c = super::super::config::parse(Path::new("t.yaml"), &raised9).unwrap();
+        // A rule the store refuses, past the parser's checks (built in code).
+        let mut big = c.descriptors[0].clone();
+        big.key = "big".into();
+        if let Some(l) = big.rate_limit.as_mut() {
+            l.algorithm = super::super::config::Algorithm::SlidingLog;
+            l.requests_per_unit = 4_000_000;
+        }
+        c.descriptors.push(big);
+        assert!(Engine::build(&[c], EngineOptions::default(), Some(&e4)).is_err());
+        assert_eq!(passes(&e4, &exact, 3).await, 0, "old limit still enforced");
+    }
+
+    fn with_override(entries: &[(&str, &str)], rpu: u32) -> Request {
+        let mut r = req("d", entries);
+        r.descriptors[0].limit = Some((rpu, Unit::Minute));
+        r
+    }
+
+    #[tokio::test]
+    async fn override_counters_are_per_keys_and_values_and_survive_reloads() {
+        let e = engine(CONFIG);
+        assert!(pass(&e, &with_override(&[("user", "alice")], 1)).await);
+        assert!(!pass(&e, &with_override(&[("user", "alice")], 1)).await);
         assert!(
-            pass(&e3, &req("d", &[("k", "exact")])).await,
-            "changed rule starts fresh"
+            pass(&e, &with_override(&[("org", "alice")], 1)).await,
+            "another key is another counter"
+        );
+        let e2 = reloaded(&e, CONFIG);
+        assert!(
+            !pass(&e2, &with_override(&[("user", "alice")], 1)).await,
+            "override counter kept across a reload"
+        );
+    }
+
+    #[test]
+    fn counter_keys_are_unambiguous() {
+        let e = |v: &[(&str, &str)]| {
+            v.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>()
+        };
+        let two = e(&[("a", "x"), ("b", "y")]);
+        let one = e(&[("k", "x\u{1f}y")]);
+        let glued = e(&[("k", "x1:y")]);
+        for keys in [false, true] {
+            assert_ne!(counter_key(&two, keys), counter_key(&one, keys));
+            assert_ne!(counter_key(&two, keys), counter_key(&glued, keys));
+        }
+        assert_ne!(
+            counter_key(&e(&[("user", "alice")]), true),
+            counter_key(&e(&[("org", "alice")]), true)
         );
     }
 
