@@ -211,9 +211,9 @@ impl RedisRule {
             )));
         }
         if options.batch > 1 && algorithm == RedisAlgorithm::Concurrency {
-            return Err(invalid(format!(
-                "batch does not apply to concurrency rules"
-            )));
+            return Err(invalid(
+                "batch does not apply to concurrency rules".to_string(),
+            ));
         }
         if options.instances == 0 {
             return Err(invalid("instances must be ≥ 1".into()));
@@ -236,12 +236,14 @@ impl RedisRule {
                     1_000
                 };
                 if u128::from(limit) * u128::from(window_us / res) >= EXACT {
-                    return Err(invalid(format!("limit × window (ms) must be below 2^53")));
+                    return Err(invalid(
+                        "limit × window (ms) must be below 2^53".to_string(),
+                    ));
                 }
                 if window_us % res != 0 {
-                    return Err(invalid(format!(
-                        "a window this long must be whole milliseconds"
-                    )));
+                    return Err(invalid(
+                        "a window this long must be whole milliseconds".to_string(),
+                    ));
                 }
                 (
                     [window_us / res, res],
@@ -283,7 +285,9 @@ impl RedisRule {
                     )));
                 }
                 if u128::from(burst + limit) * u128::from(interval) >= EXACT / 8 {
-                    return Err(invalid(format!("burst × interval too large to be exact")));
+                    return Err(invalid(
+                        "burst × interval too large to be exact".to_string(),
+                    ));
                 }
                 let alg = match algorithm {
                     RedisAlgorithm::Gcra { .. } => RateAlgorithm::Gcra,
