@@ -362,6 +362,20 @@ fn hot_reload_applies_changes_keeps_counters_and_survives_bad_files() {
         429,
         "nested rule kept its count across the reload"
     );
+    // The changed rule kept its counter too: kim used 3, the new limit leaves 7.
+    let kim: Vec<u16> = (0..10)
+        .map(|_| s.json(&body(&[("user", "kim")])).0)
+        .collect();
+    assert_eq!(kim.iter().filter(|c| **c == 200).count(), 7, "{kim:?}");
+    // Lowered back during an incident: no fresh quota for anyone who used it.
+    std::fs::write(&config, CONFIG).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.json(&body(&[("user", "new")])).1["statuses"][0]["currentLimit"]["requestsPerUnit"] != 3
+    {
+        assert!(Instant::now() < deadline, "reload not applied");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(s.json(&body(&[("user", "kim")])).0, 429);
     let _ = s.child.kill();
     let err = s.stderr_after_exit();
     assert!(
@@ -443,6 +457,11 @@ fn response_headers_ietf_and_draft03() {
     ]);
     let cart = body(&[("path", "/cart"), ("user", "hh")]);
     let (_, v) = s.json(&cart);
+    // 2 per 30 s is told to Envoy as 4 per MINUTE (never 2 per SECOND).
+    assert_eq!(
+        v["statuses"][0]["currentLimit"],
+        serde_json::json!({"requestsPerUnit": 4, "unit": "MINUTE"})
+    );
     let headers = |v: &Value| -> Vec<(String, String)> {
         v["responseHeadersToAdd"]
             .as_array()

@@ -144,7 +144,8 @@ pub struct Replace {
 /// A validated `rate_limit`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimit {
-    /// The Lyft unit (also set when `window` is given: the nearest unit reported to Envoy).
+    /// The Lyft unit (when `window` is given: the smallest unit covering it, see
+    /// [`RateLimit::reported`]).
     pub unit: Unit,
     /// Units per window.
     pub requests_per_unit: u64,
@@ -283,7 +284,7 @@ impl<'de> Deserialize<'de> for RateLimit {
         };
         let unit = match (raw.unit, window) {
             (Some(u), None) => u,
-            (None, Some(w)) => nearest_unit(w),
+            (None, Some(w)) => unit_covering(w),
             (Some(_), Some(_)) => {
                 return Err(de::Error::custom("give either unit or window, not both"))
             }
@@ -345,19 +346,37 @@ impl<'de> Deserialize<'de> for RateLimit {
     }
 }
 
-fn nearest_unit(w: Duration) -> Unit {
-    let s = w.as_secs();
+/// The smallest unit at least as long as `w` (YEAR for anything longer).
+fn unit_covering(w: Duration) -> Unit {
     [
-        Unit::Year,
-        Unit::Month,
-        Unit::Week,
-        Unit::Day,
-        Unit::Hour,
+        Unit::Second,
         Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
     ]
     .into_iter()
-    .find(|u| s >= u.duration().as_secs())
-    .unwrap_or(Unit::Second)
+    .find(|u| w <= u.duration())
+    .unwrap_or(Unit::Year)
+}
+
+impl RateLimit {
+    /// The limit as Envoy's `current_limit` can say it (requests per one of the Lyft units):
+    /// the configured one when the window is a unit; otherwise scaled to the smallest unit
+    /// covering the window, rounded down — 100 per 30 s is reported as 200 per MINUTE, never
+    /// as 100 per SECOND (30 × too generous). A client pacing itself by the report never
+    /// exceeds the enforced rate; the IETF `RateLimit-Policy` header carries the exact window
+    /// in seconds (`w=30`).
+    pub fn reported(&self) -> (u64, Unit) {
+        if self.window == self.unit.duration() {
+            return (self.requests_per_unit, self.unit);
+        }
+        let unit = unit_covering(self.window);
+        let scaled = u128::from(self.requests_per_unit) * unit.duration().as_nanos()
+            / self.window.as_nanos().max(1);
+        (u64::try_from(scaled).unwrap_or(u64::MAX).max(1), unit)
+    }
 }
 
 /// A descriptor node of the configuration tree.
@@ -599,6 +618,24 @@ mod tests {
         assert_eq!(rl.window, Duration::from_secs(30));
         assert_eq!(rl.algorithm, Algorithm::Gcra);
         assert_eq!(rl.burst, Some(5));
+        assert_eq!(
+            rl.reported(),
+            (6, Unit::Minute),
+            "3 per 30 s = 6 per minute"
+        );
+        let reported = |w: &str, n: u64| {
+            let c = parse(
+                Path::new("c.yaml"),
+                &format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{window: {w}, requests_per_unit: {n}}}\n"),
+            )
+            .unwrap();
+            c.descriptors[0].rate_limit.as_ref().unwrap().reported()
+        };
+        assert_eq!(reported("30s", 100), (200, Unit::Minute));
+        assert_eq!(reported("45s", 100), (133, Unit::Minute), "rounded down");
+        assert_eq!(reported("500ms", 5), (10, Unit::Second));
+        assert_eq!(reported("1m", 7), (7, Unit::Minute));
+        assert_eq!(reported("90m", 3), (48, Unit::Day));
         assert!(err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {window: 30x, requests_per_unit: 3}\n").contains("window \"30x\""));
         assert!(err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3, burst: 2}\n").contains("burst applies to gcra"));
     }

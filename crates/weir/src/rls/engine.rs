@@ -75,10 +75,14 @@ pub struct AppliedLimit {
     /// Names the limit in the IETF `RateLimit` headers: `name`, else the rule's id (empty for a
     /// request's limit override).
     pub policy: Arc<str>,
-    /// Requests per unit.
+    /// Requests per unit, as reported to Envoy ([`RateLimit::reported`]: a `window` that is
+    /// not a unit is scaled to the unit covering it).
     pub requests_per_unit: u64,
     /// The unit.
     pub unit: Unit,
+    /// Units per window as enforced (the window is [`Status::window`]): what the `RateLimit`
+    /// headers report.
+    pub quota: u64,
 }
 
 /// The answer to a request.
@@ -430,6 +434,7 @@ impl Engine {
                             policy: Arc::from(""),
                             requests_per_unit: u64::from(rpu),
                             unit,
+                            quota: u64::from(rpu),
                         },
                         unit.duration(),
                         shadow,
@@ -599,12 +604,14 @@ impl Built<'_> {
                     let previous = self.old.get(id.as_str()).map(|r| &***r);
                     let store_rule =
                         reloaded_store_rule(&id, limit, previous, self.options, &mut self.retunes)?;
+                    let (requests_per_unit, unit) = limit.reported();
                     let rule = Arc::new(Rule {
                         applied: AppliedLimit {
                             name: limit.name.as_deref().map(Arc::from),
                             policy: Arc::from(limit.name.as_deref().unwrap_or(&id)),
-                            requests_per_unit: limit.requests_per_unit,
-                            unit: limit.unit,
+                            requests_per_unit,
+                            unit,
+                            quota: limit.requests_per_unit,
                         },
                         metrics: RuleMetrics::new(&id),
                         id: id.clone(),
@@ -917,7 +924,7 @@ impl Response {
         };
         let Some(AppliedLimit {
             policy: name,
-            requests_per_unit: limit,
+            quota: limit,
             ..
         }) = &s.limit
         else {
