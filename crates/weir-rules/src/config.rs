@@ -195,6 +195,18 @@ pub enum OnFull {
     Allow,
 }
 
+/// What a hot-parameter rule does with a call that lacks its parameter (absent or empty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Absent {
+    /// The rule does not apply to the call (Sentinel's behaviour). Limit such calls with a
+    /// flow rule of the resource if they must be limited.
+    #[default]
+    Skip,
+    /// All such calls share one counter of `threshold` (anonymous traffic limited together).
+    Shared,
+}
+
 /// A limit per value of one request parameter (user id, IP, tenant).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -222,6 +234,9 @@ pub struct HotParamRule {
     /// Behaviour at `max_values`.
     #[serde(default)]
     pub on_full: OnFull,
+    /// Calls without the parameter (absent or empty, e.g. no `x-user-id` header).
+    #[serde(default)]
+    pub absent: Absent,
     /// Evaluate and count, never block.
     #[serde(default)]
     pub shadow: bool,

@@ -25,8 +25,8 @@ use weir_core::{
 };
 
 use crate::config::{
-    AuthorityRule, Behavior, BreakerRule, FlowRule, HotParamRule, OnFull, RateAlgorithm, RuleSet,
-    DEFAULT_MAX_WAIT, DEFAULT_WARMUP, OTHER_ORIGIN,
+    Absent, AuthorityRule, Behavior, BreakerRule, FlowRule, HotParamRule, OnFull, RateAlgorithm,
+    RuleSet, DEFAULT_MAX_WAIT, DEFAULT_WARMUP, OTHER_ORIGIN,
 };
 use crate::keys::KeyShortener;
 pub use crate::keys::MAX_KEY_LEN;
@@ -466,6 +466,9 @@ impl<C: Clock + Clone> Rules<C> {
             let Some(value) = ctx.params.get(config.param) else {
                 continue;
             };
+            if value.is_empty() && config.absent == Absent::Skip {
+                continue;
+            }
             let value = self.shared.keys.bounded(value);
             let value = &*value;
             let d = match config.on_full {

@@ -45,6 +45,12 @@ resources:
     authority: {id: ops-only, allow: [ops]}
   - name: flaky
     breaker: {id: flaky-breaker, error_ratio: 0.5, min_calls: 2, open_for: 30s}
+  - name: tenant
+    hot_params:
+      - {id: per-tenant, param: 0, threshold: 1, window: 1m}
+  - name: tenant-shared
+    hot_params:
+      - {id: per-tenant-shared, param: 0, threshold: 1, window: 1m, absent: shared}
   - name: empty
     breaker: {id: empty-breaker, error_ratio: 0.5, min_calls: 2, open_for: 30s}
   - name: stream
@@ -62,6 +68,8 @@ http:
     - {resource: admin, prefix: /admin}
     - {resource: flaky, prefix: /flaky}
     - {resource: empty, prefix: /empty}
+    - {resource: tenant, prefix: /tenant, params: [{header: x-tenant}]}
+    - {resource: tenant-shared, prefix: /shared, params: [{header: x-tenant}]}
     - {resource: stream, prefix: /stream}
     - {resource: paced, prefix: /paced}
 ";
@@ -92,6 +100,8 @@ async fn app(trusted: &str) -> (u16, Arc<Rules<Arc<ManualClock>>>, Arc<ManualClo
         )
         .route("/stream", get(|| async { Body::new(Endless(false)) }))
         .route("/paced", get(|| async { "paced" }))
+        .route("/tenant", get(|| async { "tenant" }))
+        .route("/shared", get(|| async { "shared" }))
         .route("/free", get(|| async { "free" }))
         .layer(RulesLayer::new(rules.clone()))
         .layer(axum::middleware::from_fn(peer));
@@ -213,6 +223,27 @@ async fn empty_5xx_bodies_and_head_answers_record_their_outcome() {
     assert_eq!((flaky.completed, flaky.errors), (2, 2));
     let orders = rules.snapshot().resource("orders").unwrap().clone();
     assert_eq!(orders.in_flight, 0);
+}
+
+#[tokio::test]
+async fn hot_params_skip_calls_without_the_parameter_unless_told_to_share() {
+    let (port, _, _) = app("10.0.0.0/8").await;
+    let tenant = [("x-tenant", "acme")];
+    assert_eq!(request(port, "GET", "/tenant", &tenant).await.0, 200);
+    assert_eq!(request(port, "GET", "/tenant", &tenant).await.0, 429);
+    // Without the header (or with it empty) the per-tenant rule does not apply: callers
+    // without a tenant are not all squeezed into one tenant's quota.
+    for _ in 0..3 {
+        assert_eq!(request(port, "GET", "/tenant", &[]).await.0, 200);
+        assert_eq!(
+            request(port, "GET", "/tenant", &[("x-tenant", "")]).await.0,
+            200
+        );
+    }
+    // `absent: shared`: they share one counter of the threshold.
+    assert_eq!(request(port, "GET", "/shared", &[]).await.0, 200);
+    assert_eq!(request(port, "GET", "/shared", &[]).await.0, 429);
+    assert_eq!(request(port, "GET", "/shared", &tenant).await.0, 200);
 }
 
 #[tokio::test]
