@@ -46,10 +46,7 @@ pub enum LoadError {
 
 /// Reads and validates the rule file `path`.
 pub fn load(path: &Path) -> Result<RuleSet, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|e| LoadError::Read {
-        path: path.to_path_buf(),
-        err: e,
-    })?;
+    let text = crate::yaml::read(path)?;
     Ok(RuleSet::from_yaml(path, &text)?)
 }
 

@@ -37,8 +37,107 @@ impl fmt::Display for LocatedError {
 
 impl std::error::Error for LocatedError {}
 
-/// Parses `text` (the contents of `file`) into `T`.
+/// Largest configuration file read: 8 MiB (≈ 100 000 Lyft rules). Parsing costs ≈ 100 × the
+/// text in memory, so an unbounded file is an unbounded allocation.
+pub const MAX_BYTES: u64 = 8 << 20;
+
+/// Deepest nesting of flow collections (`[`, `{`) accepted: parsers recurse per level, and
+/// real rule files nest a handful of levels.
+pub const MAX_NESTING: usize = 64;
+
+/// Reads a configuration file of at most [`MAX_BYTES`], naming the file in the error.
+pub fn read(file: &Path) -> Result<String, LocatedError> {
+    use std::io::Read;
+    let fail = |reason: String| LocatedError {
+        file: file.to_path_buf(),
+        position: None,
+        path: String::new(),
+        reason,
+    };
+    let f = std::fs::File::open(file).map_err(|e| fail(format!("cannot read: {e}")))?;
+    let mut bytes = Vec::new();
+    f.take(MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| fail(format!("cannot read: {e}")))?;
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(fail(format!(
+            "larger than {} MiB: split it (a directory of files) or trim it",
+            MAX_BYTES >> 20
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let upto = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line = upto.iter().filter(|b| **b == b'\n').count() + 1;
+        let column = upto.iter().rev().take_while(|b| **b != b'\n').count() + 1;
+        LocatedError {
+            position: Some((line, column)),
+            ..fail("not UTF-8".into())
+        }
+    })
+}
+
+/// Where flow collections nest deeper than [`MAX_NESTING`] (1-based line and column), looking
+/// past quoted strings and comments.
+fn too_deep(text: &str) -> Option<(usize, usize)> {
+    let (mut depth, mut line, mut col) = (0usize, 1usize, 0usize);
+    let mut quote: Option<char> = None;
+    let mut comment = false;
+    let mut prev = '\n';
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        col += 1;
+        if c == '\n' {
+            line += 1;
+            col = 0;
+            comment = false;
+            prev = c;
+            continue;
+        }
+        match (quote, c) {
+            _ if comment => {}
+            (Some('"'), '\\') => {
+                chars.next();
+                col += 1;
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '#') if prev.is_whitespace() => comment = true,
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '[' | '{') => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Some((line, col));
+                }
+            }
+            (None, ']' | '}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        prev = c;
+    }
+    None
+}
+
+/// Parses `text` (the contents of `file`) into `T`. A leading UTF-8 byte-order mark is
+/// ignored; text over [`MAX_BYTES`] or nested deeper than [`MAX_NESTING`] is refused before
+/// parsing.
 pub fn parse<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, LocatedError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    if text.len() as u64 > MAX_BYTES {
+        return Err(LocatedError {
+            file: file.to_path_buf(),
+            position: None,
+            path: String::new(),
+            reason: format!("larger than {} MiB", MAX_BYTES >> 20),
+        });
+    }
+    if let Some(position) = too_deep(text) {
+        return Err(LocatedError {
+            file: file.to_path_buf(),
+            position: Some(position),
+            path: String::new(),
+            reason: format!("nested deeper than {MAX_NESTING} levels"),
+        });
+    }
     let de = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -62,4 +161,56 @@ pub fn parse<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, LocatedE
             reason,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Doc {
+        a: serde_yaml_ng::Value,
+    }
+
+    fn err(text: &str) -> String {
+        parse::<Doc>(Path::new("f.yaml"), text)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_ignored() {
+        assert!(parse::<Doc>(Path::new("f.yaml"), "\u{feff}a: 1\n").is_ok());
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_at_once_with_its_place() {
+        let deep = format!("a: {}", "[".repeat(200_000));
+        let t = std::time::Instant::now();
+        let e = err(&deep);
+        assert!(e.starts_with("f.yaml:1:68: nested deeper than 64"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        // Brackets in strings and comments are not nesting.
+        let quoted = format!("a: '{0}' # {0}\n", "[".repeat(100));
+        assert!(parse::<Doc>(Path::new("f.yaml"), &quoted).is_ok());
+        let ok = format!("a: {}{}", "[".repeat(64), "]".repeat(64));
+        assert!(parse::<Doc>(Path::new("f.yaml"), &ok).is_ok());
+    }
+
+    #[test]
+    fn oversized_files_are_refused_before_reading_them_whole() {
+        let dir = std::env::temp_dir().join(format!("weir-yaml-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big.yaml");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(MAX_BYTES + 10).unwrap();
+        let e = read(&big).unwrap_err().to_string();
+        assert!(e.contains("big.yaml: larger than 8 MiB"), "{e}");
+        let bad = dir.join("bad.yaml");
+        std::fs::write(&bad, b"a: 1\nb: \xff\n").unwrap();
+        let e = read(&bad).unwrap_err().to_string();
+        assert!(e.contains("bad.yaml:2:4: not UTF-8"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

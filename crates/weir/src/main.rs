@@ -263,18 +263,13 @@ fn detect_format(path: &std::path::Path) -> Result<Format, String> {
     if path.is_dir() {
         return Ok(Format::Lyft);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(|e| {
-        let at = e
-            .location()
-            .map(|l| format!(":{}:{}", l.line(), l.column()))
-            .unwrap_or_default();
-        format!("{}{at}: not YAML: {e}", path.display())
-    })?;
-    let keys: Vec<&str> = value
-        .as_mapping()
-        .map(|m| m.keys().filter_map(|k| k.as_str()).collect())
-        .unwrap_or_default();
+    // Bounded in size and nesting like every configuration read; only the top-level keys are
+    // kept.
+    let text = weir_rules::yaml::read(path).map_err(|e| e.to_string())?;
+    let top: std::collections::BTreeMap<String, serde::de::IgnoredAny> =
+        weir_rules::yaml::parse(path, &text)
+            .map_err(|e| format!("{e} (expected a YAML mapping of weir rules or a Lyft config)"))?;
+    let keys: Vec<&str> = top.keys().map(String::as_str).collect();
     let has = |k: &str| keys.contains(&k);
     match (
         has("resources") || has("system") || has("http"),

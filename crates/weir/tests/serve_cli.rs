@@ -26,8 +26,13 @@ struct Serve {
 
 impl Serve {
     fn start(args: &[&str]) -> Self {
+        Self::start_with_env(args, &[])
+    }
+
+    fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let (http, grpc) = (support::free_port(), support::free_port());
         let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .envs(env.iter().copied())
             .arg("serve")
             .args(["--http-addr", &format!("127.0.0.1:{http}")])
             .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
@@ -441,6 +446,76 @@ fn two_processes_on_one_redis_share_one_limit() {
     assert_eq!(
         allowed, 3,
         "one global limit of 3 per minute across both processes"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The `requestsPerUnit` now answered for `user`, once it equals `want` (or panics after 20 s).
+fn wait_for_limit(s: &Serve, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.json(&body(&[("user", "probe")])).1["statuses"][0]["currentLimit"]["requestsPerUnit"]
+        != want
+    {
+        assert!(Instant::now() < deadline, "reload to {want} not applied");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_change_is_reloaded_even_when_the_modification_time_goes_back() {
+    let dir = temp_dir("mtime");
+    let config = write_config(&dir, CONFIG);
+    let s = Serve::start(&["--config", config.to_str().unwrap()]);
+    wait_for_limit(&s, 3);
+    let before = std::fs::metadata(&config).unwrap().modified().unwrap();
+    // As `touch -r` or `cp -p` can leave it: new contents, the same modification time.
+    std::fs::write(
+        &config,
+        CONFIG.replace("requests_per_unit: 3}", "requests_per_unit: 7}"),
+    )
+    .unwrap();
+    let f = std::fs::File::options().write(true).open(&config).unwrap();
+    f.set_modified(before).unwrap();
+    drop(f);
+    wait_for_limit(&s, 7);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn decisions_are_not_held_up_while_a_large_configuration_reloads() {
+    let dir = temp_dir("bigreload");
+    let config = write_config(&dir, CONFIG);
+    // One runtime worker: a reload parsed on it would stop every decision.
+    let s = Serve::start_with_env(
+        &["--config", config.to_str().unwrap()],
+        &[("TOKIO_WORKER_THREADS", "1")],
+    );
+    wait_for_limit(&s, 3);
+    let mut big = CONFIG.replace("requests_per_unit: 3}", "requests_per_unit: 9}");
+    for i in 0..40_000 {
+        big.push_str(&format!(
+            "  - key: k{i}\n    rate_limit: {{unit: second, requests_per_unit: 5}}\n"
+        ));
+    }
+    let started = Instant::now();
+    std::fs::write(&config, &big).unwrap();
+    let mut worst = Duration::ZERO;
+    let deadline = started + Duration::from_secs(60);
+    for n in 0.. {
+        let t = Instant::now();
+        let (code, v) = s.json(&body(&[("user", &format!("u{n}"))]));
+        worst = worst.max(t.elapsed());
+        assert_eq!(code, 200);
+        if v["statuses"][0]["currentLimit"]["requestsPerUnit"] == 9 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "reload not applied");
+    }
+    let reload = started.elapsed();
+    eprintln!("reload took {reload:?}; slowest decision meanwhile {worst:?}");
+    assert!(
+        worst < Duration::from_millis(500) && worst * 4 < reload,
+        "a decision waited {worst:?} during a reload of {reload:?}"
     );
     let _ = std::fs::remove_dir_all(dir);
 }

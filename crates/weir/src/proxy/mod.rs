@@ -290,10 +290,8 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         move |e| {
             match e {
                 Event::Applied => st.reloads_applied.fetch_add(1, Ordering::Relaxed),
-                Event::Rejected(err) => {
-                    eprintln!("weir proxy: rules not reloaded (previous rules stay): {err}");
-                    st.reloads_rejected.fetch_add(1, Ordering::Relaxed)
-                }
+                // The watcher logged it (one warning line with file, line and column).
+                Event::Rejected(_) => st.reloads_rejected.fetch_add(1, Ordering::Relaxed),
             };
         },
     )

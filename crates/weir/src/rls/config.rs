@@ -476,12 +476,9 @@ pub fn load(path: &Path) -> Result<Vec<DomainConfig>, Vec<ConfigError>> {
     let mut domains = Vec::new();
     let mut errors = Vec::new();
     for f in &files {
-        match std::fs::read_to_string(f) {
-            Ok(text) => match parse(f, &text) {
-                Ok(d) => domains.push((f.clone(), d)),
-                Err(e) => errors.push(e),
-            },
-            Err(e) => errors.push(io_error(f, &e)),
+        match weir_rules::yaml::read(f).and_then(|text| parse(f, &text)) {
+            Ok(d) => domains.push((f.clone(), d)),
+            Err(e) => errors.push(e),
         }
     }
     let mut seen = std::collections::HashMap::new();

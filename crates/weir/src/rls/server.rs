@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -101,29 +101,44 @@ impl Service {
         Ok(())
     }
 
-    /// Watches the configuration's modification times every `interval`, reloading on change.
+    /// Checks the configuration every `interval` and reloads it when its contents changed
+    /// (compared by a hash of every file, not by modification times, which `cp -p` or
+    /// `touch -r` can move backwards). Reading, parsing and building run on the blocking pool,
+    /// never on a runtime worker: decisions in flight are not held up by a reload.
     pub fn watch(self: &Arc<Self>, interval: Duration) {
         let Some(path) = self.config.clone() else {
             return;
         };
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut last = stamp(&path);
+            let p = path.clone();
+            let mut last = tokio::task::spawn_blocking(move || fingerprint(&p))
+                .await
+                .unwrap_or_default();
             loop {
                 tokio::time::sleep(interval).await;
                 let Some(me) = me.upgrade() else { return };
-                let now = stamp(&path);
-                if now == last {
+                let p = path.clone();
+                let seen = last;
+                let checked = tokio::task::spawn_blocking(move || {
+                    let now = fingerprint(&p);
+                    let outcome = (now != seen).then(|| me.reload());
+                    (now, outcome)
+                })
+                .await;
+                let Ok((now, outcome)) = checked else {
                     continue;
-                }
+                };
                 last = now;
-                match me.reload() {
-                    Ok(()) => {
-                        metrics::counter!("weir_rls_reloads_total", "result" => "ok").increment(1);
+                match outcome {
+                    None => {}
+                    Some(Ok(())) => {
+                        metrics::counter!("weir_rls_reloads_total", "result" => "applied")
+                            .increment(1);
                         eprintln!("weir: reloaded {}", path.display());
                     }
-                    Err(errors) => {
-                        metrics::counter!("weir_rls_reloads_total", "result" => "error")
+                    Some(Err(errors)) => {
+                        metrics::counter!("weir_rls_reloads_total", "result" => "rejected")
                             .increment(1);
                         for e in errors {
                             eprintln!("weir: error: reload kept the previous configuration: {e}");
@@ -135,18 +150,34 @@ impl Service {
     }
 }
 
-/// Newest modification time and file count under `path` (a file or a directory).
-fn stamp(path: &std::path::Path) -> (Option<SystemTime>, usize) {
-    let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    if path.is_dir() {
-        let entries: Vec<_> = std::fs::read_dir(path)
-            .map(|rd| rd.filter_map(|e| e.ok()).collect())
-            .unwrap_or_default();
-        let newest = entries.iter().filter_map(|e| mtime(&e.path())).max();
-        (newest, entries.len())
-    } else {
-        (mtime(path), 1)
+/// A hash of the contents of `path` (a file, or every entry of a directory with its name),
+/// read within the configuration size bound; unreadable parts hash as absent.
+fn fingerprint(path: &std::path::Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    use std::io::Read;
+    fn contents(p: &std::path::Path, h: &mut impl Hasher) {
+        let mut bytes = Vec::new();
+        if let Ok(f) = std::fs::File::open(p) {
+            let _ = f
+                .take(weir_rules::yaml::MAX_BYTES + 1)
+                .read_to_end(&mut bytes);
+        }
+        bytes.hash(h);
     }
+    let mut h = std::hash::DefaultHasher::new();
+    if path.is_dir() {
+        let mut entries: Vec<_> = std::fs::read_dir(path)
+            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        entries.sort();
+        for e in &entries {
+            e.hash(&mut h);
+            contents(e, &mut h);
+        }
+    } else {
+        contents(path, &mut h);
+    }
+    h.finish()
 }
 
 /// Loads the configuration at `path`, or the bundled example.
