@@ -1,9 +1,12 @@
 //! The one accept loop behind every listener of the binary (`weir serve`'s gRPC and HTTP,
 //! `weir proxy` and its admin port).
 //!
-//! - At most `max_connections` connections are open at once per listener: at the cap the loop
-//!   stops accepting (new connections wait in the kernel's backlog) instead of taking sockets it
-//!   cannot serve, so a flood of idle connections costs a bounded number of descriptors and tasks.
+//! - At most `max_connections` connections are open at once per listener. At the cap the next
+//!   connection is accepted and the connection idle the longest (no request in flight) is asked
+//!   to close to make room; when every connection has a request in flight, the new one waits
+//!   for a slot (and further ones in the kernel's backlog). Idle connections — including ones
+//!   that never send a request — close on their own after a timeout ([`crate::conn`]), so a
+//!   flood of them costs a bounded number of descriptors and tasks and locks no one out.
 //! - `TCP_NODELAY` on every socket: Nagle + delayed ACK otherwise stall a caller that
 //!   multiplexes streams on one connection (Envoy opens one per worker) for 40 ms.
 //! - An accept error (out of file descriptors and the like) is logged and retried after 50 ms;
@@ -17,8 +20,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
+
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
+
+use crate::conn::{Connection, Timeouts, Tracked};
 
 /// Says "stop" to every [`Shutdown`] made with it.
 pub struct ShutdownTrigger(watch::Sender<bool>);
@@ -94,8 +101,18 @@ pub fn shutdown() -> (ShutdownTrigger, Shutdown) {
     (ShutdownTrigger(tx), Shutdown(rx))
 }
 
+/// The bounds of a listener's connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// First-request and idle timeouts.
+    pub timeouts: Timeouts,
+}
+
 /// Accepts connections on `listener` until `shutdown` says stop, handing each to `handle`
-/// (with its own [`Shutdown`]) on its own task; then returns once every connection has ended.
+/// (with its own [`Shutdown`] and [`Connection`]) on its own task; then returns once every
+/// connection has ended.
 ///
 /// The connection's slot is held until the future `handle` returns completes. `what` names the
 /// listener in logs. `max_connections` of 0 is treated as 1.
@@ -106,18 +123,15 @@ pub async fn serve<F, Fut>(
     mut shutdown: Shutdown,
     mut handle: F,
 ) where
-    F: FnMut(TcpStream, SocketAddr, Shutdown) -> Fut,
+    F: FnMut(TcpStream, SocketAddr, Shutdown, Arc<Connection>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let max = max_connections.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
     let slots = Arc::new(Semaphore::new(max));
+    let open: Arc<Mutex<Slab>> = Arc::default();
     let for_connections = shutdown.clone();
     let accept = async {
         loop {
-            // The semaphore is never closed, so this only waits.
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
-            };
             let (stream, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
@@ -126,10 +140,28 @@ pub async fn serve<F, Fut>(
                     continue;
                 }
             };
+            let slot = match slots.clone().try_acquire_owned() {
+                Ok(slot) => slot,
+                Err(_) => {
+                    // At the cap: make room by closing the connection idle the longest.
+                    if let Some(idle) = open.lock().longest_idle() {
+                        idle.close();
+                    }
+                    // The semaphore is never closed, so this only waits.
+                    let Ok(slot) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    slot
+                }
+            };
             let _ = stream.set_nodelay(true);
-            let connection = handle(stream, peer, for_connections.clone());
+            let conn = Connection::new();
+            let key = open.lock().insert(conn.clone());
+            let connection = handle(stream, peer, for_connections.clone(), conn);
+            let open = open.clone();
             tokio::spawn(async move {
                 connection.await;
+                open.lock().remove(key);
                 drop(slot);
             });
         }
@@ -143,15 +175,47 @@ pub async fn serve<F, Fut>(
     let _ = slots.acquire_many(max as u32).await;
 }
 
+/// The open connections of a listener.
+#[derive(Default)]
+struct Slab {
+    next: u64,
+    open: std::collections::HashMap<u64, Arc<Connection>>,
+}
+
+impl Slab {
+    fn insert(&mut self, c: Arc<Connection>) -> u64 {
+        self.next += 1;
+        self.open.insert(self.next, c);
+        self.next
+    }
+
+    fn remove(&mut self, key: u64) {
+        self.open.remove(&key);
+    }
+
+    /// The connection with no request in flight for the longest time, not already closing.
+    fn longest_idle(&self) -> Option<Arc<Connection>> {
+        self.open
+            .values()
+            .filter(|c| !c.is_closing())
+            .filter_map(|c| Some((c.idle_since()?, c)))
+            .min_by_key(|(since, _)| *since)
+            .map(|(_, c)| c.clone())
+    }
+}
+
 /// Serves HTTP/1.1 and h2c (prior knowledge) on one accepted connection with a tower service
-/// (an axum `Router`, the proxy's stack) until the client closes it or `shutdown` says stop
-/// (then the requests in flight finish first); a client that takes longer than
-/// `header_timeout` to send a request head is disconnected.
+/// (an axum `Router`, the proxy's stack) until the client closes it, `shutdown` says stop
+/// (then the requests in flight finish first) or `connection` is to close ([`Timeouts`]: no
+/// first request, idle, or room needed at the cap). A client that takes longer than
+/// `timeouts.first_request` to send a request head is disconnected; HTTP/2 clients are pinged
+/// every `timeouts.idle` and dropped when they do not answer.
 pub async fn serve_http<S, B>(
     stream: TcpStream,
     service: S,
-    header_timeout: Duration,
+    timeouts: Timeouts,
     mut shutdown: Shutdown,
+    connection: Arc<Connection>,
 ) where
     S: tower::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
         + Clone
@@ -164,13 +228,22 @@ pub async fn serve_http<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let io = hyper_util::rt::TokioIo::new(stream);
-    let service = hyper_util::service::TowerToHyperService::new(service);
+    let service = Tracked::new(
+        hyper_util::service::TowerToHyperService::new(service),
+        connection.clone(),
+    );
     let mut builder =
         hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
     builder
         .http1()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(header_timeout);
+        .header_read_timeout(timeouts.first_request);
+    builder
+        .http2()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(Some(timeouts.idle))
+        .keep_alive_timeout(timeouts.first_request)
+        .max_header_list_size(MAX_HEADER_LIST);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let ended = tokio::select! {
@@ -179,11 +252,27 @@ pub async fn serve_http<S, B>(
             conn.as_mut().graceful_shutdown();
             conn.await
         }
+        () = connection.closed(timeouts) => {
+            // Never carried a request: nothing to finish, drop it. Else finish what is in
+            // flight (a request may have begun since), within the first-request timeout.
+            if !connection.served() {
+                return;
+            }
+            conn.as_mut().graceful_shutdown();
+            match tokio::time::timeout(timeouts.first_request, conn.as_mut()).await {
+                Ok(r) => r,
+                Err(_) => return,
+            }
+        }
     };
     if let Err(e) = ended {
         tracing::debug!(error = %e, "connection ended with an error");
     }
 }
+
+/// Largest HTTP/2 header block accepted per request (hyper's default is 16 MiB): with up to
+/// `max_concurrent_streams` requests per connection, this bounds header memory.
+pub const MAX_HEADER_LIST: u32 = 16 << 10;
 
 #[cfg(test)]
 mod tests {
@@ -226,7 +315,7 @@ mod tests {
         let (live, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (l, p) = (live.clone(), peak.clone());
         let (trigger, shutdown) = shutdown();
-        let server = tokio::spawn(serve(listener, max, "test", shutdown, move |s, _, _| {
+        let server = tokio::spawn(serve(listener, max, "test", shutdown, move |s, _, _, _| {
             greet_and_hold(s, l.clone(), p.clone())
         }));
         (addr, live, peak, trigger, server)
@@ -312,8 +401,8 @@ mod tests {
                 )))
             }
         });
-        let server = tokio::spawn(serve(listener, 8, "test", shutdown, move |s, _, sd| {
-            serve_http(s, app.clone(), Duration::from_secs(10), sd)
+        let server = tokio::spawn(serve(listener, 8, "test", shutdown, move |s, _, sd, c| {
+            serve_http(s, app.clone(), Timeouts::default(), sd, c)
         }));
         let stream = TcpStream::connect(addr).await.unwrap();
         let (mut sender, conn) =

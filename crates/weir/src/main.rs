@@ -5,6 +5,8 @@
 //! Errors print one line `weir: error: …` and exit 2 (bad usage, configuration or input).
 
 mod accept;
+mod budget;
+mod conn;
 mod duration;
 mod overload;
 mod proxy;
@@ -73,12 +75,8 @@ struct ProxyArgs {
     /// How often the rule file is checked for changes.
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "1s")]
     reload_interval: Duration,
-    /// Longest time a client may take to send a request head before it is disconnected.
-    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
-    header_timeout: Duration,
-    /// Most client connections at once (accepting pauses at the cap).
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
-    max_connections: usize,
+    #[command(flatten)]
+    connections: ConnectionArgs,
     /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish before exit.
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
     drain_timeout: Duration,
@@ -112,12 +110,46 @@ struct ServeArgs {
     /// (RateLimit-Policy, RateLimit, Retry-After).
     #[arg(long, value_name = "STYLE", default_value = "none", value_parser = ["none", "draft03", "ietf"])]
     response_headers: String,
-    /// Most connections open at once on each listener (accepting pauses at the cap).
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
-    max_connections: usize,
+    #[command(flatten)]
+    connections: ConnectionArgs,
+    /// Longest time from a request's head to the end of its body (then DEADLINE_EXCEEDED /
+    /// 408).
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
+    body_timeout: Duration,
+    /// Most bytes of unfinished request bodies buffered by the whole process (each connection
+    /// at most 4 MiB).
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    max_buffered_bytes: usize,
     /// On SIGTERM or Ctrl-C, how long the calls in flight get to finish before exit.
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
     drain_timeout: Duration,
+}
+
+/// Connection bounds shared by `serve` and `proxy` (see docs/limits.md).
+#[derive(clap::Args)]
+struct ConnectionArgs {
+    /// Most connections open at once per listener; at the cap the connection idle the longest
+    /// is closed to make room.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    max_connections: usize,
+    /// Longest wait for a connection's first request and for each request head.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
+    header_timeout: Duration,
+    /// Close a connection that has had no request in flight for this long.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "60s")]
+    idle_timeout: Duration,
+}
+
+impl ConnectionArgs {
+    fn limits(&self) -> accept::Limits {
+        accept::Limits {
+            max_connections: self.max_connections,
+            timeouts: conn::Timeouts {
+                first_request: self.header_timeout,
+                idle: self.idle_timeout,
+            },
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -237,8 +269,7 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
         admin: args.admin,
         upstream_timeout: args.upstream_timeout,
         reload_interval: args.reload_interval,
-        header_timeout: args.header_timeout,
-        max_connections: args.max_connections,
+        limits: args.connections.limits(),
         upstream_protocol: args.upstream_protocol,
         drain_timeout: args.drain_timeout,
     };
@@ -579,15 +610,22 @@ async fn serve(args: ServeArgs) -> ExitCode {
     // The accept loops run until a stop signal (accept errors are retried); then both listeners
     // close and the calls in flight finish.
     let (trigger, shutdown) = accept::shutdown();
+    let limits = args.connections.limits();
+    let bodies = budget::Budget::new(budget::BodyLimits {
+        timeout: args.body_timeout,
+        total: args.max_buffered_bytes,
+        ..budget::BodyLimits::default()
+    });
     let servers = async {
         tokio::join!(
             rls::server::serve_grpc(
                 service.clone(),
                 grpc,
-                args.max_connections,
+                limits,
+                bodies.clone(),
                 shutdown.clone()
             ),
-            rls::server::serve_http(service.clone(), http, args.max_connections, shutdown),
+            rls::server::serve_http(service.clone(), http, limits, bodies, shutdown),
         );
     };
     accept::run_until_stopped("weir serve", servers, trigger, args.drain_timeout).await;

@@ -122,6 +122,9 @@ async fn path_upstream() -> u16 {
         if uri.path().starts_with("/fail") {
             return (http::StatusCode::INTERNAL_SERVER_ERROR, String::new());
         }
+        if uri.path().starts_with("/slow") {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
         (http::StatusCode::OK, format!("path={uri}"))
     });
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
@@ -412,28 +415,118 @@ async fn slow_clients_are_cut_off_and_connections_are_capped() {
         "a stalled request head kept its connection"
     );
     drop(p);
-    // One connection at most: a second client waits until the first leaves.
+    // One connection at most. An idle one (connected, nothing sent) is closed to make room
+    // for the next client: idle connections cannot lock real clients out.
+    let slow_up = path_upstream().await;
     let p = Proxy::start(
         &file,
-        &format!("http://127.0.0.1:{up}"),
+        &format!("http://127.0.0.1:{slow_up}"),
         &["--max-connections", "1"],
     );
-    let first = tokio::net::TcpStream::connect(("127.0.0.1", p.port))
+    let mut idle = tokio::net::TcpStream::connect(("127.0.0.1", p.port))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
+    let (code, body) = raw_request(p.port, "GET", "/other").await;
+    assert_eq!((code, body.as_str()), (200, "path=/other"));
+    let evicted = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf)).await;
+    assert!(
+        matches!(evicted, Ok(Ok(0) | Err(_))),
+        "the idle connection was not closed: {evicted:?}"
+    );
+    // A connection with a request in flight keeps its slot: the next client waits for it.
     let port = p.port;
-    let second = tokio::spawn(async move { get_url(port, "/other", false, &[]).await.0 });
+    let first = tokio::spawn(async move { raw_request(port, "GET", "/slow").await.0 });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = tokio::spawn(async move { raw_request(port, "GET", "/other").await.0 });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!second.is_finished(), "served past the connection cap");
-    drop(first);
+    let limit = Duration::from_secs(10);
     assert_eq!(
-        tokio::time::timeout(Duration::from_secs(5), second)
-            .await
-            .unwrap()
-            .unwrap(),
+        tokio::time::timeout(limit, first).await.unwrap().unwrap(),
         200
     );
+    assert_eq!(
+        tokio::time::timeout(limit, second).await.unwrap().unwrap(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn connections_that_send_nothing_are_closed_and_the_admin_port_stays_reachable() {
+    use tokio::io::AsyncReadExt;
+    let up = upstream().await;
+    let file = rules_file("idle", RULES);
+    let p = Proxy::start(
+        &file,
+        &format!("http://127.0.0.1:{up}"),
+        &["--header-timeout", "500ms", "--idle-timeout", "1s"],
+    );
+    // More idle connections than the admin listener's cap: a health check still gets in.
+    let mut idle = Vec::new();
+    for _ in 0..80 {
+        idle.push(
+            tokio::net::TcpStream::connect(("127.0.0.1", p.admin))
+                .await
+                .unwrap(),
+        );
+    }
+    let (code, _, body) = get_url(p.admin, "/healthz", false, &[]).await;
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    // A connection that never sends a request is closed after the header timeout; one that
+    // sent only the HTTP/2 preface too.
+    let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", p.port))
+        .await
+        .unwrap();
+    let mut preface = tokio::net::TcpStream::connect(("127.0.0.1", p.port))
+        .await
+        .unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for c in [&mut silent, &mut preface] {
+        let mut buf = [0u8; 256];
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match c.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "an unused connection stayed open");
+    }
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    // A kept-alive HTTP/1.1 connection waiting for its next request head is closed after the
+    // header timeout (HTTP/2 connections after --idle-timeout, tested with weir serve).
+    let mut kept = tokio::net::TcpStream::connect(("127.0.0.1", p.port))
+        .await
+        .unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut kept, b"GET /other HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let served = Instant::now();
+    let mut seen = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match kept.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "an idle kept-alive connection stayed open");
+    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200"));
+    let idle_for = served.elapsed();
+    assert!(
+        idle_for >= Duration::from_millis(400),
+        "closed after {idle_for:?}, before the header timeout"
+    );
+    drop(idle);
 }
 
 /// A gRPC upstream: the Envoy rate-limit service answering OK to everything.

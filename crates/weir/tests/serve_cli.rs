@@ -225,6 +225,230 @@ fn http_json_limits_exactly_then_429_and_refuses_bad_input() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// gRPC streams on one HTTP/2 connection that each send `chunk` bytes and never end:
+/// the `grpc-status` each is answered with, and the most buffered bytes `/metrics` reported.
+async fn unfinished_streams(s: &Serve, streams: usize, chunk: usize) -> (Vec<String>, u64) {
+    use futures_util::StreamExt;
+    use http_body_util::StreamBody;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", s.grpc))
+        .await
+        .unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let data = bytes::Bytes::from(vec![0u8; chunk]);
+    let calls: Vec<_> = (0..streams)
+        .map(|_| {
+            let mut sender = sender.clone();
+            let data = data.clone();
+            tokio::spawn(async move {
+                let frames = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
+                    hyper::body::Frame::data(data),
+                )])
+                .chain(futures_util::stream::pending());
+                let req = http::Request::post(format!(
+                    "http://x{}",
+                    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+                ))
+                .header("content-type", "application/grpc")
+                .body(StreamBody::new(frames))
+                .unwrap();
+                let r = sender.send_request(req).await.unwrap();
+                r.headers()
+                    .get("grpc-status")
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .unwrap_or_default()
+            })
+        })
+        .collect();
+    let mut most = 0u64;
+    let http = s.http;
+    let sampler = tokio::spawn(async move {
+        let mut most = 0u64;
+        for _ in 0..20 {
+            let text = tokio::task::spawn_blocking(move || {
+                let s = std::net::TcpStream::connect(("127.0.0.1", http)).unwrap();
+                let mut s = s;
+                write!(
+                    s,
+                    "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+                )
+                .unwrap();
+                let mut out = String::new();
+                let _ = s.read_to_string(&mut out);
+                out
+            })
+            .await
+            .unwrap();
+            if let Some(v) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("weir_buffered_body_bytes "))
+            {
+                most = most.max(v.trim().parse().unwrap());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        most
+    });
+    let mut codes = Vec::new();
+    for c in calls {
+        codes.push(
+            tokio::time::timeout(Duration::from_secs(20), c)
+                .await
+                .expect("every stream is answered")
+                .unwrap(),
+        );
+    }
+    most = most.max(sampler.await.unwrap());
+    (codes, most)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_bodies_are_bounded_per_connection_and_in_time() {
+    let s = tokio::task::spawn_blocking(|| {
+        Serve::start(&["--body-timeout", "1s", "--max-buffered-bytes", "8388608"])
+    })
+    .await
+    .unwrap();
+    // 12 streams × 1 MiB that never end, on one connection whose bound is 4 MiB.
+    let started = Instant::now();
+    let (codes, most) = unfinished_streams(&s, 12, 1 << 20).await;
+    assert!(
+        codes.iter().all(|c| c == "4" || c == "8"),
+        "DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED only: {codes:?}"
+    );
+    assert!(codes.iter().any(|c| c == "8"), "{codes:?}");
+    assert!(codes.iter().any(|c| c == "4"), "{codes:?}");
+    assert!(most <= 4 << 20, "{most} bytes buffered by one connection");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // A /json body announced as 1000 bytes that sends 2: answered 408 after the body timeout.
+    let http = s.http;
+    let (code, took) = tokio::task::spawn_blocking(move || {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", http)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let t = Instant::now();
+        write!(
+            c,
+            "POST /json HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n{{}}"
+        )
+        .unwrap();
+        let mut out = [0u8; 12];
+        c.read_exact(&mut out).unwrap();
+        (
+            String::from_utf8_lossy(&out[9..12]).to_string(),
+            t.elapsed(),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, "408");
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    drop(s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_grpc_connections_cannot_lock_out_envoy() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = temp_dir("idle");
+    let config = write_config(&dir, CONFIG);
+    let s = tokio::task::spawn_blocking(move || {
+        Serve::start(&[
+            "--config",
+            config.to_str().unwrap(),
+            "--max-connections",
+            "4",
+            "--header-timeout",
+            "4s",
+            "--idle-timeout",
+            "1s",
+        ])
+    })
+    .await
+    .unwrap();
+    // Twice the cap of connections that send only the HTTP/2 preface, then nothing.
+    let mut squatters = Vec::new();
+    for _ in 0..8 {
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", s.grpc))
+            .await
+            .unwrap();
+        c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        squatters.push(c);
+    }
+    // A real client still gets its answer (idle ones make room), well before any timeout.
+    let started = Instant::now();
+    let call = async {
+        let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", s.grpc))
+            .await
+            .unwrap();
+        client
+            .should_rate_limit(grpc_request(&[("user", "idle")], None, None))
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    let r = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("answered despite the idle connections");
+    assert_eq!(r.overall_code, 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "answered only after {:?}: the squatters' own timeout, not room made for it",
+        started.elapsed()
+    );
+    // A connection that carried a call is closed (GOAWAY) after 1 s without one.
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", s.grpc))
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let req = http::Request::post("http://x/unknown.Service/Method")
+        .header("content-type", "application/grpc")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let answered = sender.send_request(req).await.unwrap();
+    assert_eq!(answered.headers()["grpc-status"], "12");
+    let served = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("an idle connection is closed")
+        .unwrap()
+        .ok();
+    assert!(
+        served.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        served.elapsed()
+    );
+    // The squatters that were not closed to make room are closed after the header timeout.
+    let mut buf = [0u8; 64];
+    for mut c in squatters {
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match c.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "a connection that never sent a request stayed open"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn grpc_request(
     entries: &[(&str, &str)],
     hits: Option<u64>,

@@ -48,10 +48,8 @@ pub struct Settings {
     pub upstream_timeout: Duration,
     /// How often the rule file is checked for changes.
     pub reload_interval: Duration,
-    /// Longest time a client may take to send a request head (slowloris).
-    pub header_timeout: Duration,
-    /// Most client connections open at once; past it, accepting pauses.
-    pub max_connections: usize,
+    /// Client connections: how many at once, first-request and idle timeouts.
+    pub limits: crate::accept::Limits,
     /// How to speak to the upstream.
     pub upstream_protocol: UpstreamProtocol,
     /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish.
@@ -342,16 +340,17 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
             admin,
             rules.clone(),
             stats.clone(),
+            s.limits.timeouts,
             shutdown.clone(),
         ));
     }
-    let header_timeout = s.header_timeout;
+    let limits = s.limits;
     let accept = crate::accept::serve(
         listener,
-        s.max_connections,
+        limits.max_connections,
         "proxy",
         shutdown,
-        move |stream, peer, sd| {
+        move |stream, peer, sd, conn| {
             let svc = ServiceBuilder::new()
                 .map_request(move |mut req: Request<Incoming>| {
                     req.extensions_mut().insert(PeerAddr(peer));
@@ -359,17 +358,21 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
                 })
                 .layer(layer.clone())
                 .service(forward.clone());
-            crate::accept::serve_http(stream, svc, header_timeout, sd)
+            crate::accept::serve_http(stream, svc, limits.timeouts, sd, conn)
         },
     );
     crate::accept::run_until_stopped("weir proxy", accept, trigger, s.drain_timeout).await;
     Ok(())
 }
 
+/// Most connections to the admin listener at once.
+pub const ADMIN_CONNECTIONS: usize = 64;
+
 async fn serve_admin(
     listener: tokio::net::TcpListener,
     rules: Arc<Rules>,
     stats: Arc<ProxyStats>,
+    timeouts: crate::conn::Timeouts,
     shutdown: crate::accept::Shutdown,
 ) {
     use axum::routing::get;
@@ -382,9 +385,16 @@ async fn serve_admin(
             }),
         )
         .route("/healthz", get(|| async { "ok\n" }));
-    // A handful of scrapers at most: a small cap keeps a connection flood off the proxy.
-    crate::accept::serve(listener, 64, "admin", shutdown, move |stream, _, sd| {
-        crate::accept::serve_http(stream, app.clone(), Duration::from_secs(10), sd)
-    })
+    // A handful of scrapers and probes at most: a small cap keeps a connection flood off the
+    // proxy; at the cap the connection idle the longest makes room, so health checks get in.
+    crate::accept::serve(
+        listener,
+        ADMIN_CONNECTIONS,
+        "admin",
+        shutdown,
+        move |stream, _, sd, conn| {
+            crate::accept::serve_http(stream, app.clone(), timeouts, sd, conn)
+        },
+    )
     .await;
 }

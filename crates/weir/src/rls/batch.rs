@@ -242,9 +242,13 @@ pub async fn serve<S, B>(
     stream: TcpStream,
     service: S,
     mut shutdown: crate::accept::Shutdown,
+    connection: Arc<crate::conn::Connection>,
+    timeouts: crate::conn::Timeouts,
 ) -> Result<(), hyper::Error>
 where
-    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B> + Send + 'static,
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     B: hyper::body::Body + Send + 'static,
@@ -259,6 +263,7 @@ where
     }));
     let executor = ConnectionExecutor::default();
     let io = hyper_util::rt::TokioIo::new(CoalescedIo(shared.clone()));
+    let service = crate::conn::Tracked::new(service, connection.clone());
     let conn = builder(executor.clone()).serve_connection(io, service);
     let mut drain = Drain {
         conn: Box::pin(conn),
@@ -270,6 +275,17 @@ where
     tokio::select! {
         r = &mut drain => return r,
         () = shutdown.stopping() => {}
+        () = connection.closed(timeouts) => {
+            // Idle, never used, or making room at the cap: one that never carried a request
+            // is dropped; one that did gets GOAWAY and the first-request timeout to finish.
+            if !connection.served() {
+                return Ok(());
+            }
+            drain.conn.as_mut().graceful_shutdown();
+            return tokio::time::timeout(timeouts.first_request, drain)
+                .await
+                .unwrap_or(Ok(()));
+        }
     }
     drain.conn.as_mut().graceful_shutdown();
     drain.await
@@ -343,6 +359,8 @@ mod tests {
                 s,
                 svc,
                 shutdown,
+                crate::conn::Connection::new(),
+                crate::conn::Timeouts::default(),
             )
             .await;
         });

@@ -19,7 +19,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+
+use crate::budget::{BodyError, ConnectionBudget};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use prost::Message;
 
@@ -36,17 +37,30 @@ pub const MAX_MESSAGE: usize = 4 << 20;
 pub enum Code {
     /// The request could not be read to its end (the caller went away).
     Cancelled = 1,
+    /// The request body did not arrive within the body timeout.
+    DeadlineExceeded = 4,
     /// A malformed or invalid request.
     InvalidArgument = 3,
-    /// A request message above [`MAX_MESSAGE`].
+    /// A request message above [`MAX_MESSAGE`], or past the buffered-bytes bounds.
     ResourceExhausted = 8,
     /// An unknown method, or a compressed message.
     Unimplemented = 12,
 }
 
-/// The ratelimit service as a hyper service.
+/// The ratelimit service as a hyper service, for one connection (whose request bodies count
+/// against that connection's budget).
 #[derive(Clone)]
-pub struct GrpcService(pub Arc<Service>);
+pub struct GrpcService {
+    service: Arc<Service>,
+    budget: Arc<ConnectionBudget>,
+}
+
+impl GrpcService {
+    /// Serves `service` on a connection whose bodies are bounded by `budget`.
+    pub fn new(service: Arc<Service>, budget: Arc<ConnectionBudget>) -> Self {
+        Self { service, budget }
+    }
+}
 
 impl hyper::service::Service<Request<Incoming>> for GrpcService {
     type Response = Response<GrpcBody>;
@@ -54,15 +68,19 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
     type Future = Pin<Box<dyn Future<Output = Result<Response<GrpcBody>, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let service = self.0.clone();
-        Box::pin(async move { Ok(handle(&service, req).await) })
+        let (service, budget) = (self.service.clone(), self.budget.clone());
+        Box::pin(async move { Ok(handle(&service, &budget, req).await) })
     }
 }
 
-async fn handle<B>(service: &Service, req: Request<B>) -> Response<GrpcBody>
+async fn handle<B>(
+    service: &Service,
+    budget: &Arc<ConnectionBudget>,
+    req: Request<B>,
+) -> Response<GrpcBody>
 where
     B: Body<Data = Bytes>,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B::Error: std::fmt::Display,
 {
     if req.uri().path() != PATH {
         let m = format!("unknown method {}", req.uri().path());
@@ -79,18 +97,19 @@ where
         *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
         return r;
     }
-    let body = match Limited::new(req.into_body(), MAX_MESSAGE + 5)
-        .collect()
-        .await
-    {
-        Ok(c) => c.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+    let body = match budget.read(req.into_body(), MAX_MESSAGE + 5).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge(_)) => {
             let m = format!("request message larger than {MAX_MESSAGE} bytes");
             return status(Code::ResourceExhausted, &m);
         }
-        Err(e) => return status(Code::Cancelled, &format!("reading the request: {e}")),
+        Err(e @ (BodyError::ConnectionFull(_) | BodyError::ProcessFull(_))) => {
+            return status(Code::ResourceExhausted, &e.to_string())
+        }
+        Err(e @ BodyError::Timeout(_)) => return status(Code::DeadlineExceeded, &e.to_string()),
+        Err(e @ BodyError::Read(_)) => return status(Code::Cancelled, &e.to_string()),
     };
-    let message = match unframe(&body) {
+    let message = match unframe(&body.bytes) {
         Ok(m) => m,
         Err((code, m)) => return status(code, m),
     };
@@ -234,9 +253,11 @@ mod tests {
             .body(Full::new(body))
             .unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
             .build()
             .unwrap();
-        rt.block_on(handle(&service(), req))
+        let budget = crate::budget::Budget::new(Default::default()).connection();
+        rt.block_on(handle(&service(), &budget, req))
     }
 
     fn grpc_status(r: &Response<GrpcBody>) -> (String, String) {

@@ -28,6 +28,7 @@ use super::engine::{
     BadRequest, Engine, EngineOptions, HeaderStyle, Request, RequestDescriptor, Response, Store,
 };
 use super::grpc::GrpcService;
+use crate::budget::{BodyError, Budget, ConnectionBudget};
 
 /// The bundled example configuration (served without `--config`).
 pub const EXAMPLE: &str = include_str!("../../config/example.yaml");
@@ -298,19 +299,20 @@ fn prost_types_duration(d: Duration) -> envoy_types::pb::google::protobuf::Durat
 pub async fn serve_grpc(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
-    max_connections: usize,
+    limits: crate::accept::Limits,
+    bodies: Arc<Budget>,
     shutdown: crate::accept::Shutdown,
 ) {
-    let svc = GrpcService(service);
     crate::accept::serve(
         listener,
-        max_connections,
+        limits.max_connections,
         "gRPC",
         shutdown,
-        move |stream, _, sd| {
-            let svc = svc.clone();
+        move |stream, _, sd, conn| {
+            let svc = GrpcService::new(service.clone(), bodies.connection());
             async move {
-                if let Err(e) = batch::serve(grpc_builder, stream, svc, sd).await {
+                let r = batch::serve(grpc_builder, stream, svc, sd, conn, limits.timeouts).await;
+                if let Err(e) = r {
                     tracing::debug!(error = %e, "gRPC connection ended with an error");
                 }
             }
@@ -328,6 +330,7 @@ fn grpc_builder(
         .initial_connection_window_size(4 << 20)
         .initial_stream_window_size(1 << 20)
         .max_concurrent_streams(1_024)
+        .max_header_list_size(crate::accept::MAX_HEADER_LIST)
         // No `date` on gRPC answers (grpc-go and Lyft's service send none): one header less
         // for the caller to decode per decision.
         .auto_date_header(false)
@@ -493,14 +496,36 @@ fn to_json(r: &Response, style: HeaderStyle) -> Value {
     out
 }
 
+/// Largest `/json` body (the gRPC message limit).
+const MAX_JSON_BODY: usize = super::grpc::MAX_MESSAGE;
+
 async fn json_handler(
     State(service): State<Arc<Service>>,
-    body: axum::body::Bytes,
+    axum::Extension(budget): axum::Extension<Arc<ConnectionBudget>>,
+    request: axum::extract::Request,
 ) -> axum::response::Response {
-    let request = match from_json(&body) {
+    let error =
+        |status: StatusCode, e: String| (status, axum::Json(json!({"error": e}))).into_response();
+    let body = match budget.read(request.into_body(), MAX_JSON_BODY).await {
+        Ok(b) => b,
+        Err(e) => {
+            metrics::counter!("weir_rls_bad_requests_total").increment(1);
+            let status = match e {
+                BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                BodyError::ConnectionFull(_) | BodyError::ProcessFull(_) => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                BodyError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+                BodyError::Read(_) => StatusCode::BAD_REQUEST,
+            };
+            return error(status, e.to_string());
+        }
+    };
+    let request = match from_json(&body.bytes) {
         Ok(r) => r,
         Err(e) => {
-            return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": e.0}))).into_response()
+            metrics::counter!("weir_rls_bad_requests_total").increment(1);
+            return error(StatusCode::BAD_REQUEST, e.0);
         }
     };
     match service.decide(&request).await {
@@ -516,7 +541,10 @@ async fn json_handler(
     }
 }
 
-async fn metrics_handler(State(service): State<Arc<Service>>) -> axum::response::Response {
+async fn metrics_handler(
+    State(service): State<Arc<Service>>,
+    axum::Extension(budget): axum::Extension<Arc<ConnectionBudget>>,
+) -> axum::response::Response {
     match &service.prometheus {
         Some(h) => (
             [(
@@ -526,6 +554,10 @@ async fn metrics_handler(State(service): State<Arc<Service>>) -> axum::response:
             {
                 let mut text = h.render();
                 service.latency.render(&mut text);
+                text.push_str(&format!(
+                    "# HELP weir_buffered_body_bytes Bytes of unfinished request bodies held in memory.\n# TYPE weir_buffered_body_bytes gauge\nweir_buffered_body_bytes {}\n",
+                    budget.process().used()
+                ));
                 text
             },
         )
@@ -535,12 +567,13 @@ async fn metrics_handler(State(service): State<Arc<Service>>) -> axum::response:
 }
 
 /// Serves the HTTP API (`POST /json`, `GET /healthz`, `GET /metrics`) over HTTP/1.1 and h2c
-/// until `shutdown` says stop and its connections have finished, at most `max_connections`
-/// connections at once; a client gets 10 s to send a request head.
+/// until `shutdown` says stop and its connections have finished, within `limits` (connections,
+/// their timeouts) and `bodies` (request bodies buffered).
 pub async fn serve_http(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
-    max_connections: usize,
+    limits: crate::accept::Limits,
+    bodies: Arc<Budget>,
     shutdown: crate::accept::Shutdown,
 ) {
     let app = Router::new()
@@ -551,11 +584,12 @@ pub async fn serve_http(
         .with_state(service);
     crate::accept::serve(
         listener,
-        max_connections,
+        limits.max_connections,
         "HTTP",
         shutdown,
-        move |stream, _, sd| {
-            crate::accept::serve_http(stream, app.clone(), Duration::from_secs(10), sd)
+        move |stream, _, sd, conn| {
+            let app = app.clone().layer(axum::Extension(bodies.connection()));
+            crate::accept::serve_http(stream, app, limits.timeouts, sd, conn)
         },
     )
     .await;
