@@ -77,11 +77,15 @@ struct ProxyArgs {
     reload_interval: Duration,
     #[command(flatten)]
     connections: ConnectionArgs,
+    /// Most requests in flight to the upstream, all clients together (then 503); each client
+    /// connection at most 64.
+    #[arg(long, value_name = "N", default_value_t = 1_024)]
+    max_upstream_requests: usize,
     /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish before exit.
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
     drain_timeout: Duration,
-    /// auto (HTTP/2 requests go out over h2c — gRPC needs it —, HTTP/1.x over HTTP/1.1), http1
-    /// or h2c.
+    /// auto (gRPC calls go out over h2c, which gRPC needs; everything else over HTTP/1.1),
+    /// http1 or h2c.
     #[arg(long, value_name = "P", default_value = "auto")]
     upstream_protocol: proxy::UpstreamProtocol,
 }
@@ -270,6 +274,7 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
         upstream_timeout: args.upstream_timeout,
         reload_interval: args.reload_interval,
         limits: args.connections.limits(),
+        max_upstream_requests: args.max_upstream_requests,
         upstream_protocol: args.upstream_protocol,
         drain_timeout: args.drain_timeout,
     };

@@ -6,6 +6,8 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
@@ -149,6 +151,60 @@ async fn raw_request(port: u16, method: &str, target: &str) -> (u16, String) {
     (head[9..12].parse().unwrap(), body.to_string())
 }
 
+/// An upstream that speaks HTTP/1.1 only (no h2c), on threads: answers `host=<Host header>`
+/// and counts the requests it serves at once (the most seen is in `peak`).
+fn http1_only_upstream(peak: Arc<AtomicUsize>) -> u16 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let now = Arc::new(AtomicUsize::new(0));
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let (now, peak) = (now.clone(), peak.clone());
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                loop {
+                    let mut host = String::from("-");
+                    let mut slow = false;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line.starts_with("GET /slow") {
+                            slow = true;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("host:") {
+                            host = v.trim().to_string();
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let n = now.fetch_add(1, AtomicOrdering::SeqCst) + 1;
+                    peak.fetch_max(n, AtomicOrdering::SeqCst);
+                    if slow {
+                        std::thread::sleep(Duration::from_millis(1500));
+                    }
+                    now.fetch_sub(1, AtomicOrdering::SeqCst);
+                    let body = format!("host={host}");
+                    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                    if s.write_all(head.as_bytes()).is_err()
+                        || s.write_all(body.as_bytes()).is_err()
+                    {
+                        return;
+                    }
+                    let _ = s.flush();
+                    let _ = r.get_mut().read(&mut []);
+                }
+            });
+        }
+    });
+    port
+}
+
 fn rules_file(name: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("weir-proxy-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -247,6 +303,130 @@ http:
         assert_eq!(raw_request(p.port, "GET", "/fail").await.0, 500);
     }
     assert_eq!(raw_request(p.port, "GET", "/fail").await.0, 503);
+}
+
+/// One raw HTTP/1.x request with the given head lines: (status, body).
+async fn raw_head(port: u16, head: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("answered within 10 s")
+        .unwrap();
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let (h, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (h[9..12].parse().unwrap(), body.to_string())
+}
+
+#[tokio::test]
+async fn careful_with_hosts_connect_loops_and_http1_only_upstreams() {
+    let peak = Arc::new(AtomicUsize::new(0));
+    let up = http1_only_upstream(peak.clone());
+    let file = rules_file("careful", RULES);
+    let p = Proxy::start(&file, &format!("http://127.0.0.1:{up}"), &[]);
+    let two_hosts = "GET /x HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw_head(p.port, two_hosts).await.0, 400);
+    let no_host = "GET /x HTTP/1.1\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw_head(p.port, no_host).await.0, 400);
+    let http10 = "GET /x HTTP/1.0\r\n\r\n";
+    assert_eq!(
+        raw_head(p.port, http10).await.0,
+        200,
+        "HTTP/1.0 needs no Host"
+    );
+    let named = "GET /x HTTP/1.1\r\nHost: shop\r\nConnection: close, host\r\n\r\n";
+    assert_eq!(
+        raw_head(p.port, named).await,
+        (200, "host=shop".to_string())
+    );
+    let connect =
+        "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw_head(p.port, connect).await.0, 405);
+    // HTTP/2 from the client, HTTP/1.1 to an upstream that speaks nothing else.
+    let (code, _, body) = get_url(p.port, "/x", true, &[]).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body, format!("host=127.0.0.1:{}", p.port));
+    // One h2c client, 100 streams at once: at most 64 reach the upstream together.
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Empty<bytes::Bytes>>();
+    let calls: Vec<_> = (0..100)
+        .map(|_| {
+            let client = client.clone();
+            let uri = format!("http://127.0.0.1:{}/slow", p.port);
+            tokio::spawn(async move {
+                let r = client
+                    .request(http::Request::get(uri).body(Empty::new()).unwrap())
+                    .await
+                    .unwrap();
+                r.status().as_u16()
+            })
+        })
+        .collect();
+    let mut codes = Vec::new();
+    for c in calls {
+        codes.push(
+            tokio::time::timeout(Duration::from_secs(20), c)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert!(
+        peak.load(AtomicOrdering::SeqCst) <= 64,
+        "{}",
+        peak.load(AtomicOrdering::SeqCst)
+    );
+    assert_eq!(codes.iter().filter(|c| **c == 200).count(), 64, "{codes:?}");
+    assert_eq!(codes.iter().filter(|c| **c == 503).count(), 36, "{codes:?}");
+}
+
+#[tokio::test]
+async fn a_proxy_pointing_at_itself_is_refused_and_a_loop_is_cut() {
+    let port = free_port();
+    let file = rules_file("loop", RULES);
+    let (code, _, err) = weir(&[
+        "proxy",
+        "--rules",
+        file.to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--upstream",
+        &format!("http://localhost:{port}"),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("own --listen address"), "{err}");
+    // Two proxies pointing at each other: the request comes back to its first proxy, which
+    // answers 508 instead of forwarding it again.
+    let (a, b) = (free_port(), free_port());
+    let start = |listen: u16, up: u16| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["proxy", "--rules", file.to_str().unwrap()])
+            .args(["--listen", &format!("127.0.0.1:{listen}")])
+            .args(["--upstream", &format!("http://127.0.0.1:{up}")])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        child
+    };
+    let mut pa = start(a, b);
+    let mut pb = start(b, a);
+    let (code, _, body) = get_url(a, "/other", false, &[]).await;
+    assert_eq!(code, 508, "{body}");
+    assert!(body.contains("loop"), "{body}");
+    for c in [&mut pa, &mut pb] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }
 
 #[tokio::test]

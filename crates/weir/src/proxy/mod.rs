@@ -28,6 +28,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Service, ServiceBuilder};
 use weir_rules::engine::Rules;
 use weir_rules::watch::{Event, Watcher};
@@ -50,6 +51,8 @@ pub struct Settings {
     pub reload_interval: Duration,
     /// Client connections: how many at once, first-request and idle timeouts.
     pub limits: crate::accept::Limits,
+    /// Most upstream requests in flight, all clients together (then 503).
+    pub max_upstream_requests: usize,
     /// How to speak to the upstream.
     pub upstream_protocol: UpstreamProtocol,
     /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish.
@@ -59,8 +62,9 @@ pub struct Settings {
 /// The protocol spoken to the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamProtocol {
-    /// As the client spoke: HTTP/2 (h2c) requests go out over h2c (gRPC needs it), HTTP/1.x
-    /// over HTTP/1.1.
+    /// gRPC calls (`content-type: application/grpc…` over HTTP/2) go out over h2c, which gRPC
+    /// needs; everything else over HTTP/1.1, which every upstream speaks (an HTTP/2 client in
+    /// front of an HTTP/1-only upstream just works).
     Auto,
     /// Always HTTP/1.1.
     Http1,
@@ -87,6 +91,8 @@ pub struct ProxyStats {
     forwarded: AtomicU64,
     upstream_unreachable: AtomicU64,
     upstream_timeout: AtomicU64,
+    upstream_busy: AtomicU64,
+    loops: AtomicU64,
     reloads_applied: AtomicU64,
     reloads_rejected: AtomicU64,
 }
@@ -112,6 +118,10 @@ pub fn parse_upstream(s: &str) -> Result<Uri, String> {
     Ok(uri)
 }
 
+/// Most upstream requests in flight for one client connection (an h2c client multiplexing
+/// hundreds of streams would otherwise open as many HTTP/1.1 upstream connections).
+pub const MAX_UPSTREAM_PER_CLIENT: usize = 64;
+
 /// Forwards requests to the upstream.
 #[derive(Clone)]
 struct Forward {
@@ -121,6 +131,61 @@ struct Forward {
     upstream: Uri,
     timeout: Duration,
     stats: Arc<ProxyStats>,
+    /// This process's token in `Via`: a request carrying it has come round in a loop.
+    via: HeaderValue,
+    /// Upstream requests in flight, all clients together.
+    total: Arc<Semaphore>,
+    /// Upstream requests in flight for this client connection.
+    per_client: Arc<Semaphore>,
+}
+
+/// What an upstream request holds until its response body ends: its places in the total and
+/// the client's bounds.
+struct UpstreamPermits(
+    #[allow(dead_code)] OwnedSemaphorePermit,
+    #[allow(dead_code)] OwnedSemaphorePermit,
+);
+
+impl weir_tower::body::Held for UpstreamPermits {
+    fn end(self, _: bool) {}
+}
+
+/// Why a request is refused before it is forwarded (answered by the proxy itself).
+fn refuse<B>(req: &Request<B>, via: &HeaderValue) -> Option<(StatusCode, &'static str)> {
+    if req.method() == http::Method::CONNECT {
+        return Some((
+            StatusCode::METHOD_NOT_ALLOWED,
+            "CONNECT is not supported: this is a reverse proxy",
+        ));
+    }
+    let hosts = req.headers().get_all(header::HOST).iter().count();
+    if hosts > 1 {
+        return Some((StatusCode::BAD_REQUEST, "more than one Host header"));
+    }
+    if hosts == 0 && req.version() == Version::HTTP_11 {
+        return Some((StatusCode::BAD_REQUEST, "HTTP/1.1 request without Host"));
+    }
+    let token = via.as_bytes();
+    let looped = req.headers().get_all(header::VIA).iter().any(|v| {
+        v.as_bytes()
+            .split(|b| *b == b',')
+            .any(|hop| hop.trim_ascii().ends_with(token))
+    });
+    if looped {
+        return Some((
+            StatusCode::LOOP_DETECTED,
+            "request loop: this proxy already forwarded it (check --upstream)",
+        ));
+    }
+    None
+}
+
+/// A token naming this process in `Via` (`1.1 weir-<hex>`), unique per start.
+fn via_token(listen: SocketAddr) -> HeaderValue {
+    use std::hash::BuildHasher;
+    let seed = (std::process::id(), listen, std::time::SystemTime::now());
+    let token = std::collections::hash_map::RandomState::new().hash_one(seed);
+    HeaderValue::from_str(&format!("weir-{token:016x}")).unwrap_or(HeaderValue::from_static("weir"))
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded.
@@ -136,12 +201,15 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // `Connection: close, host` must not make the request lose its Host: end-to-end headers
+    // the proxy relies on are never removed through `Connection`.
     let listed: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .filter(|n| *n != header::HOST && *n != header::CONTENT_LENGTH)
         .collect();
     for n in listed {
         h.remove(n);
@@ -158,6 +226,23 @@ fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
 
 impl Forward {
     async fn forward(self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+        let permits = match (
+            self.total.clone().try_acquire_owned(),
+            self.per_client.clone().try_acquire_owned(),
+        ) {
+            (Ok(a), Ok(b)) => UpstreamPermits(a, b),
+            _ => {
+                self.stats.upstream_busy.fetch_add(1, Ordering::Relaxed);
+                let mut r = problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many requests in flight to the upstream",
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return r;
+            }
+        };
+        let head_request = req.method() == http::Method::HEAD;
         let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let path = req
             .uri()
@@ -183,9 +268,15 @@ impl Forward {
         if let Some(ip) = peer {
             append_forwarded_for(req.headers_mut(), ip);
         }
+        let version = req.version();
+        append_via(req.headers_mut(), version, &self.via);
         *req.uri_mut() = uri;
+        let grpc = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
         let h2 = match self.protocol {
-            UpstreamProtocol::Auto => req.version() == Version::HTTP_2,
+            UpstreamProtocol::Auto => req.version() == Version::HTTP_2 && grpc,
             UpstreamProtocol::Http1 => false,
             UpstreamProtocol::H2c => true,
         };
@@ -202,16 +293,26 @@ impl Forward {
             Ok(Ok(mut r)) => {
                 self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                 strip_hop_by_hop(r.headers_mut());
-                r.map(BodyExt::boxed)
+                weir_tower::body::HeldBody::wrap(r, Some(permits), head_request).map(BodyExt::boxed)
             }
             Ok(Err(e)) => {
                 self.stats
                     .upstream_unreachable
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(upstream = %self.upstream, error = %e, "upstream failed");
+                let hint = if h2 {
+                    " (spoken to over h2c: if the upstream only speaks HTTP/1.1, run with \
+                     --upstream-protocol http1)"
+                } else {
+                    ""
+                };
                 problem(
                     StatusCode::BAD_GATEWAY,
-                    &format!("upstream {} failed: {}", self.upstream, error_chain(&e)),
+                    &format!(
+                        "upstream {} failed: {}{hint}",
+                        self.upstream,
+                        error_chain(&e)
+                    ),
                 )
             }
             Err(_) => {
@@ -241,6 +342,23 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Appends this hop to `Via` (RFC 9110 §7.6.3): `1.1 weir-<token>`.
+fn append_via(h: &mut HeaderMap, version: Version, token: &HeaderValue) {
+    let proto = match version {
+        Version::HTTP_2 => "2",
+        Version::HTTP_10 => "1.0",
+        _ => "1.1",
+    };
+    let hop = format!("{proto} {}", token.to_str().unwrap_or("weir"));
+    let value = match h.get(header::VIA).and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {hop}"),
+        None => hop,
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        h.insert(header::VIA, v);
+    }
+}
+
 fn append_forwarded_for(h: &mut HeaderMap, ip: IpAddr) {
     let value = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
         Some(prev) => format!("{prev}, {ip}"),
@@ -248,6 +366,52 @@ fn append_forwarded_for(h: &mut HeaderMap, ip: IpAddr) {
     };
     if let Ok(v) = HeaderValue::from_str(&value) {
         h.insert("x-forwarded-for", v);
+    }
+}
+
+/// The checks made before anything else (rules included): requests a careful proxy refuses
+/// ([`refuse`]) are answered here and never charged to a limit.
+#[derive(Clone)]
+struct Precheck<S> {
+    inner: S,
+    via: HeaderValue,
+    stats: Arc<ProxyStats>,
+}
+
+impl<S, B> Service<Request<Incoming>> for Precheck<S>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + Sync + 'static,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        if let Some((status, why)) = refuse(&req, &self.via) {
+            if status == StatusCode::LOOP_DETECTED {
+                self.stats.loops.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut r = problem(status, why);
+            if status == StatusCode::METHOD_NOT_ALLOWED {
+                r.headers_mut().insert(
+                    header::ALLOW,
+                    HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+                );
+            }
+            return Box::pin(std::future::ready(Ok(r)));
+        }
+        let call = self.inner.call(req);
+        Box::pin(async move {
+            let r = call.await?;
+            Ok(r.map(BodyExt::boxed))
+        })
     }
 }
 
@@ -271,6 +435,15 @@ impl Service<Request<Incoming>> for Forward {
 /// configuration.
 pub async fn run(s: Settings) -> Result<(), (u8, String)> {
     let upstream = parse_upstream(&s.upstream).map_err(|e| (2, e))?;
+    if points_at(&upstream, s.listen) {
+        return Err((
+            2,
+            format!(
+                "--upstream {} is this proxy's own --listen address: every request would loop",
+                s.upstream
+            ),
+        ));
+    }
     let set = weir_rules::watch::load(&s.rules).map_err(|e| (2, e.to_string()))?;
     if set.http.as_ref().is_none_or(|h| h.routes.is_empty()) {
         eprintln!(
@@ -310,9 +483,11 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
     connector.set_connect_timeout(Some(s.upstream_timeout));
     let http1 = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(MAX_IDLE_UPSTREAM)
         .build(connector.clone());
     let h2c = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(MAX_IDLE_UPSTREAM)
         .http2_only(true)
         .build(connector);
     let forward = Forward {
@@ -322,6 +497,9 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         upstream: upstream.clone(),
         timeout: s.upstream_timeout,
         stats: stats.clone(),
+        via: via_token(s.listen),
+        total: Arc::new(Semaphore::new(s.max_upstream_requests.max(1))),
+        per_client: Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT)),
     };
     let layer = RulesLayer::new(rules.clone());
     let local = listener.local_addr().map_or(s.listen, |a| a);
@@ -351,18 +529,49 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         "proxy",
         shutdown,
         move |stream, peer, sd, conn| {
-            let svc = ServiceBuilder::new()
+            // Each client connection has its own bound on upstream requests in flight.
+            let forward = Forward {
+                per_client: Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT)),
+                ..forward.clone()
+            };
+            let via = forward.via.clone();
+            let stats = forward.stats.clone();
+            let rules = ServiceBuilder::new()
                 .map_request(move |mut req: Request<Incoming>| {
                     req.extensions_mut().insert(PeerAddr(peer));
                     req
                 })
                 .layer(layer.clone())
-                .service(forward.clone());
+                .service(forward);
+            let svc = Precheck {
+                inner: rules,
+                via,
+                stats,
+            };
             crate::accept::serve_http(stream, svc, limits.timeouts, sd, conn)
         },
     );
     crate::accept::run_until_stopped("weir proxy", accept, trigger, s.drain_timeout).await;
     Ok(())
+}
+
+/// Idle pooled connections kept to the upstream.
+pub const MAX_IDLE_UPSTREAM: usize = 256;
+
+/// Whether `upstream` names the address the proxy listens on (the same port on the same IP,
+/// or on a loopback / unspecified listen address).
+fn points_at(upstream: &Uri, listen: SocketAddr) -> bool {
+    let port = upstream.port_u16().unwrap_or(80);
+    if port != listen.port() {
+        return false;
+    }
+    let host = upstream.host().unwrap_or("").trim_matches(['[', ']']);
+    match host.parse::<IpAddr>() {
+        Ok(ip) => ip == listen.ip() || (ip.is_loopback() && listen.ip().is_unspecified()),
+        Err(_) => {
+            host == "localhost" && (listen.ip().is_loopback() || listen.ip().is_unspecified())
+        }
+    }
 }
 
 /// Most connections to the admin listener at once.

@@ -24,6 +24,8 @@ struct Scrape {
     forwarded: u64,
     unreachable: u64,
     timeout: u64,
+    busy: u64,
+    loops: u64,
     applied: u64,
     rejected: u64,
 }
@@ -138,11 +140,16 @@ impl Collector for Scrape {
         m.encode_counter::<NoLabelSet, _, u64>(&self.forwarded, None)?;
         let mut m = enc.encode_descriptor(
             "weir_proxy_upstream_errors",
-            "Requests the upstream did not answer (502 unreachable, 504 timeout).",
+            "Requests not answered by the upstream (502 unreachable, 504 timeout, 503 busy: too many in flight, 508 loop).",
             None,
             MetricType::Counter,
         )?;
-        for (kind, v) in [("unreachable", self.unreachable), ("timeout", self.timeout)] {
+        for (kind, v) in [
+            ("unreachable", self.unreachable),
+            ("timeout", self.timeout),
+            ("busy", self.busy),
+            ("loop", self.loops),
+        ] {
             m.encode_family(&[("kind", kind)])?
                 .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
         }
@@ -168,6 +175,8 @@ pub fn render(snap: Snapshot, proxy: &ProxyStats) -> String {
         forwarded: load(&proxy.forwarded),
         unreachable: load(&proxy.upstream_unreachable),
         timeout: load(&proxy.upstream_timeout),
+        busy: load(&proxy.upstream_busy),
+        loops: load(&proxy.loops),
         applied: load(&proxy.reloads_applied),
         rejected: load(&proxy.reloads_rejected),
     };
