@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::yaml::{self, LocatedError};
+use crate::yaml::{self, LocatedError, LocatedErrors};
 
 /// A whole rule set.
 #[derive(Debug, Clone, PartialEq, Deserialize, Default)]
@@ -557,108 +557,149 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 }
 
 impl RuleSet {
-    /// Parses and validates a YAML rule set.
-    pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedError> {
+    /// Parses and validates a YAML rule set. A file that is not valid YAML of the right shape
+    /// reports its first error (parsing stops there); a file that parses reports every rule
+    /// that breaks a constraint, each located at its field.
+    pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedErrors> {
         let set: RuleSet = yaml::parse(file, text)?;
-        set.validate().map_err(|(path, reason)| LocatedError {
-            file: file.to_path_buf(),
-            position: None,
-            path,
-            reason,
-        })?;
-        Ok(set)
+        let problems = set.problems();
+        if problems.is_empty() {
+            return Ok(set);
+        }
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        Err(LocatedErrors(
+            problems
+                .into_iter()
+                .map(|(path, reason)| LocatedError {
+                    file: file.to_path_buf(),
+                    position: yaml::locate(text, &path),
+                    path,
+                    reason,
+                })
+                .collect(),
+        ))
     }
 
-    /// Checks what the types cannot: unique names and ids, exactly one of `qps` /
-    /// `concurrency`, at most one concurrency rule per resource, non-zero thresholds, ratios in
-    /// [0, 1], options that fit the behaviour, declared resources in `relate` and routes,
-    /// valid CIDR blocks and header names. Answers (field path, reason).
+    /// Checks what the types cannot (see [`RuleSet::problems`]); answers the first problem as
+    /// (field path, reason).
     pub fn validate(&self) -> Result<(), (String, String)> {
+        match self.problems().into_iter().next() {
+            Some(p) => Err(p),
+            None => Ok(()),
+        }
+    }
+
+    /// Every constraint the types cannot express that this set breaks, as (field path,
+    /// reason): unique names and ids, exactly one of `qps` / `concurrency`, at most one
+    /// concurrency rule per resource, non-zero thresholds, ratios in [0, 1], options that fit
+    /// the behaviour, declared resources in `relate` and routes, valid CIDR blocks, header
+    /// names and route prefixes.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut fail = |path: String, reason: &str| out.push((path, reason.to_string()));
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.resources.iter().enumerate() {
             if r.name.is_empty() || !names.insert(r.name.as_str()) {
-                return Err((
+                fail(
                     format!("resources[{i}].name"),
-                    format!("resource name {:?} empty or duplicated", r.name),
-                ));
+                    &format!("resource name {:?} empty or duplicated", r.name),
+                );
             }
         }
         let mut ids = std::collections::HashSet::new();
-        let mut id = |path: String, id: &str| {
+        let mut id = |path: String, id: &str, fail: &mut dyn FnMut(String, &str)| {
             if id.is_empty() {
-                return Err((path, "id must not be empty".to_string()));
+                fail(path, "id must not be empty");
+            } else if !ids.insert(id.to_string()) {
+                fail(path, &format!("duplicate rule id {id:?}"));
             }
-            if !ids.insert(id.to_string()) {
-                return Err((path, format!("duplicate rule id {id:?}")));
-            }
-            Ok(())
         };
-        let fail = |path: String, reason: &str| Err((path, reason.to_string()));
         for (i, r) in self.resources.iter().enumerate() {
             let at = format!("resources[{i}]");
             let mut concurrency = 0;
             for (j, f) in r.flow.iter().enumerate() {
                 let p = format!("{at}.flow[{j}]");
-                id(format!("{p}.id"), &f.id)?;
+                id(format!("{p}.id"), &f.id, &mut fail);
                 match (f.qps, f.concurrency) {
-                    (Some(0), _) | (_, Some(0)) => return fail(p, "qps / concurrency must be ≥ 1"),
+                    (Some(0), _) => fail(format!("{p}.qps"), "must be ≥ 1"),
+                    (_, Some(0)) => fail(format!("{p}.concurrency"), "must be ≥ 1"),
                     (Some(_), None) => {}
                     (None, Some(_)) => concurrency += 1,
-                    _ => return fail(p, "give exactly one of qps or concurrency"),
+                    _ => fail(p.clone(), "give exactly one of qps or concurrency"),
                 }
                 if f.burst == Some(0) {
-                    return fail(format!("{p}.burst"), "burst must be ≥ 1");
+                    fail(format!("{p}.burst"), "burst must be ≥ 1");
                 }
-                validate_flow(f, &p, &r.name, &names)?;
+                validate_flow(f, &p, &r.name, &names, &mut fail);
             }
             if concurrency > 1 {
-                return fail(
+                fail(
                     format!("{at}.flow"),
                     "at most one concurrency rule per resource",
                 );
             }
             for (j, h) in r.hot_params.iter().enumerate() {
                 let p = format!("{at}.hot_params[{j}]");
-                id(format!("{p}.id"), &h.id)?;
-                if h.threshold == 0 || h.exceptions.values().any(|v| *v == 0) {
-                    return fail(p, "thresholds must be ≥ 1");
+                id(format!("{p}.id"), &h.id, &mut fail);
+                if h.threshold == 0 {
+                    fail(format!("{p}.threshold"), "must be ≥ 1");
+                }
+                for (value, n) in &h.exceptions {
+                    if *n == 0 {
+                        fail(format!("{p}.exceptions.{value}"), "must be ≥ 1");
+                    }
                 }
                 if h.max_values == 0 {
-                    return fail(format!("{p}.max_values"), "max_values must be ≥ 1");
+                    fail(format!("{p}.max_values"), "max_values must be ≥ 1");
                 }
                 if h.burst == Some(0) {
-                    return fail(format!("{p}.burst"), "burst must be ≥ 1");
+                    fail(format!("{p}.burst"), "burst must be ≥ 1");
                 }
             }
             if let Some(a) = &r.authority {
-                id(format!("{at}.authority.id"), &a.id)?;
+                id(format!("{at}.authority.id"), &a.id, &mut fail);
                 if a.allow.is_empty() == a.deny.is_empty() {
-                    return fail(
+                    fail(
                         format!("{at}.authority"),
                         "give exactly one of allow or deny",
                     );
                 }
             }
             if let Some(b) = &r.breaker {
-                id(format!("{at}.breaker.id"), &b.id)?;
+                id(format!("{at}.breaker.id"), &b.id, &mut fail);
                 if b.window.is_some() && b.window_calls.is_some() {
-                    return fail(
+                    fail(
                         format!("{at}.breaker"),
                         "give window (time) or window_calls (count), not both",
                     );
                 }
-                if let Err(e) = b.config().validate() {
-                    return Err((format!("{at}.breaker"), e.to_string()));
+                let mut field_ok = true;
+                for (field, v) in [("error_ratio", b.error_ratio), ("slow_ratio", b.slow_ratio)] {
+                    if let Some(v) = v.filter(|v| !(*v > 0.0 && *v <= 1.0)) {
+                        fail(
+                            format!("{at}.breaker.{field}"),
+                            &format!("must be in (0, 1], got {v}"),
+                        );
+                        field_ok = false;
+                    }
+                }
+                // What only the whole configuration shows (the preset's values included).
+                if let (true, Err(e)) = (field_ok, b.config().validate()) {
+                    let e = e.to_string();
+                    fail(
+                        format!("{at}.breaker"),
+                        e.strip_prefix("breaker: ").unwrap_or(&e),
+                    );
                 }
             }
         }
         if let Some(s) = &self.system {
-            validate_system(s)?;
+            validate_system(s, &mut fail);
         }
         if let Some(h) = &self.http {
-            validate_http(h, &names)?;
+            validate_http(h, &names, &mut fail);
         }
-        Ok(())
+        out
     }
 }
 
@@ -667,81 +708,80 @@ fn validate_flow(
     p: &str,
     resource: &str,
     names: &std::collections::HashSet<&str>,
-) -> Result<(), (String, String)> {
-    let fail = |field: &str, reason: &str| Err((format!("{p}.{field}"), reason.to_string()));
+    out: &mut dyn FnMut(String, &str),
+) {
+    let mut fail = |field: &str, reason: &str| out(format!("{p}.{field}"), reason);
     let paced = matches!(f.behavior, Behavior::Pace | Behavior::WarmUpPace);
     let warm = matches!(f.behavior, Behavior::WarmUp | Behavior::WarmUpPace);
     if f.behavior != Behavior::Reject {
         if f.qps.is_none() {
-            return fail("behavior", "pace and warm-up need qps");
+            fail("behavior", "pace and warm-up need qps");
         }
         if f.algorithm.is_some() || f.burst.is_some() {
-            return fail(
+            fail(
                 "behavior",
                 "algorithm and burst apply to behavior reject only",
             );
         }
     }
     if f.max_wait.is_some() && !paced {
-        return fail("max_wait", "applies to behavior pace or warm_up_pace");
+        fail("max_wait", "applies to behavior pace or warm_up_pace");
     }
     if (f.warmup.is_some() || f.cold_factor.is_some()) && !warm {
-        return fail(
+        fail(
             "warmup",
             "warmup and cold_factor apply to behavior warm_up or warm_up_pace",
         );
     }
     if f.cold_factor.is_some_and(|c| c < 2) {
-        return fail("cold_factor", "must be ≥ 2");
+        fail("cold_factor", "must be ≥ 2");
     }
     if f.origin.as_deref() == Some("") {
-        return fail("origin", "must not be empty");
+        fail("origin", "must not be empty");
     }
     if let Some(other) = &f.relate {
         if !names.contains(other.as_str()) || other == resource {
-            return fail(
+            fail(
                 "relate",
                 &format!("{other:?} must be another resource declared under resources"),
             );
         }
         if f.qps.is_none() || f.behavior != Behavior::Reject || f.origin.is_some() {
-            return fail("relate", "relate needs qps, behavior reject and no origin");
+            fail("relate", "relate needs qps, behavior reject and no origin");
         }
         if f.window.is_some_and(|w| w != Duration::from_secs(1)) {
-            return fail(
+            fail(
                 "window",
                 "relate rules count the last second: window must be 1s",
             );
         }
     }
-    Ok(())
 }
 
-fn validate_system(s: &SystemRule) -> Result<(), (String, String)> {
-    let fail = |field: &str, reason: &str| Err((format!("system.{field}"), reason.to_string()));
+fn validate_system(s: &SystemRule, out: &mut dyn FnMut(String, &str)) {
+    let mut fail = |field: &str, reason: &str| out(format!("system.{field}"), reason);
     if s.max_qps == Some(0) {
-        return fail("max_qps", "must be ≥ 1");
+        fail("max_qps", "must be ≥ 1");
     }
     if s.max_in_flight == Some(0) {
-        return fail("max_in_flight", "must be ≥ 1");
+        fail("max_in_flight", "must be ≥ 1");
     }
     if s.max_cpu.is_some_and(|c| !(c > 0.0 && c <= 1.0)) {
-        return fail("max_cpu", "must be in (0, 1]");
+        fail("max_cpu", "must be in (0, 1]");
     }
     if let Some(b) = &s.bbr {
         if b.cpu_threshold.is_some_and(|c| !(0.0..=1.0).contains(&c)) {
-            return fail("bbr.cpu_threshold", "must be in [0, 1]");
+            fail("bbr.cpu_threshold", "must be in [0, 1]");
         }
         if b.buckets == Some(0) {
-            return fail("bbr.buckets", "must be ≥ 1");
+            fail("bbr.buckets", "must be ≥ 1");
         }
     }
     if let Some(a) = &s.adaptive {
         if a.max == Some(0) || a.min.zip(a.max).is_some_and(|(lo, hi)| lo > hi) {
-            return fail("adaptive", "need 1 ≤ max and min ≤ max");
+            fail("adaptive", "need 1 ≤ max and min ≤ max");
         }
     }
-    Ok(())
 }
 
 /// RFC 9110 token characters (header names).
@@ -754,67 +794,69 @@ pub fn is_header_name(s: &str) -> bool {
 fn validate_http(
     h: &HttpConfig,
     names: &std::collections::HashSet<&str>,
-) -> Result<(), (String, String)> {
+    fail: &mut dyn FnMut(String, &str),
+) {
     for (i, c) in h.trusted_proxies.iter().enumerate() {
-        crate::cidr::Cidr::parse(c).map_err(|e| (format!("http.trusted_proxies[{i}]"), e))?;
+        if let Err(e) = crate::cidr::Cidr::parse(c) {
+            fail(format!("http.trusted_proxies[{i}]"), &e);
+        }
     }
     if let Some(o) = &h.origin_header {
         if !is_header_name(o) {
-            return Err((
+            fail(
                 "http.origin_header".into(),
-                format!("{o:?} is not a header name"),
-            ));
+                &format!("{o:?} is not a header name"),
+            );
         }
     }
     for (i, r) in h.routes.iter().enumerate() {
         let p = format!("http.routes[{i}]");
         if !names.contains(r.resource.as_str()) {
-            return Err((
+            fail(
                 format!("{p}.resource"),
-                format!("{:?} is not declared under resources", r.resource),
-            ));
+                &format!("{:?} is not declared under resources", r.resource),
+            );
         }
         if !r.prefix.starts_with('/') {
-            return Err((format!("{p}.prefix"), "must start with /".into()));
-        }
-        // Requests are matched on their normal form: a prefix in another form matches nothing.
-        match crate::path::normalize(&r.prefix) {
-            Ok(n) if n == r.prefix && !r.prefix.contains(';') => {}
-            Ok(n) => {
-                return Err((
+            fail(format!("{p}.prefix"), "must start with /");
+        } else {
+            // Requests are matched on their normal form: a prefix in another form matches
+            // nothing.
+            match crate::path::normalize(&r.prefix) {
+                Ok(n) if n == r.prefix && !r.prefix.contains(';') => {}
+                Ok(n) => fail(
                     format!("{p}.prefix"),
-                    format!(
+                    &format!(
                         "{:?} is not in normal form (requests are matched as {:?}; no `;`)",
                         r.prefix,
                         crate::path::match_path(&n)
                     ),
-                ))
+                ),
+                Err(e) => fail(format!("{p}.prefix"), &e.to_string()),
             }
-            Err(e) => return Err((format!("{p}.prefix"), e.to_string())),
         }
         for (j, m) in r.methods.iter().enumerate() {
             if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
-                return Err((
+                fail(
                     format!("{p}.methods[{j}]"),
-                    format!("{m:?} is not a method (GET, POST …)"),
-                ));
+                    &format!("{m:?} is not a method (GET, POST …)"),
+                );
             }
         }
         for name in r.headers.keys() {
             if !is_header_name(name) {
-                return Err((format!("{p}.headers.{name}"), "not a header name".into()));
+                fail(format!("{p}.headers.{name}"), "not a header name");
             }
         }
         for (j, param) in r.params.iter().enumerate() {
             if let Param::Header(name) = param {
                 if !is_header_name(name) {
-                    return Err((
+                    fail(
                         format!("{p}.params[{j}].header"),
-                        format!("{name:?} is not a header name"),
-                    ));
+                        &format!("{name:?} is not a header name"),
+                    );
                 }
             }
         }
     }
-    Ok(())
 }

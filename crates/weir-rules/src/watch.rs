@@ -31,9 +31,9 @@ pub enum LoadError {
         /// The error.
         err: std::io::Error,
     },
-    /// The file is not a valid rule set.
+    /// The file is not a valid rule set (every error found, one per line).
     #[error("{0}")]
-    Invalid(#[from] crate::yaml::LocatedError),
+    Invalid(#[from] crate::yaml::LocatedErrors),
     /// The set was refused by an algorithm (e.g. a window too short for its buckets).
     #[error("{}: {err}", .path.display())]
     Rules {
@@ -46,7 +46,7 @@ pub enum LoadError {
 
 /// Reads and validates the rule file `path`.
 pub fn load(path: &Path) -> Result<RuleSet, LoadError> {
-    let text = crate::yaml::read(path)?;
+    let text = crate::yaml::read(path).map_err(crate::yaml::LocatedErrors::from)?;
     Ok(RuleSet::from_yaml(path, &text)?)
 }
 
@@ -109,6 +109,11 @@ impl Watcher {
                     };
                     match &event {
                         Event::Applied => tracing::info!(file = %path.display(), "rules reloaded"),
+                        Event::Rejected(LoadError::Invalid(errors)) => {
+                            for e in &errors.0 {
+                                tracing::warn!(error = %e, "rules not reloaded; previous rules stay")
+                            }
+                        }
                         Event::Rejected(e) => {
                             tracing::warn!(error = %e, "rules not reloaded; previous rules stay")
                         }

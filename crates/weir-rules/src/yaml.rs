@@ -163,9 +163,151 @@ pub fn parse<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, LocatedE
     })
 }
 
+/// Every error of one file, printed one per line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocatedErrors(pub Vec<LocatedError>);
+
+impl fmt::Display for LocatedErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for LocatedErrors {}
+
+impl From<LocatedError> for LocatedErrors {
+    fn from(e: LocatedError) -> Self {
+        Self(vec![e])
+    }
+}
+
+/// One step of a field path (`resources[2].flow[0].qps`).
+#[derive(Debug, PartialEq, Eq)]
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// Splits a field path as `serde_path_to_error` and the validators write it.
+fn steps(path: &str) -> Option<Vec<Step<'_>>> {
+    let mut out = Vec::new();
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        let (key, mut rest) = part.split_once('[').map_or((part, ""), |(k, r)| (k, r));
+        if !key.is_empty() {
+            out.push(Step::Key(key));
+        }
+        while let Some((n, after)) = rest.split_once(']') {
+            out.push(Step::Index(n.parse().ok()?));
+            rest = after.strip_prefix('[').unwrap_or(after);
+        }
+    }
+    Some(out)
+}
+
+/// The 1-based line and column where the node at field path `path` starts in the YAML `text`
+/// (a validation error found after deserializing carries only its path).
+pub fn locate(text: &str, path: &str) -> Option<(usize, usize)> {
+    use saphyr_parser::{Event, Parser};
+    let target = steps(path)?;
+    /// An open collection: its depth in the path, and where its next child goes.
+    enum Frame<'a> {
+        Map {
+            key: Option<std::borrow::Cow<'a, str>>,
+        },
+        Seq {
+            next: usize,
+        },
+    }
+    let mut frames: Vec<Frame> = Vec::new();
+    // Whether the path so far (one step per frame) is a prefix of the target.
+    let mut on_path: Vec<bool> = Vec::new();
+    let mut parser = Parser::new_from_str(text);
+    loop {
+        let (event, span) = parser.next_event()?.ok()?;
+        let is_node = matches!(
+            event,
+            Event::Scalar(..)
+                | Event::MappingStart(..)
+                | Event::SequenceStart(..)
+                | Event::Alias(_)
+        );
+        if is_node {
+            // A mapping expecting a key: this scalar is the key, not a value.
+            if let (Some(Frame::Map { key: key @ None }), Event::Scalar(k, ..)) =
+                (frames.last_mut(), &event)
+            {
+                *key = Some(k.clone());
+                continue;
+            }
+            // The value's path: the parent's, plus its key or index.
+            let depth = frames.len();
+            // Whether this node's path is a prefix of the target (the root's, empty, is).
+            let matches = match frames.last() {
+                None => true,
+                Some(frame) => {
+                    on_path.last().copied().unwrap_or(true)
+                        && target
+                            .get(depth - 1)
+                            .is_some_and(|want| match (frame, want) {
+                                (Frame::Map { key: Some(k) }, Step::Key(w)) => k == w,
+                                (Frame::Seq { next }, Step::Index(w)) => next == w,
+                                _ => false,
+                            })
+                }
+            };
+            if matches && depth == target.len() {
+                return Some((span.start.line(), span.start.col() + 1));
+            }
+            match event {
+                Event::MappingStart(..) => {
+                    frames.push(Frame::Map { key: None });
+                    on_path.push(matches);
+                }
+                Event::SequenceStart(..) => {
+                    frames.push(Frame::Seq { next: 0 });
+                    on_path.push(matches);
+                }
+                _ => advance(frames.last_mut()),
+            }
+        } else if matches!(event, Event::MappingEnd | Event::SequenceEnd) {
+            frames.pop();
+            on_path.pop();
+            advance(frames.last_mut());
+        } else if matches!(event, Event::StreamEnd) {
+            return None;
+        }
+    }
+    /// The collection `frame` has taken one value.
+    fn advance(frame: Option<&mut Frame<'_>>) {
+        match frame {
+            Some(Frame::Map { key }) => *key = None,
+            Some(Frame::Seq { next }) => *next += 1,
+            None => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn field_paths_are_found_in_the_text() {
+        let text = "resources:\n  - name: a\n    flow:\n      - {id: x, qps: 0}\n      - id: y\n        qps: 5\nhttp: {routes: [{prefix: /a}, {prefix: b}]}\n";
+        assert_eq!(locate(text, "resources[0].flow[0].qps"), Some((4, 22)));
+        assert_eq!(locate(text, "resources[0].flow[0]"), Some((4, 9)));
+        assert_eq!(locate(text, "resources[0].flow[1].qps"), Some((6, 14)));
+        assert_eq!(locate(text, "resources[0].name"), Some((2, 11)));
+        assert_eq!(locate(text, "http.routes[1].prefix"), Some((7, 40)));
+        assert_eq!(locate(text, "resources[1]"), None);
+        assert_eq!(locate(text, "nothing.here"), None);
+    }
 
     #[derive(serde::Deserialize, Debug)]
     #[allow(dead_code)]

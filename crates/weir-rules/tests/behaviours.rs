@@ -260,11 +260,45 @@ fn validation_names_the_field() {
     ];
     for (yaml, path) in cases {
         let e = RuleSet::from_yaml(Path::new("r.yaml"), yaml).unwrap_err();
+        let e = e.to_string();
+        let (at, rest) = e.split_once(": ").unwrap();
         assert!(
-            e.to_string().starts_with(&format!("r.yaml: {path}: ")),
-            "{e}"
+            at.starts_with("r.yaml:") && at.split(':').count() == 3,
+            "no line and column: {e}"
         );
+        assert!(rest.starts_with(&format!("{path}: ")), "{e}");
     }
+}
+
+#[test]
+fn every_validation_error_of_a_file_is_reported_where_it_is() {
+    let yaml = "resources:
+  - name: a
+    flow:
+      - {id: x, qps: 0}
+    hot_params:
+      - {id: h, param: 0, threshold: 0}
+    breaker: {id: b, error_ratio: 1.5}
+";
+    let e = RuleSet::from_yaml(Path::new("r.yaml"), yaml)
+        .unwrap_err()
+        .to_string();
+    let lines: Vec<&str> = e.lines().collect();
+    assert_eq!(lines.len(), 3, "{e}");
+    assert!(
+        lines[0].starts_with("r.yaml:4:22: resources[0].flow[0].qps: must be ≥ 1"),
+        "{e}"
+    );
+    assert!(
+        lines[1].starts_with("r.yaml:6:38: resources[0].hot_params[0].threshold: must be ≥ 1"),
+        "{e}"
+    );
+    assert!(
+        lines[2].starts_with(
+            "r.yaml:7:35: resources[0].breaker.error_ratio: must be in (0, 1], got 1.5"
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -340,7 +374,7 @@ fn breaker_rules_take_every_breaker_parameter() {
     .unwrap_err();
     assert!(
         e.to_string()
-            .starts_with("r.yaml: resources[0].breaker: give window"),
+            .starts_with("r.yaml:3:14: resources[0].breaker: give window"),
         "{e}"
     );
     let e = RuleSet::from_yaml(

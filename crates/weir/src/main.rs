@@ -335,6 +335,13 @@ fn run_check_config(args: CheckConfigArgs) -> ExitCode {
 fn check_rules(path: &std::path::Path) -> ExitCode {
     let set = match weir_rules::watch::load(path) {
         Ok(s) => s,
+        Err(weir_rules::watch::LoadError::Invalid(errors)) => {
+            // One line per error, each with its location.
+            for e in &errors.0 {
+                eprintln!("weir: error: {e}");
+            }
+            return ExitCode::from(2);
+        }
         Err(e) => return fail(e),
     };
     // Compiling catches what only the algorithms know (e.g. a window too short).
