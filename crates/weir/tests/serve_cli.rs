@@ -202,6 +202,10 @@ fn http_json_limits_exactly_then_429_and_refuses_bad_input() {
             r#"{"domain":"shop","descriptors":[{"entries":[{"key":"a","value":"b"}],"limit":{"requestsPerUnit":1,"unit":"fortnight"}}]}"#,
             "unknown unit \"fortnight\"",
         ),
+        (
+            r#"{"domain":"shop","descriptors":[{"entries":[{"key":"a","value":"\ud800"}]}]}"#,
+            "a lone one is not a character",
+        ),
     ] {
         let (code, v) = s.json(bad);
         assert_eq!(code, 400, "{bad}");
@@ -209,6 +213,11 @@ fn http_json_limits_exactly_then_429_and_refuses_bad_input() {
     }
     let (code, metrics) = s.get("/metrics").unwrap();
     assert_eq!(code, 200);
+    // Every malformed body above is counted (8 refused, none before).
+    assert!(
+        metrics.contains("weir_rls_bad_requests_total 8"),
+        "{metrics}"
+    );
     assert!(
         metrics.contains("weir_rls_over_limit_total{rule=\"shop.user\"}"),
         "{metrics}"

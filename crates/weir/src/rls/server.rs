@@ -417,7 +417,20 @@ struct JsonRequest {
 fn from_json(body: &[u8]) -> Result<Request, BadRequest> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let r: JsonRequest = serde_path_to_error::deserialize(&mut de)
-        .map_err(|e| BadRequest(format!("request body: {}: {}", e.path(), e.inner())))?;
+        .map_err(|e| {
+            let inner = e.inner();
+            let mut reason = inner.to_string();
+            // serde_json's words for a \uD800–\uDFFF escape without its pair ("unexpected end
+            // of hex escape", "lone leading surrogate") say nothing a client can act on.
+            if reason.contains("hex escape") || reason.contains("surrogate") {
+                reason = format!(
+                    "invalid \\u escape: a UTF-16 surrogate (\\ud800–\\udfff) must be followed by its pair; a lone one is not a character (line {} column {})",
+                    inner.line(),
+                    inner.column()
+                );
+            }
+            BadRequest(format!("request body: {}: {reason}", e.path()))
+        })?;
     // The JSON form is the proto's: map it onto the proto types and decode once.
     let descriptors = r
         .descriptors
