@@ -321,16 +321,27 @@ pub async fn serve_grpc(
     .await;
 }
 
+/// Unread request bytes a gRPC connection may have in flight (HTTP/2 connection window).
+pub const GRPC_CONNECTION_WINDOW: u32 = 1 << 20;
+/// Unread request bytes one gRPC stream may have in flight.
+pub const GRPC_STREAM_WINDOW: u32 = 256 << 10;
+/// Calls open at once on one gRPC connection (Envoy opens another connection past it).
+pub const GRPC_MAX_STREAMS: u32 = 256;
+/// Largest header block of one gRPC call.
+pub const GRPC_MAX_HEADER_LIST: u32 = 8 << 10;
+
 /// The HTTP/2 settings of a gRPC connection, around that connection's executor.
 fn grpc_builder(
     executor: batch::ConnectionExecutor,
 ) -> hyper::server::conn::http2::Builder<batch::ConnectionExecutor> {
     let mut builder = hyper::server::conn::http2::Builder::new(executor);
     builder
-        .initial_connection_window_size(4 << 20)
-        .initial_stream_window_size(1 << 20)
-        .max_concurrent_streams(1_024)
-        .max_header_list_size(crate::accept::MAX_HEADER_LIST)
+        // Bounds per connection (docs/limits.md): RLS requests are a few hundred bytes, so
+        // these cost nothing in speed and cap what one connection can make the server hold.
+        .initial_connection_window_size(GRPC_CONNECTION_WINDOW)
+        .initial_stream_window_size(GRPC_STREAM_WINDOW)
+        .max_concurrent_streams(GRPC_MAX_STREAMS)
+        .max_header_list_size(GRPC_MAX_HEADER_LIST)
         // No `date` on gRPC answers (grpc-go and Lyft's service send none): one header less
         // for the caller to decode per decision.
         .auto_date_header(false)
