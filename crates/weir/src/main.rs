@@ -4,14 +4,7 @@
 //!
 //! Errors print one line `weir: error: …` and exit 2 (bad usage, configuration or input).
 
-mod accept;
-mod budget;
-mod conn;
-mod duration;
-mod overload;
-mod proxy;
-mod rls;
-mod simulate;
+use weir::{accept, budget, conn, duration, overload, proxy, rls, simulate};
 
 use std::fs::File;
 use std::io::{self, BufReader, Write};

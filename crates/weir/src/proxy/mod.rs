@@ -151,7 +151,7 @@ impl weir_tower::body::Held for UpstreamPermits {
 }
 
 /// Why a request is refused before it is forwarded (answered by the proxy itself).
-fn refuse<B>(req: &Request<B>, via: &HeaderValue) -> Option<(StatusCode, &'static str)> {
+pub fn refuse<B>(req: &Request<B>, via: &HeaderValue) -> Option<(StatusCode, &'static str)> {
     if req.method() == http::Method::CONNECT {
         return Some((
             StatusCode::METHOD_NOT_ALLOWED,
@@ -200,7 +200,9 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
-fn strip_hop_by_hop(h: &mut HeaderMap) {
+/// Removes hop-by-hop headers (and those `Connection` names, except `Host` and
+/// `Content-Length`).
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     // `Connection: close, host` must not make the request lose its Host: end-to-end headers
     // the proxy relies on are never removed through `Connection`.
     let listed: Vec<HeaderName> = h
@@ -343,7 +345,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Appends this hop to `Via` (RFC 9110 §7.6.3): `1.1 weir-<token>`.
-fn append_via(h: &mut HeaderMap, version: Version, token: &HeaderValue) {
+pub fn append_via(h: &mut HeaderMap, version: Version, token: &HeaderValue) {
     let proto = match version {
         Version::HTTP_2 => "2",
         Version::HTTP_10 => "1.0",

@@ -109,22 +109,23 @@ where
         Err(e @ BodyError::Timeout(_)) => return status(Code::DeadlineExceeded, &e.to_string()),
         Err(e @ BodyError::Read(_)) => return status(Code::Cancelled, &e.to_string()),
     };
-    let message = match unframe(&body.bytes) {
-        Ok(m) => m,
-        Err((code, m)) => return status(code, m),
-    };
-    let request = match RateLimitRequest::decode(message) {
+    let request = match decode(&body.bytes) {
         Ok(r) => r,
-        Err(e) => return status(Code::InvalidArgument, &format!("bad RateLimitRequest: {e}")),
-    };
-    let request = match from_proto(request) {
-        Ok(r) => r,
-        Err(e) => return status(Code::InvalidArgument, &e.0),
+        Err((code, m)) => return status(code, &m),
     };
     match service.decide(&request).await {
         Ok(r) => ok(&to_proto(&r, service.header_style())),
         Err(e) => status(Code::InvalidArgument, &e.0),
     }
+}
+
+/// The request in a unary call's body: one framed `RateLimitRequest`, decoded and checked
+/// (the status and message to answer otherwise).
+pub fn decode(body: &Bytes) -> Result<super::engine::Request, (Code, String)> {
+    let message = unframe(body).map_err(|(code, m)| (code, m.to_string()))?;
+    let request = RateLimitRequest::decode(message)
+        .map_err(|e| (Code::InvalidArgument, format!("bad RateLimitRequest: {e}")))?;
+    from_proto(request).map_err(|e| (Code::InvalidArgument, e.0))
 }
 
 /// The message of a unary request body: exactly one uncompressed length-prefixed message.

@@ -425,7 +425,8 @@ struct JsonRequest {
     hits_addend: Option<u64>,
 }
 
-fn from_json(body: &[u8]) -> Result<Request, BadRequest> {
+/// The request in a `/json` body (proto3 JSON of `RateLimitRequest`), checked.
+pub fn from_json(body: &[u8]) -> Result<Request, BadRequest> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let r: JsonRequest = serde_path_to_error::deserialize(&mut de)
         .map_err(|e| {

@@ -1,0 +1,14 @@
+//! The library behind the `weir` command: the rate-limit service (`rls`), the reverse proxy
+//! (`proxy`), the simulators, and the connection handling they share. `main.rs` only parses the
+//! command line and wires these together; [`fuzzing`] exposes the input parsers to the fuzz
+//! targets.
+
+pub mod accept;
+pub mod budget;
+pub mod conn;
+pub mod duration;
+pub mod fuzzing;
+pub mod overload;
+pub mod proxy;
+pub mod rls;
+pub mod simulate;
