@@ -658,6 +658,83 @@ fn check_config_prints_rules_or_every_error() {
 }
 
 #[test]
+fn check_config_refuses_huge_deep_and_odd_files_at_once_and_clearly() {
+    let dir = temp_dir("odd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let check = |name: &str, contents: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, contents).unwrap();
+        let t = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["check-config", p.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), err, t.elapsed())
+    };
+    // 9 MiB: refused before it is parsed.
+    let mut big = b"domain: d\ndescriptors:\n".to_vec();
+    while big.len() < 9 << 20 {
+        big.extend_from_slice(
+            b"  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+        );
+    }
+    let (code, err, took) = check("big.yaml", &big);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("big.yaml: larger than 8 MiB"), "{err}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // 200 KB of `[`: refused at the 65th with its place.
+    let mut deep = b"domain: ".to_vec();
+    deep.extend(std::iter::repeat_n(b'[', 200_000));
+    let (code, err, took) = check("deep.yaml", &deep);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("deep.yaml:1:73: nested deeper than 64"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // A UTF-8 byte-order mark is not a second document.
+    let mut bom = "\u{feff}".as_bytes().to_vec();
+    bom.extend_from_slice(CONFIG.as_bytes());
+    assert_eq!(check("bom.yaml", &bom).0, Some(0));
+    // A count past 2^64 names the field and the bound.
+    let huge = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 18446744073709551616}\n";
+    let (code, err, _) = check("huge.yaml", huge.as_bytes());
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("huge.yaml:4:")
+            && err.contains("cannot be counted exactly: at most 9007199254740992"),
+        "{err}"
+    );
+    // A GCRA limit too large to be exact: said once, with the place, no rule name repeated.
+    let gcra = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 9007199254740992, algorithm: gcra}\n";
+    let (code, err, _) = check("gcra.yaml", gcra.as_bytes());
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("gcra.yaml:3:") && !err.contains("rule d.a"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn overrides_without_a_rule_count_per_key_and_value() {
+    let s = Serve::start(&[]);
+    let with = |key: &str| {
+        format!(
+            r#"{{"domain":"example","descriptors":[{{"entries":[{{"key":"{key}","value":"alice"}}],"limit":{{"requestsPerUnit":1,"unit":"MINUTE"}}}}]}}"#
+        )
+    };
+    assert_eq!(s.json(&with("user")).0, 200);
+    assert_eq!(s.json(&with("user")).0, 429);
+    assert_eq!(s.json(&with("org")).0, 200, "another key, another counter");
+    let two = r#"{"domain":"example","descriptors":[{"entries":[{"key":"a","value":"x"},{"key":"b","value":"y"}],"limit":{"requestsPerUnit":1,"unit":"MINUTE"}}]}"#;
+    let one = r#"{"domain":"example","descriptors":[{"entries":[{"key":"a","value":"x\u001fy"}],"limit":{"requestsPerUnit":1,"unit":"MINUTE"}}]}"#;
+    assert_eq!(s.json(two).0, 200);
+    assert_eq!(s.json(one).0, 200, "one value is not two entries");
+}
+
+#[test]
 fn two_processes_on_one_redis_share_one_limit() {
     let redis = support::Redis::start();
     let dir = temp_dir("redis");
