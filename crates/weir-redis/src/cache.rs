@@ -16,6 +16,9 @@ struct Entry {
     until: Nanos,
     limit: u64,
     reset_at: Nanos,
+    /// The rule's limit and script parameters when the denial was made: a rule retuned since
+    /// (a reload raised its limit or burst) decides anew.
+    tuning: (u64, [u64; 2]),
 }
 
 pub(crate) struct OverLimit {
@@ -34,7 +37,7 @@ impl OverLimit {
         let id = Sharded::<Entry>::id(rule, key);
         let mut shard = self.map.lock(&id);
         let e = shard.get(&id)?;
-        if e.until <= now {
+        if e.until <= now || e.tuning != (rule.limit(), rule.params()) {
             shard.remove(&id);
             return None;
         }
@@ -70,6 +73,7 @@ impl OverLimit {
                 until: now.saturating_add(ns(retry)),
                 limit: d.limit(),
                 reset_at: now.saturating_add(ns(d.reset_after())),
+                tuning: (rule.limit(), rule.params()),
             },
         );
     }

@@ -757,6 +757,20 @@ fn two_processes_on_one_redis_share_one_limit() {
         allowed, 3,
         "one global limit of 3 per minute across both processes"
     );
+    // A raised limit keeps the Redis counter: 3 used of the new 5 leaves 2, for both.
+    std::fs::write(
+        &config,
+        CONFIG.replace("requests_per_unit: 3}", "requests_per_unit: 5}"),
+    )
+    .unwrap();
+    wait_for_limit(&a, 5);
+    wait_for_limit(&b, 5);
+    let mut allowed = 0;
+    for i in 0..6 {
+        let s = if i % 2 == 0 { &a } else { &b };
+        allowed += u32::from(s.json(&body(&[("user", "shared")])).0 == 200);
+    }
+    assert_eq!(allowed, 2, "the counter in Redis survived the reload");
     let _ = std::fs::remove_dir_all(dir);
 }
 
