@@ -71,6 +71,24 @@ fn unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
 }
 
+/// Whether `path` is already in normal form and route form alike: origin-form with no `%`,
+/// `\`, `;`, `//` or `.` right after a `/`. One scan; the common case needs nothing more.
+#[inline]
+pub fn is_plain(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    if bytes.first() != Some(&b'/') {
+        return false;
+    }
+    let mut prev = 0u8;
+    for &b in bytes {
+        if matches!(b, b'%' | b'\\' | b';') || (prev == b'/' && matches!(b, b'/' | b'.')) {
+            return false;
+        }
+        prev = b;
+    }
+    true
+}
+
 /// Whether `path` might need rewriting: a `%`, `//`, a `.` right after `/`, or a `\`.
 /// False is exact (the path is already normal); true may be a false alarm (`/a/.x`).
 fn suspicious(path: &[u8]) -> bool {
@@ -223,6 +241,20 @@ mod tests {
         assert_eq!(n("/api/%2"), Err(PathError::BadEncoding));
         assert_eq!(n("api/checkout"), Err(PathError::NotOriginForm));
         assert_eq!(n(""), Err(PathError::NotOriginForm));
+    }
+
+    #[test]
+    fn plain_paths_are_their_own_normal_and_route_forms() {
+        for p in ["/", "/api/checkout", "/a.b/c/", "/x-y_z~"] {
+            assert!(is_plain(p), "{p}");
+            assert_eq!(normalize(p).unwrap(), p);
+            assert_eq!(match_path(p), p);
+        }
+        for p in [
+            "", "*", "a", "//", "/a/./b", "/a/.b", "/%61", "/a;b", "/a\\b",
+        ] {
+            assert!(!is_plain(p), "{p}");
+        }
     }
 
     #[test]

@@ -386,23 +386,31 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        match crate::path::normalize(req.uri().path()) {
-            Ok(std::borrow::Cow::Borrowed(_)) => {}
-            Ok(std::borrow::Cow::Owned(normal)) => {
-                if set_path(req.uri_mut(), &normal).is_err() {
-                    return RulesFuture::Invalid {
-                        detail: Some("the normalised path is not a valid URI"),
-                    };
+        // Plain paths (the common case) are their own normal and route forms: one scan.
+        let plain = crate::path::is_plain(req.uri().path());
+        if !plain {
+            match crate::path::normalize(req.uri().path()) {
+                Ok(std::borrow::Cow::Borrowed(_)) => {}
+                Ok(std::borrow::Cow::Owned(normal)) => {
+                    if set_path(req.uri_mut(), &normal).is_err() {
+                        return RulesFuture::Invalid {
+                            detail: Some("the normalised path is not a valid URI"),
+                        };
+                    }
                 }
-            }
-            Err(e) => {
-                return RulesFuture::Invalid {
-                    detail: Some(e.as_str()),
+                Err(e) => {
+                    return RulesFuture::Invalid {
+                        detail: Some(e.as_str()),
+                    }
                 }
             }
         }
         let head = Head::of(&req);
-        let path = crate::path::match_path(req.uri().path());
+        let path = if plain {
+            std::borrow::Cow::Borrowed(req.uri().path())
+        } else {
+            crate::path::match_path(req.uri().path())
+        };
         let entry = match &*self.layer.classifier {
             Classifier::Routes(routes) => routes.find(head, &path).map(|owned| {
                 let t = target_of(&owned.table, owned.route, head, &path);
