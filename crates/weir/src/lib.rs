@@ -10,5 +10,6 @@ pub mod duration;
 pub mod fuzzing;
 pub mod overload;
 pub mod proxy;
+pub mod quota;
 pub mod rls;
 pub mod simulate;

@@ -4,7 +4,7 @@
 //!
 //! Errors print one line `weir: error: …` and exit 2 (bad usage, configuration or input).
 
-use weir::{accept, budget, conn, duration, overload, proxy, rls, simulate};
+use weir::{accept, budget, conn, duration, overload, proxy, quota, rls, simulate};
 
 use std::fs::File;
 use std::io::{self, BufReader, Write};
@@ -46,6 +46,29 @@ enum Command {
     CheckConfig(CheckConfigArgs),
     /// A reverse proxy applying a weir rule file to every request (HTTP/1.1 and h2c).
     Proxy(ProxyArgs),
+    /// Cluster quota tools.
+    #[command(subcommand)]
+    Quota(QuotaCommand),
+}
+
+#[derive(Subcommand)]
+enum QuotaCommand {
+    /// Divide a capacity among clients' demands: CSV client,wants[,weight[,priority]] in,
+    /// client,share out (input order), the total on stderr.
+    Allocate(AllocateArgs),
+}
+
+#[derive(clap::Args)]
+struct AllocateArgs {
+    /// Units per second to divide.
+    #[arg(long, value_name = "C")]
+    capacity: f64,
+    /// fair_share (exact weighted max-min), proportional_share or static.
+    #[arg(long, value_name = "ALG", default_value = "fair_share")]
+    algorithm: weir_quota::Algorithm,
+    /// The demands (CSV); `-` or absent: standard input.
+    #[arg(long, value_name = "FILE|-")]
+    input: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -228,6 +251,37 @@ fn main() -> ExitCode {
         Command::Serve(args) => run_serve(args),
         Command::CheckConfig(args) => run_check_config(args),
         Command::Proxy(args) => run_proxy(args),
+        Command::Quota(QuotaCommand::Allocate(args)) => run_allocate(args),
+    }
+}
+
+fn run_allocate(args: AllocateArgs) -> ExitCode {
+    let read = match &args.input {
+        None => quota::read_demands(io::stdin().lock(), "stdin"),
+        Some(p) if p.as_os_str() == "-" => quota::read_demands(io::stdin().lock(), "stdin"),
+        Some(p) => match File::open(p) {
+            Ok(f) => quota::read_demands(BufReader::new(f), &p.display().to_string()),
+            Err(e) => return fail(format_args!("{}: {e}", p.display())),
+        },
+    };
+    let (names, demands) = match read {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    match quota::answer(args.capacity, args.algorithm, &names, &demands) {
+        Ok((out, total)) => {
+            print!("{out}");
+            let _ = io::stdout().flush();
+            eprintln!(
+                "total {} of capacity {} ({} clients, {})",
+                quota::decimal(total),
+                quota::decimal(args.capacity),
+                names.len(),
+                args.algorithm.as_str()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
     }
 }
 
