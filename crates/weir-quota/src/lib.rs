@@ -4,6 +4,11 @@
 //! - [`allocate`]: the division itself — `static`, `proportional_share` and `fair_share`
 //!   (exact weighted max-min by water-filling, with strict priority bands). Pure, no I/O.
 
+//! - [`lease`]: the lease table of one resource — grants that never sum past the capacity,
+//!   expire unless refreshed, and are only confirmed while a restarted server learns.
+
 pub mod allocate;
+pub mod lease;
 
 pub use allocate::{allocate, Algorithm, Demand, QuotaError};
+pub use lease::{Ask, Holder, Lease, LeaseTable, ResourceConfig};

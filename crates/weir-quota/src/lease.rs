@@ -1,0 +1,397 @@
+//! The lease table of one resource: who holds how much of its capacity, until when.
+//!
+//! Each refresh from a client records its demand, recomputes every client's fair share with
+//! [`allocate`](crate::allocate()) and grants this client
+//! `min(its fair share, capacity − what all other clients hold)`. So:
+//!
+//! - **Never overshoot**: the sum of unexpired grants never exceeds the capacity, at any
+//!   instant — a client whose share grew gets the increase only as the others' grants shrink
+//!   (at their next refresh, or when their lease expires). Convergence to the fair shares takes
+//!   about two refresh intervals.
+//! - **Leases expire**: a client that stops refreshing loses its grant at the lease's expiry,
+//!   and the capacity returns to the pool. [`LeaseTable::release`] gives it back at once.
+//! - **Learning after a restart**: a table that starts without a snapshot does not know what
+//!   was handed out before. For one lease length it only confirms what each client says it
+//!   holds (`has`, capped by its fair share and by what is left), granting no new capacity:
+//!   any lease from before the restart has expired by the end of it.
+//!   [`LeaseTable::resume`] starts from a snapshot instead, without learning.
+//!
+//! Time is read by the caller (`now`, weir-core nanoseconds), so the table runs as well on a
+//! manual clock as on a real one.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use weir_core::{Criticality, Nanos};
+
+use crate::allocate::{allocate, Algorithm, Demand, QuotaError};
+
+/// A resource's parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResourceConfig {
+    /// Units per second shared by all clients.
+    pub capacity: f64,
+    /// How the capacity is divided.
+    pub algorithm: Algorithm,
+    /// How long a grant is valid without a refresh.
+    pub lease: Duration,
+    /// How often clients should refresh.
+    pub refresh: Duration,
+    /// What a client may use when it cannot reach the server (default: capacity ÷ the number
+    /// of clients last seen).
+    pub safe_capacity: Option<f64>,
+}
+
+impl Default for ResourceConfig {
+    fn default() -> Self {
+        Self {
+            capacity: 0.0,
+            algorithm: Algorithm::FairShare,
+            lease: Duration::from_secs(30),
+            refresh: Duration::from_secs(5),
+            safe_capacity: None,
+        }
+    }
+}
+
+/// A client's refresh: its demand and what it believes it holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ask {
+    /// Units per second it would use.
+    pub wants: f64,
+    /// What it holds now (its last grant, if unexpired; 0 otherwise).
+    pub has: f64,
+    /// Its weight within its band (> 0).
+    pub weight: f64,
+    /// Its band.
+    pub priority: Criticality,
+}
+
+impl Ask {
+    /// `wants`, holding nothing, weight 1, CRITICAL.
+    pub fn wants(wants: f64) -> Self {
+        Self {
+            wants,
+            has: 0.0,
+            weight: 1.0,
+            priority: Criticality::Critical,
+        }
+    }
+}
+
+/// The answer to a refresh.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lease {
+    /// Units per second the client may use until `expires_at`.
+    pub granted: f64,
+    /// When the grant lapses without a refresh.
+    pub expires_at: Nanos,
+    /// When to refresh (from now).
+    pub refresh: Duration,
+    /// What to use when the server cannot be reached once the lease has expired.
+    pub safe_capacity: f64,
+}
+
+/// One client's row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Holder {
+    /// The client's id.
+    pub client: String,
+    /// Its last demand.
+    pub demand: Demand,
+    /// What it holds.
+    pub granted: f64,
+    /// Until when.
+    pub expires_at: Nanos,
+}
+
+/// The lease table of one resource.
+#[derive(Debug)]
+pub struct LeaseTable {
+    config: ResourceConfig,
+    /// Until this time, only confirm what clients hold.
+    learning_until: Nanos,
+    holders: Vec<Holder>,
+    index: HashMap<String, usize>,
+    /// Reused buffers for allocation.
+    demands: Vec<Demand>,
+    shares: Vec<f64>,
+    /// Clients seen at the last refresh (for the default safe capacity).
+    clients_seen: usize,
+}
+
+fn nanos(d: Duration) -> Nanos {
+    Nanos::try_from(d.as_nanos()).unwrap_or(Nanos::MAX)
+}
+
+impl LeaseTable {
+    /// A table starting at `now` without knowledge of earlier grants: it learns for one lease
+    /// length (see the module documentation).
+    pub fn new(config: ResourceConfig, now: Nanos) -> Self {
+        let mut t = Self::resume(config, Vec::new());
+        t.learning_until = now.saturating_add(nanos(config.lease));
+        t
+    }
+
+    /// A table continuing from `holders` (a snapshot), without learning.
+    pub fn resume(config: ResourceConfig, holders: Vec<Holder>) -> Self {
+        let index = holders
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (h.client.clone(), i))
+            .collect();
+        Self {
+            config,
+            learning_until: 0,
+            clients_seen: holders.len(),
+            holders,
+            index,
+            demands: Vec::new(),
+            shares: Vec::new(),
+        }
+    }
+
+    /// The resource's parameters.
+    pub fn config(&self) -> &ResourceConfig {
+        &self.config
+    }
+
+    /// New parameters (a reload); grants above a lowered capacity shrink at their holders'
+    /// next refresh, never beyond what the table already holds.
+    pub fn reconfigure(&mut self, config: ResourceConfig) {
+        self.config = config;
+    }
+
+    /// Whether the table is still confirming grants from before a restart.
+    pub fn learning(&self, now: Nanos) -> bool {
+        now < self.learning_until
+    }
+
+    /// The unexpired grants, one row per client.
+    pub fn holders(&self) -> &[Holder] {
+        &self.holders
+    }
+
+    /// The sum of unexpired grants.
+    pub fn outstanding(&self) -> f64 {
+        self.holders.iter().map(|h| h.granted).sum()
+    }
+
+    /// The capacity a client should use when it cannot reach the server.
+    pub fn safe_capacity(&self) -> f64 {
+        self.config
+            .safe_capacity
+            .unwrap_or(self.config.capacity / self.clients_seen.max(1) as f64)
+    }
+
+    /// Drops the leases expired at `now`; answers how many.
+    pub fn expire(&mut self, now: Nanos) -> usize {
+        let before = self.holders.len();
+        self.holders.retain(|h| h.expires_at > now);
+        if self.holders.len() != before {
+            self.reindex();
+        }
+        before - self.holders.len()
+    }
+
+    /// Gives `client`'s grant back at once (a client shutting down).
+    pub fn release(&mut self, client: &str) {
+        if let Some(i) = self.index.remove(client) {
+            self.holders.swap_remove(i);
+            if let Some(moved) = self.holders.get(i) {
+                self.index.insert(moved.client.clone(), i);
+            }
+        }
+    }
+
+    fn reindex(&mut self) {
+        self.index.clear();
+        for (i, h) in self.holders.iter().enumerate() {
+            self.index.insert(h.client.clone(), i);
+        }
+    }
+
+    /// `client` refreshes at `now` with `ask`: its new lease.
+    pub fn refresh(&mut self, client: &str, ask: Ask, now: Nanos) -> Result<Lease, QuotaError> {
+        let demand = Demand {
+            wants: ask.wants,
+            weight: ask.weight,
+            priority: ask.priority,
+        };
+        // Checks the demand (and capacity) before anything changes.
+        allocate(
+            self.config.capacity,
+            self.config.algorithm,
+            &[demand],
+            &mut self.shares,
+        )?;
+        if !(ask.has.is_finite() && ask.has >= 0.0) {
+            return Err(QuotaError::Wants {
+                client: 0,
+                value: ask.has,
+            });
+        }
+        self.expire(now);
+        let learning = self.learning(now);
+        let i = match self.index.get(client) {
+            Some(&i) => i,
+            None => {
+                self.holders.push(Holder {
+                    client: client.to_string(),
+                    demand,
+                    // Unknown to this table: while learning, what the client says it holds
+                    // may still be out there; otherwise it holds nothing from us.
+                    granted: if learning { ask.has } else { 0.0 },
+                    expires_at: now,
+                });
+                self.index
+                    .insert(client.to_string(), self.holders.len() - 1);
+                self.holders.len() - 1
+            }
+        };
+        self.holders[i].demand = demand;
+        self.demands.clear();
+        self.demands.extend(self.holders.iter().map(|h| h.demand));
+        allocate(
+            self.config.capacity,
+            self.config.algorithm,
+            &self.demands,
+            &mut self.shares,
+        )?;
+        let others: f64 = self
+            .holders
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, h)| h.granted)
+            .sum();
+        let room = (self.config.capacity - others).max(0.0);
+        let fair = self.shares[i];
+        let granted = if learning {
+            // Confirm, never add: capacity granted before the restart may still be in use.
+            fair.min(ask.has).min(room)
+        } else {
+            fair.min(room)
+        };
+        let expires_at = now.saturating_add(nanos(self.config.lease));
+        let h = &mut self.holders[i];
+        h.granted = granted;
+        h.expires_at = expires_at;
+        self.clients_seen = self.holders.len();
+        Ok(Lease {
+            granted,
+            expires_at,
+            refresh: self.config.refresh,
+            safe_capacity: self.safe_capacity(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Nanos = 1_000_000_000;
+
+    fn config(capacity: f64) -> ResourceConfig {
+        ResourceConfig {
+            capacity,
+            ..ResourceConfig::default()
+        }
+    }
+
+    #[test]
+    fn grants_follow_fair_shares_without_overshoot() {
+        let mut t = LeaseTable::resume(config(10.0), Vec::new());
+        // a alone gets all it wants.
+        let a = t.refresh("a", Ask::wants(8.0), 0).unwrap();
+        assert_eq!(a.granted, 8.0);
+        // b's fair share is 5, but only 2 are free until a shrinks.
+        let b = t.refresh("b", Ask::wants(8.0), S).unwrap();
+        assert_eq!(b.granted, 2.0);
+        assert!(t.outstanding() <= 10.0);
+        // a refreshes: shrinks to its fair 5; b's next refresh gets the freed capacity.
+        assert_eq!(t.refresh("a", Ask::wants(8.0), 5 * S).unwrap().granted, 5.0);
+        assert_eq!(t.refresh("b", Ask::wants(8.0), 6 * S).unwrap().granted, 5.0);
+        assert_eq!(t.outstanding(), 10.0);
+    }
+
+    #[test]
+    fn expired_and_released_leases_return_their_capacity() {
+        let mut t = LeaseTable::resume(config(10.0), Vec::new());
+        t.refresh("a", Ask::wants(10.0), 0).unwrap();
+        assert_eq!(t.refresh("b", Ask::wants(10.0), S).unwrap().granted, 0.0);
+        // a's lease (30 s) lapses: b gets everything.
+        assert_eq!(
+            t.refresh("b", Ask::wants(10.0), 31 * S).unwrap().granted,
+            10.0
+        );
+        assert_eq!(t.holders().len(), 1);
+        t.release("b");
+        assert_eq!(t.outstanding(), 0.0);
+        assert_eq!(
+            t.refresh("c", Ask::wants(4.0), 32 * S).unwrap().granted,
+            4.0
+        );
+    }
+
+    #[test]
+    fn learning_confirms_what_clients_hold_and_grants_nothing_new() {
+        let mut t = LeaseTable::new(config(10.0), 0);
+        let ask = |wants, has| Ask {
+            has,
+            ..Ask::wants(wants)
+        };
+        assert!(t.learning(0));
+        // a held 6 before the restart: confirmed; b held 4: confirmed; c held nothing.
+        assert_eq!(t.refresh("a", ask(9.0, 6.0), S).unwrap().granted, 6.0);
+        assert_eq!(t.refresh("b", ask(9.0, 4.0), S).unwrap().granted, 4.0);
+        assert_eq!(t.refresh("c", ask(9.0, 0.0), S).unwrap().granted, 0.0);
+        // a's fair share is now 10/3: its confirmed grant shrinks to it.
+        let a = t.refresh("a", ask(9.0, 6.0), 2 * S).unwrap().granted;
+        assert!((a - 10.0 / 3.0).abs() < 1e-9, "{a}");
+        // After one lease length, the table grants again.
+        assert!(!t.learning(31 * S));
+        let c = t.refresh("c", ask(9.0, 0.0), 31 * S).unwrap().granted;
+        assert!(c > 0.0);
+        assert!(t.outstanding() <= 10.0 + 1e-9);
+    }
+
+    #[test]
+    fn safe_capacity_defaults_to_an_even_split_of_the_clients_seen() {
+        let mut t = LeaseTable::resume(config(12.0), Vec::new());
+        assert_eq!(
+            t.refresh("a", Ask::wants(1.0), 0).unwrap().safe_capacity,
+            12.0
+        );
+        t.refresh("b", Ask::wants(1.0), 0).unwrap();
+        assert_eq!(
+            t.refresh("c", Ask::wants(1.0), 0).unwrap().safe_capacity,
+            4.0
+        );
+        let mut fixed = config(12.0);
+        fixed.safe_capacity = Some(1.5);
+        t.reconfigure(fixed);
+        assert_eq!(
+            t.refresh("a", Ask::wants(1.0), 0).unwrap().safe_capacity,
+            1.5
+        );
+    }
+
+    #[test]
+    fn bad_asks_change_nothing() {
+        let mut t = LeaseTable::resume(config(10.0), Vec::new());
+        assert!(t.refresh("a", Ask::wants(-1.0), 0).is_err());
+        assert!(t
+            .refresh(
+                "a",
+                Ask {
+                    has: f64::NAN,
+                    ..Ask::wants(1.0)
+                },
+                0
+            )
+            .is_err());
+        assert!(t.holders().is_empty());
+    }
+}
