@@ -7,8 +7,14 @@
 //! - [`lease`]: the lease table of one resource — grants that never sum past the capacity,
 //!   expire unless refreshed, and are only confirmed while a restarted server learns.
 
+//! - [`client`]: a client's side of one resource without I/O — demand estimate, refresh
+//!   schedule with jitter and backoff, and the local GCRA enforcing the grant (then the safe
+//!   capacity once a lease expires).
+
 pub mod allocate;
+pub mod client;
 pub mod lease;
 
 pub use allocate::{allocate, Algorithm, Demand, QuotaError};
+pub use client::{ClientConfig, ResourceClient, Source};
 pub use lease::{Ask, Holder, Lease, LeaseTable, ResourceConfig};

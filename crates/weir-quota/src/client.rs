@@ -1,0 +1,413 @@
+//! The client side of one resource, without I/O: what to ask for, when to ask, and the local
+//! limiter that enforces what was granted. A network client (or the simulator) drives it:
+//!
+//! 1. [`ResourceClient::acquire`] on every request: a weir-core GCRA at the rate in force —
+//!    the grant while the lease lasts, the safe capacity after it expires (never 0 by
+//!    accident). Lock-free: one atomic add for the demand count and the limiter's own CAS.
+//! 2. When [`ResourceClient::due`], send [`ResourceClient::ask`] (the demand measured since
+//!    the last ask, with headroom so that growth shows), then report the answer with
+//!    [`ResourceClient::on_lease`] or the failure with [`ResourceClient::on_failure`].
+//!    Refreshes come every refresh interval ± jitter; failed ones are retried with
+//!    exponential backoff (1 s → 30 s by default) plus jitter.
+//! 3. [`ResourceClient::poll`] now and then (the driver's timer): switches to the safe
+//!    capacity once the lease has expired.
+//!
+//! Every switch between granted, expired and unreachable is counted ([`Counters`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use weir_core::gcra::Gcra;
+use weir_core::limiter::Limiter;
+use weir_core::{Criticality, Decision, MonotonicClock, Nanos, Quota};
+
+use crate::lease::{Ask, Lease};
+
+/// How a client estimates its demand and retries.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClientConfig {
+    /// `wants` = measured rate × this (≥ 1), so a growing client asks for more than it used.
+    pub headroom: f64,
+    /// Added to `wants` (units/s), so a client held at 0 can still be seen wanting.
+    pub min_wants: f64,
+    /// Refresh times vary by ± this fraction of the interval.
+    pub jitter: f64,
+    /// First retry delay after a failed refresh.
+    pub min_backoff: Duration,
+    /// Longest retry delay.
+    pub max_backoff: Duration,
+    /// The local limiter lets this much time's worth of the rate through at once.
+    pub burst: Duration,
+    /// Weight sent with each ask.
+    pub weight: f64,
+    /// Priority sent with each ask.
+    pub priority: Criticality,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            headroom: 1.2,
+            min_wants: 1.0,
+            jitter: 0.1,
+            min_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+            burst: Duration::from_millis(50),
+            weight: 1.0,
+            priority: Criticality::Critical,
+        }
+    }
+}
+
+/// Where the rate in force comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A lease from the server, unexpired.
+    Granted,
+    /// The lease expired (or none was ever had): the safe capacity.
+    Safe,
+}
+
+/// Transitions, for logs and metrics.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Leases received.
+    pub leases: AtomicU64,
+    /// Refreshes that failed.
+    pub failures: AtomicU64,
+    /// Switches to the safe capacity (a lease expired without a refresh).
+    pub expirations: AtomicU64,
+}
+
+/// The rate in force and the limiter enforcing it.
+struct Enforced {
+    rate: f64,
+    limiter: Option<Limiter<Gcra, MonotonicClock>>,
+}
+
+impl Enforced {
+    /// A GCRA at `rate` units/s (precise to 1/1000 unit/s), allowing `burst` of the rate at
+    /// once (at least one unit), starting from `state` (the previous limiter's TAT).
+    fn new(rate: f64, burst: Duration, state: Option<u64>) -> Self {
+        let per_1000s = (rate * 1000.0).round();
+        if !(per_1000s >= 1.0 && per_1000s < 1e15) {
+            return Self {
+                rate: if per_1000s >= 1.0 { rate } else { 0.0 },
+                limiter: None,
+            };
+        }
+        let quota = Quota::new(per_1000s as u64, Duration::from_secs(1000));
+        let units = (rate * burst.as_secs_f64()).ceil().max(1.0) as u64;
+        let limiter = quota
+            .and_then(|q| Gcra::new(q, units))
+            .ok()
+            .map(|g| match state {
+                Some(s) => Limiter::with_state(g, s, MonotonicClock::new()),
+                None => Limiter::with_clock(g, MonotonicClock::new()),
+            });
+        Self { rate, limiter }
+    }
+}
+
+/// The refresh schedule and what was last granted.
+struct Control {
+    granted: f64,
+    expires_at: Nanos,
+    safe: f64,
+    source: Source,
+    next_at: Nanos,
+    failures: u32,
+    last_ask_at: Nanos,
+    demand_at_last_ask: u64,
+    smoothed: f64,
+    rng: u64,
+}
+
+/// One resource as a client sees it (see the module documentation).
+pub struct ResourceClient {
+    name: String,
+    config: ClientConfig,
+    demand: AtomicU64,
+    enforced: ArcSwap<Enforced>,
+    control: Mutex<Control>,
+    counters: Counters,
+}
+
+fn nanos(d: Duration) -> Nanos {
+    Nanos::try_from(d.as_nanos()).unwrap_or(Nanos::MAX)
+}
+
+impl ResourceClient {
+    /// A client of resource `name` at `now`, enforcing `safe` units/s until its first lease
+    /// (the operator's fallback when the server has never been reached); the first refresh is
+    /// due at once. `seed` varies the jitter between clients.
+    pub fn new(name: &str, config: ClientConfig, safe: f64, seed: u64, now: Nanos) -> Self {
+        Self {
+            name: name.to_string(),
+            config,
+            demand: AtomicU64::new(0),
+            enforced: ArcSwap::from_pointee(Enforced::new(safe, config.burst, None)),
+            control: Mutex::new(Control {
+                granted: 0.0,
+                expires_at: 0,
+                safe,
+                source: Source::Safe,
+                next_at: now,
+                failures: 0,
+                last_ask_at: now,
+                demand_at_last_ask: 0,
+                smoothed: 0.0,
+                rng: seed | 1,
+            }),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The resource's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The transition counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Takes `n` units at `now` under the rate in force.
+    #[inline]
+    pub fn acquire(&self, n: u64, now: Nanos) -> Decision {
+        self.demand.fetch_add(n, Ordering::Relaxed);
+        let e = self.enforced.load();
+        match &e.limiter {
+            Some(l) => l.acquire_at(n, now),
+            None => Decision::never(0, 0, 0),
+        }
+    }
+
+    /// The rate enforced now (units/s) and where it comes from.
+    pub fn rate(&self) -> (f64, Source) {
+        let c = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        (self.enforced.load().rate, c.source)
+    }
+
+    /// Whether a refresh should be sent at `now`.
+    pub fn due(&self, now: Nanos) -> bool {
+        now >= self.control().next_at
+    }
+
+    /// When the next refresh is due.
+    pub fn next_refresh_at(&self) -> Nanos {
+        self.control().next_at
+    }
+
+    fn control(&self) -> std::sync::MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The ask to send at `now`: the demand rate since the last ask (smoothed: the larger of
+    /// the last measurement and a decaying average, so a burst shows at once and fades over a
+    /// few intervals) with headroom, and what is held.
+    pub fn ask(&self, now: Nanos) -> Ask {
+        let mut c = self.control();
+        let demand = self.demand.load(Ordering::Relaxed);
+        let elapsed = now.saturating_sub(c.last_ask_at);
+        if elapsed > 0 {
+            let measured =
+                (demand - c.demand_at_last_ask) as f64 / (elapsed as f64 / 1_000_000_000.0);
+            c.smoothed = measured.max(0.5 * c.smoothed + 0.5 * measured);
+            c.last_ask_at = now;
+            c.demand_at_last_ask = demand;
+        }
+        let has = if c.source == Source::Granted && now < c.expires_at {
+            c.granted
+        } else {
+            0.0
+        };
+        Ask {
+            wants: c.smoothed * self.config.headroom + self.config.min_wants,
+            has,
+            weight: self.config.weight,
+            priority: self.config.priority,
+        }
+    }
+
+    /// A uniform draw in [1 − jitter, 1 + jitter].
+    fn jittered(c: &mut Control, jitter: f64, d: Duration) -> Nanos {
+        c.rng ^= c.rng << 13;
+        c.rng ^= c.rng >> 7;
+        c.rng ^= c.rng << 17;
+        let u = (c.rng >> 11) as f64 / (1u64 << 53) as f64;
+        (d.as_nanos() as f64 * (1.0 - jitter + 2.0 * jitter * u)) as Nanos
+    }
+
+    /// The server answered at `now` with `lease`.
+    pub fn on_lease(&self, lease: Lease, now: Nanos) {
+        let mut c = self.control();
+        c.granted = lease.granted;
+        c.expires_at = lease.expires_at;
+        c.safe = lease.safe_capacity;
+        c.source = Source::Granted;
+        c.failures = 0;
+        let wait = Self::jittered(&mut c, self.config.jitter, lease.refresh);
+        c.next_at = now.saturating_add(wait);
+        self.enforce(lease.granted);
+        self.counters.leases.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A refresh failed at `now` (unreachable, refused): retry with backoff; the lease in hand
+    /// stays in force until it expires.
+    pub fn on_failure(&self, now: Nanos) {
+        let mut c = self.control();
+        c.failures = c.failures.saturating_add(1);
+        let doubling = 2u32.saturating_pow(c.failures - 1).min(1 << 16);
+        let backoff = self
+            .config
+            .min_backoff
+            .saturating_mul(doubling)
+            .min(self.config.max_backoff);
+        let wait = Self::jittered(&mut c, self.config.jitter, backoff);
+        c.next_at = now.saturating_add(wait);
+        self.counters.failures.fetch_add(1, Ordering::Relaxed);
+        drop(c);
+        self.poll(now);
+    }
+
+    /// Switches to the safe capacity if the lease has expired at `now`; answers the source in
+    /// force.
+    pub fn poll(&self, now: Nanos) -> Source {
+        let mut c = self.control();
+        if c.source == Source::Granted && now >= c.expires_at {
+            c.source = Source::Safe;
+            let safe = c.safe;
+            drop(c);
+            self.enforce(safe);
+            self.counters.expirations.fetch_add(1, Ordering::Relaxed);
+            return Source::Safe;
+        }
+        c.source
+    }
+
+    fn enforce(&self, rate: f64) {
+        let old = self.enforced.load();
+        if (old.rate - rate).abs() <= f64::EPSILON * rate.abs().max(1.0) {
+            return;
+        }
+        let state = old.limiter.as_ref().map(|l| l.state());
+        self.enforced.store(std::sync::Arc::new(Enforced::new(
+            rate,
+            self.config.burst,
+            state,
+        )));
+    }
+}
+
+impl std::fmt::Debug for ResourceClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (rate, source) = self.rate();
+        f.debug_struct("ResourceClient")
+            .field("name", &self.name)
+            .field("rate", &rate)
+            .field("source", &source)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Nanos = 1_000_000_000;
+
+    fn lease(granted: f64, now: Nanos) -> Lease {
+        Lease {
+            granted,
+            expires_at: now + 30 * S,
+            refresh: Duration::from_secs(5),
+            safe_capacity: 2.0,
+        }
+    }
+
+    /// Units admitted out of `n` one-unit requests spread evenly over `secs` from `from`.
+    fn admitted(c: &ResourceClient, from: Nanos, secs: u64, n: u64) -> u64 {
+        (0..n)
+            .filter(|i| c.acquire(1, from + secs * S * i / n).allowed())
+            .count() as u64
+    }
+
+    #[test]
+    fn the_grant_is_enforced_then_the_safe_capacity_after_expiry() {
+        let c = ResourceClient::new("r", ClientConfig::default(), 5.0, 7, 0);
+        assert!(c.due(0));
+        // Before any lease: the safe capacity given at start.
+        assert_eq!(c.rate(), (5.0, Source::Safe));
+        c.on_lease(lease(100.0, S), S);
+        assert_eq!(c.rate(), (100.0, Source::Granted));
+        let a = admitted(&c, 2 * S, 10, 5_000);
+        assert!(
+            (995..=1_006).contains(&a),
+            "{a} admitted at 100/s over 10 s"
+        );
+        // The server is gone: the lease holds until it expires, then 2/s (its safe capacity).
+        c.on_failure(20 * S);
+        assert_eq!(c.poll(30 * S), Source::Granted);
+        assert_eq!(c.poll(31 * S), Source::Safe);
+        assert_eq!(c.rate(), (2.0, Source::Safe));
+        let a = admitted(&c, 40 * S, 10, 1_000);
+        assert!((19..=22).contains(&a), "{a} admitted at 2/s over 10 s");
+        assert_eq!(c.counters().expirations.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn refreshes_are_jittered_and_failures_back_off() {
+        let c = ResourceClient::new("r", ClientConfig::default(), 1.0, 42, 0);
+        c.on_lease(lease(10.0, 0), 0);
+        let next = c.next_refresh_at();
+        assert!((4_500_000_000..=5_500_000_000).contains(&next), "{next}");
+        let mut now = next;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            c.on_failure(now);
+            let at = c.next_refresh_at();
+            waits.push((at - now) as f64 / S as f64);
+            now = at;
+        }
+        // 1, 2, 4, 8, 16, 30, 30, 30 s, each ± 10 %.
+        for (w, want) in waits
+            .iter()
+            .zip([1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0])
+        {
+            assert!((w - want).abs() <= want * 0.1 + 1e-9, "{waits:?}");
+        }
+        c.on_lease(lease(10.0, now), now);
+        assert!(c.next_refresh_at() - now <= 5_500_000_000, "backoff reset");
+    }
+
+    #[test]
+    fn asks_follow_the_demand_with_headroom() {
+        let c = ResourceClient::new("r", ClientConfig::default(), 1000.0, 1, 0);
+        for i in 0..500 {
+            c.acquire(1, i * S / 100);
+        }
+        // 500 units in 5 s = 100/s; × 1.2 + 1.
+        let a = c.ask(5 * S);
+        assert!((a.wants - 121.0).abs() < 1e-6, "{a:?}");
+        assert_eq!(a.has, 0.0);
+        c.on_lease(lease(80.0, 5 * S), 5 * S);
+        // Demand stops: the estimate decays by half per ask, never jumps to 0 at once.
+        let a = c.ask(10 * S);
+        assert!((a.wants - (50.0 * 1.2 + 1.0)).abs() < 1e-6, "{a:?}");
+        assert_eq!(a.has, 80.0);
+    }
+
+    #[test]
+    fn a_zero_grant_denies_and_a_new_rate_keeps_the_limiter_state() {
+        let c = ResourceClient::new("r", ClientConfig::default(), 10.0, 3, 0);
+        c.on_lease(lease(0.0, 0), 0);
+        assert!(!c.acquire(1, S).allowed());
+        c.on_lease(lease(1.0, S), S);
+        assert!(c.acquire(1, 2 * S).allowed());
+        assert!(!c.acquire(1, 2 * S).allowed(), "1/s with a burst of 1");
+    }
+}
