@@ -92,7 +92,7 @@ impl Enforced {
     /// once (at least one unit), starting from `state` (the previous limiter's TAT).
     fn new(rate: f64, burst: Duration, state: Option<u64>) -> Self {
         let per_1000s = (rate * 1000.0).round();
-        if !(per_1000s >= 1.0 && per_1000s < 1e15) {
+        if !(1.0..1e15).contains(&per_1000s) {
             return Self {
                 rate: if per_1000s >= 1.0 { rate } else { 0.0 },
                 limiter: None,
@@ -133,10 +133,6 @@ pub struct ResourceClient {
     enforced: ArcSwap<Enforced>,
     control: Mutex<Control>,
     counters: Counters,
-}
-
-fn nanos(d: Duration) -> Nanos {
-    Nanos::try_from(d.as_nanos()).unwrap_or(Nanos::MAX)
 }
 
 impl ResourceClient {
