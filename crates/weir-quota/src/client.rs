@@ -9,8 +9,8 @@
 //!    [`ResourceClient::on_lease`] or the failure with [`ResourceClient::on_failure`].
 //!    Refreshes come every refresh interval ± jitter; failed ones are retried with
 //!    exponential backoff (1 s → 30 s by default) plus jitter.
-//! 3. [`ResourceClient::poll`] now and then (the driver's timer): switches to the safe
-//!    capacity once the lease has expired.
+//! 3. [`ResourceClient::poll`] every second or so (the driver's timer): samples the demand
+//!    and switches to the safe capacity once the lease has expired.
 //!
 //! Every switch between granted, expired and unreachable is counted ([`Counters`]).
 
@@ -119,9 +119,9 @@ struct Control {
     source: Source,
     next_at: Nanos,
     failures: u32,
-    last_ask_at: Nanos,
-    demand_at_last_ask: u64,
-    smoothed: f64,
+    /// (time, demand count) samples, at least a second apart, newest last: the demand rate
+    /// is measured over the most recent second or more, so a shift shows at the next ask.
+    samples: [(Nanos, u64); 2],
     rng: u64,
 }
 
@@ -152,9 +152,7 @@ impl ResourceClient {
                 source: Source::Safe,
                 next_at: now,
                 failures: 0,
-                last_ask_at: now,
-                demand_at_last_ask: 0,
-                smoothed: 0.0,
+                samples: [(now, 0); 2],
                 rng: seed | 1,
             }),
             counters: Counters::default(),
@@ -202,27 +200,39 @@ impl ResourceClient {
         self.control.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The ask to send at `now`: the demand rate since the last ask (smoothed: the larger of
-    /// the last measurement and a decaying average, so a burst shows at once and fades over a
-    /// few intervals) with headroom, and what is held.
+    /// Records the demand count at `now` (at most one sample a second; [`Self::poll`] and
+    /// [`Self::ask`] call it).
+    fn sample(&self, c: &mut Control, now: Nanos) {
+        let demand = self.demand.load(Ordering::Relaxed);
+        if now.saturating_sub(c.samples[1].0) >= 1_000_000_000 {
+            c.samples = [c.samples[1], (now, demand)];
+        }
+    }
+
+    /// The ask to send at `now`: the demand rate (units requested, admitted or not) over the
+    /// most recent second or two, with headroom, and what is held.
     pub fn ask(&self, now: Nanos) -> Ask {
         let mut c = self.control();
+        self.sample(&mut c, now);
         let demand = self.demand.load(Ordering::Relaxed);
-        let elapsed = now.saturating_sub(c.last_ask_at);
-        if elapsed > 0 {
-            let measured =
-                (demand - c.demand_at_last_ask) as f64 / (elapsed as f64 / 1_000_000_000.0);
-            c.smoothed = measured.max(0.5 * c.smoothed + 0.5 * measured);
-            c.last_ask_at = now;
-            c.demand_at_last_ask = demand;
-        }
+        let (t0, d0) = if now.saturating_sub(c.samples[1].0) >= 500_000_000 {
+            c.samples[1]
+        } else {
+            c.samples[0]
+        };
+        let elapsed = now.saturating_sub(t0);
+        let measured = if elapsed > 0 {
+            demand.saturating_sub(d0) as f64 / (elapsed as f64 / 1_000_000_000.0)
+        } else {
+            0.0
+        };
         let has = if c.source == Source::Granted && now < c.expires_at {
             c.granted
         } else {
             0.0
         };
         Ask {
-            wants: c.smoothed * self.config.headroom + self.config.min_wants,
+            wants: measured * self.config.headroom + self.config.min_wants,
             has,
             weight: self.config.weight,
             priority: self.config.priority,
@@ -274,6 +284,7 @@ impl ResourceClient {
     /// force.
     pub fn poll(&self, now: Nanos) -> Source {
         let mut c = self.control();
+        self.sample(&mut c, now);
         if c.source == Source::Granted && now >= c.expires_at {
             c.source = Source::Safe;
             let safe = c.safe;
@@ -381,19 +392,28 @@ mod tests {
     }
 
     #[test]
-    fn asks_follow_the_demand_with_headroom() {
+    fn asks_follow_the_recent_demand_with_headroom() {
         let c = ResourceClient::new("r", ClientConfig::default(), 1000.0, 1, 0);
+        // 100/s for 5 s, polled every second as a driver does.
         for i in 0..500 {
             c.acquire(1, i * S / 100);
+            if i % 100 == 99 {
+                c.poll((i + 1) * S / 100);
+            }
         }
-        // 500 units in 5 s = 100/s; × 1.2 + 1.
         let a = c.ask(5 * S);
-        assert!((a.wants - 121.0).abs() < 1e-6, "{a:?}");
+        assert!((a.wants - 121.0).abs() < 1e-6, "100/s × 1.2 + 1: {a:?}");
         assert_eq!(a.has, 0.0);
         c.on_lease(lease(80.0, 5 * S), 5 * S);
-        // Demand stops: the estimate decays by half per ask, never jumps to 0 at once.
-        let a = c.ask(10 * S);
-        assert!((a.wants - (50.0 * 1.2 + 1.0)).abs() < 1e-6, "{a:?}");
+        // 300/s from then on: the next ask sees it, not an average with the past.
+        for i in 0..600 {
+            c.acquire(1, 5 * S + i * S / 300);
+            if i % 300 == 299 {
+                c.poll(5 * S + (i + 1) * S / 300);
+            }
+        }
+        let a = c.ask(7 * S);
+        assert!((a.wants - 361.0).abs() < 1e-6, "300/s × 1.2 + 1: {a:?}");
         assert_eq!(a.has, 80.0);
     }
 

@@ -6,8 +6,9 @@
 //!
 //! - **Never overshoot**: the sum of unexpired grants never exceeds the capacity, at any
 //!   instant — a client whose share grew gets the increase only as the others' grants shrink
-//!   (at their next refresh, or when their lease expires). Convergence to the fair shares takes
-//!   about two refresh intervals.
+//!   (at their next refresh, or when their lease expires). Such a client is told to refresh
+//!   five times as often until it holds its share, so convergence to the fair shares takes
+//!   about one refresh interval.
 //! - **Leases expire**: a client that stops refreshing loses its grant at the lease's expiry,
 //!   and the capacity returns to the pool. [`LeaseTable::release`] gives it back at once.
 //! - **Learning after a restart**: a table that starts without a snapshot does not know what
@@ -278,10 +279,17 @@ impl LeaseTable {
         h.granted = granted;
         h.expires_at = expires_at;
         self.clients_seen = self.holders.len();
+        // Held below its fair share (waiting for others to shrink): come back sooner, so the
+        // room they free is taken within a fraction of the interval.
+        let refresh = if granted + 1e-9 < fair && !learning {
+            self.config.refresh / 5
+        } else {
+            self.config.refresh
+        };
         Ok(Lease {
             granted,
             expires_at,
-            refresh: self.config.refresh,
+            refresh,
             safe_capacity: self.safe_capacity(),
         })
     }
