@@ -9,8 +9,10 @@
 //!    [`ResourceClient::on_lease`] or the failure with [`ResourceClient::on_failure`].
 //!    Refreshes come every refresh interval ± jitter; failed ones are retried with
 //!    exponential backoff (1 s → 30 s by default) plus jitter.
-//! 3. [`ResourceClient::poll`] every second or so (the driver's timer): samples the demand
-//!    and switches to the safe capacity once the lease has expired.
+//! 3. [`ResourceClient::poll`] every second or so (the driver's timer): samples the demand,
+//!    makes a refresh due at once when the demand moved by more than a fifth since the last
+//!    ask (at most once a second), and switches to the safe capacity once the lease has
+//!    expired.
 //!
 //! Every switch between granted, expired and unreachable is counted ([`Counters`]).
 
@@ -54,7 +56,7 @@ impl Default for ClientConfig {
             jitter: 0.1,
             min_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(30),
-            burst: Duration::from_millis(50),
+            burst: Duration::from_millis(10),
             weight: 1.0,
             priority: Criticality::Critical,
         }
@@ -122,6 +124,9 @@ struct Control {
     /// (time, demand count) samples, at least a second apart, newest last: the demand rate
     /// is measured over the most recent second or more, so a shift shows at the next ask.
     samples: [(Nanos, u64); 2],
+    /// `wants` of the last ask, and when it was sent.
+    last_wants: f64,
+    last_ask_at: Option<Nanos>,
     rng: u64,
 }
 
@@ -153,6 +158,8 @@ impl ResourceClient {
                 next_at: now,
                 failures: 0,
                 samples: [(now, 0); 2],
+                last_wants: 0.0,
+                last_ask_at: None,
                 rng: seed | 1,
             }),
             counters: Counters::default(),
@@ -214,6 +221,25 @@ impl ResourceClient {
     pub fn ask(&self, now: Nanos) -> Ask {
         let mut c = self.control();
         self.sample(&mut c, now);
+        let wants = self.measured(&c, now) * self.config.headroom + self.config.min_wants;
+        c.last_wants = wants;
+        c.last_ask_at = Some(now);
+        let has = if c.source == Source::Granted && now < c.expires_at {
+            c.granted
+        } else {
+            0.0
+        };
+        Ask {
+            wants,
+            has,
+            weight: self.config.weight,
+            priority: self.config.priority,
+        }
+    }
+
+    /// The demand rate (units/s) over the most recent second or two before `now`; 0 before
+    /// anything was measured.
+    fn measured(&self, c: &Control, now: Nanos) -> f64 {
         let demand = self.demand.load(Ordering::Relaxed);
         let (t0, d0) = if now.saturating_sub(c.samples[1].0) >= 500_000_000 {
             c.samples[1]
@@ -221,21 +247,10 @@ impl ResourceClient {
             c.samples[0]
         };
         let elapsed = now.saturating_sub(t0);
-        let measured = if elapsed > 0 {
+        if elapsed > 0 {
             demand.saturating_sub(d0) as f64 / (elapsed as f64 / 1_000_000_000.0)
         } else {
             0.0
-        };
-        let has = if c.source == Source::Granted && now < c.expires_at {
-            c.granted
-        } else {
-            0.0
-        };
-        Ask {
-            wants: measured * self.config.headroom + self.config.min_wants,
-            has,
-            weight: self.config.weight,
-            priority: self.config.priority,
         }
     }
 
@@ -256,7 +271,14 @@ impl ResourceClient {
         c.safe = lease.safe_capacity;
         c.source = Source::Granted;
         c.failures = 0;
-        let wait = Self::jittered(&mut c, self.config.jitter, lease.refresh);
+        // The first asks go out before a second of demand was measured: ask again after one.
+        let measured_span = now.saturating_sub(c.samples[0].0);
+        let refresh = if measured_span < 2_000_000_000 {
+            lease.refresh.min(Duration::from_secs(1))
+        } else {
+            lease.refresh
+        };
+        let wait = Self::jittered(&mut c, self.config.jitter, refresh);
         c.next_at = now.saturating_add(wait);
         self.enforce(lease.granted);
         self.counters.leases.fetch_add(1, Ordering::Relaxed);
@@ -285,6 +307,15 @@ impl ResourceClient {
     pub fn poll(&self, now: Nanos) -> Source {
         let mut c = self.control();
         self.sample(&mut c, now);
+        // Demand moved by more than a fifth since the last ask: ask now (at most once a
+        // second), instead of waiting out the refresh interval.
+        if let Some(at) = c.last_ask_at {
+            let wants = self.measured(&c, now) * self.config.headroom + self.config.min_wants;
+            let moved = (wants - c.last_wants).abs() > 0.2 * c.last_wants + self.config.min_wants;
+            if moved && now.saturating_sub(at) >= 1_000_000_000 && c.failures == 0 {
+                c.next_at = c.next_at.min(now);
+            }
+        }
         if c.source == Source::Granted && now >= c.expires_at {
             c.source = Source::Safe;
             let safe = c.safe;
@@ -369,10 +400,15 @@ mod tests {
     #[test]
     fn refreshes_are_jittered_and_failures_back_off() {
         let c = ResourceClient::new("r", ClientConfig::default(), 1.0, 42, 0);
+        // The first lease comes before a second of demand was measured: ask again after ~1 s.
         c.on_lease(lease(10.0, 0), 0);
         let next = c.next_refresh_at();
+        assert!((900_000_000..=1_100_000_000).contains(&next), "{next}");
+        // Later ones: the refresh interval (5 s) ± 10 %.
+        c.on_lease(lease(10.0, 10 * S), 10 * S);
+        let next = c.next_refresh_at() - 10 * S;
         assert!((4_500_000_000..=5_500_000_000).contains(&next), "{next}");
-        let mut now = next;
+        let mut now = 10 * S + next;
         let mut waits = Vec::new();
         for _ in 0..8 {
             c.on_failure(now);

@@ -11,9 +11,12 @@
 //!   schedule with jitter and backoff, and the local GCRA enforcing the grant (then the safe
 //!   capacity once a lease expires).
 
+//! - [`sim`]: all of it on virtual time, with the measures of `weir simulate quota`.
+
 pub mod allocate;
 pub mod client;
 pub mod lease;
+pub mod sim;
 
 pub use allocate::{allocate, Algorithm, Demand, QuotaError};
 pub use client::{ClientConfig, ResourceClient, Source};

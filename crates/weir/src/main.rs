@@ -214,6 +214,42 @@ struct SimulateArgs {
 enum Scenario {
     /// A service at X × its capacity in virtual time, behind one of Weir's protections.
     Overload(OverloadArgs),
+    /// Cluster quota in virtual time: the real allocator, lease table and clients.
+    Quota(QuotaSimArgs),
+}
+
+#[derive(clap::Args)]
+struct QuotaSimArgs {
+    /// Units per second shared by all clients.
+    #[arg(long, value_name = "C")]
+    capacity: f64,
+    /// fair_share, proportional_share or static.
+    #[arg(long, value_name = "ALG", default_value = "fair_share")]
+    algorithm: weir_quota::Algorithm,
+    /// Clients of the built-in scenario (ignored with --scenario).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    clients: usize,
+    /// Scenario CSV t_ms,client,demand (demand in units/s, or `leave`).
+    #[arg(long, value_name = "FILE")]
+    scenario: Option<PathBuf>,
+    /// Refresh interval.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "5s")]
+    refresh: Duration,
+    /// Lease length.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "30s")]
+    lease: Duration,
+    /// Simulated time.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "300s")]
+    duration: Duration,
+    /// The server is unreachable FROM..TO (e.g. 100s..200s) and restarts without its table.
+    #[arg(long, value_name = "FROM..TO")]
+    server_down: Option<String>,
+    /// Random seed (same seed, same result).
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -718,9 +754,72 @@ fn run_overload(args: OverloadArgs) -> ExitCode {
     }
 }
 
+fn run_quota_sim(args: QuotaSimArgs) -> ExitCode {
+    if !(args.capacity.is_finite() && args.capacity > 0.0) {
+        return fail(format_args!(
+            "--capacity {}: expected units/s > 0",
+            args.capacity
+        ));
+    }
+    if args.refresh.is_zero() || args.lease < args.refresh {
+        return fail("--lease must be at least --refresh, and --refresh > 0");
+    }
+    let server_down = match args.server_down.as_deref() {
+        None => None,
+        Some(s) => {
+            let parsed = s.split_once("..").and_then(|(a, b)| {
+                Some((
+                    duration::parse_duration(a).ok()?,
+                    duration::parse_duration(b).ok()?,
+                ))
+            });
+            match parsed {
+                Some((a, b)) if a < b => Some((a, b)),
+                _ => {
+                    return fail(format_args!(
+                        "--server-down {s:?}: expected FROM..TO, e.g. 100s..200s"
+                    ))
+                }
+            }
+        }
+    };
+    let scenario = match &args.scenario {
+        None => weir_quota::sim::default_scenario(args.clients, args.capacity, args.duration),
+        Some(p) => match File::open(p) {
+            Ok(f) => match quota::read_scenario(BufReader::new(f), &p.display().to_string()) {
+                Ok(s) => s,
+                Err(e) => return fail(e),
+            },
+            Err(e) => return fail(format_args!("{}: {e}", p.display())),
+        },
+    };
+    let settings = weir_quota::sim::Settings {
+        resource: weir_quota::ResourceConfig {
+            capacity: args.capacity,
+            algorithm: args.algorithm,
+            lease: args.lease,
+            refresh: args.refresh,
+            safe_capacity: None,
+        },
+        client: weir_quota::ClientConfig::default(),
+        duration: args.duration,
+        server_down,
+        seed: args.seed,
+    };
+    let report = weir_quota::sim::run(&settings, &scenario);
+    if args.json {
+        println!("{}", quota::sim_json(&report));
+    } else {
+        print!("{}", quota::sim_text(&report, args.capacity));
+    }
+    ExitCode::SUCCESS
+}
+
 fn run_simulate(args: SimulateArgs) -> ExitCode {
-    if let Some(Scenario::Overload(o)) = args.scenario {
-        return run_overload(o);
+    match args.scenario {
+        Some(Scenario::Overload(o)) => return run_overload(o),
+        Some(Scenario::Quota(q)) => return run_quota_sim(q),
+        None => {}
     }
     let (Some(algorithm), Some(limit), Some(window)) = (args.algorithm, args.limit, args.window)
     else {

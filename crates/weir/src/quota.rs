@@ -127,6 +127,135 @@ pub fn answer(
     Ok((out, shares.iter().sum()))
 }
 
+/// Reads a `weir simulate quota` scenario: `t_ms,client,demand` per line (an optional header,
+/// blank lines and `#` comments skipped); demand in units/s, or `leave` (the client gives its
+/// lease back and stops). Times must not go backwards.
+pub fn read_scenario(
+    reader: impl BufRead,
+    source: &str,
+) -> Result<Vec<weir_quota::sim::Shift>, InputError> {
+    let fail = |line: usize, message: String| InputError {
+        source_name: source.to_string(),
+        line,
+        message,
+    };
+    let mut out: Vec<weir_quota::sim::Shift> = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let n = i + 1;
+        let line = line.map_err(|e| fail(n, format!("cannot read: {e}")))?;
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || (out.is_empty() && line.starts_with("t_ms"))
+        {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        let [t, client, demand] = f[..] else {
+            return Err(fail(
+                n,
+                format!("expected t_ms,client,demand, got {} fields", f.len()),
+            ));
+        };
+        let t: u64 = t
+            .parse()
+            .map_err(|_| fail(n, format!("t_ms {t:?} is not a whole number of ms")))?;
+        if client.is_empty() {
+            return Err(fail(n, "empty client".into()));
+        }
+        let demand = if demand == "leave" {
+            None
+        } else {
+            let d: f64 = demand
+                .parse()
+                .ok()
+                .filter(|d: &f64| d.is_finite() && *d >= 0.0)
+                .ok_or_else(|| {
+                    fail(
+                        n,
+                        format!("demand {demand:?}: expected units/s ≥ 0 or `leave`"),
+                    )
+                })?;
+            Some(d)
+        };
+        let at = std::time::Duration::from_millis(t);
+        if out.last().is_some_and(|p| p.at > at) {
+            return Err(fail(n, format!("t_ms {t} goes back in time")));
+        }
+        out.push(weir_quota::sim::Shift {
+            at,
+            client: client.to_string(),
+            demand,
+        });
+    }
+    if out.is_empty() {
+        return Err(fail(0, "no rows".into()));
+    }
+    Ok(out)
+}
+
+/// The report as one JSON object.
+pub fn sim_json(r: &weir_quota::sim::Report) -> String {
+    let opt = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:.4}"));
+    format!(
+        "{{\"utilisation\":{:.4},\"peak_ratio\":{:.4},\"max_fairness_error\":{:.3},\"converge_ms_p99\":{},\"converge_ms\":{:?},\"server_down_peak_ratio\":{},\"server_down_mean_ratio\":{}}}",
+        r.utilisation,
+        r.peak_ratio,
+        r.max_fairness_error,
+        r.converge_ms_p99,
+        r.converge_ms,
+        opt(r.down_peak_ratio),
+        opt(r.down_mean_ratio)
+    )
+}
+
+/// The report as text: the measures, then one line per second.
+pub fn sim_text(r: &weir_quota::sim::Report, capacity: f64) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "utilisation (granted / capacity while demand > capacity): {:.2} %",
+        r.utilisation * 100.0
+    );
+    let _ = writeln!(
+        s,
+        "peak admitted / capacity (any second): {:.2} %",
+        r.peak_ratio * 100.0
+    );
+    let _ = writeln!(
+        s,
+        "max fairness error (outside 2 refresh intervals after a shift): {:.3} units/s",
+        r.max_fairness_error
+    );
+    let _ = writeln!(
+        s,
+        "converge after a shift: p99 {} ms (each: {:?})",
+        r.converge_ms_p99, r.converge_ms
+    );
+    if let (Some(peak), Some(mean)) = (r.down_peak_ratio, r.down_mean_ratio) {
+        let _ = writeln!(
+            s,
+            "server down: admitted mean {:.2} %, peak {:.2} % of capacity",
+            mean * 100.0,
+            peak * 100.0
+        );
+    }
+    let _ = writeln!(s, "t_s,demand,granted,admitted,fairness_error,server");
+    for x in &r.seconds {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{}",
+            x.t,
+            decimal(x.demand),
+            decimal(x.granted),
+            decimal(x.admitted),
+            decimal((x.fairness_error * 1000.0).round() / 1000.0),
+            if x.down { "down" } else { "up" }
+        );
+    }
+    let _ = capacity;
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,6 +286,33 @@ mod tests {
         assert!(e("a,1,1,URGENT\n").starts_with("in.csv:1: unknown criticality"));
         assert_eq!(e("a,1\na,2\n"), "in.csv:2: client \"a\" appears twice");
         assert_eq!(e("a,inf\n"), "in.csv:1: wants \"inf\" is not a number");
+    }
+
+    #[test]
+    fn scenarios_read_rows_and_name_bad_lines() {
+        let s = read_scenario(
+            "t_ms,client,demand\n0,a,10\n500,b,2.5\n900,a,leave\n".as_bytes(),
+            "s",
+        )
+        .unwrap();
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[2].demand, None);
+        assert_eq!(s[1].at, std::time::Duration::from_millis(500));
+        let e = |t: &str| {
+            read_scenario(t.as_bytes(), "s.csv")
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(e("5,a,1\n4,b,1\n"), "s.csv:2: t_ms 4 goes back in time");
+        assert_eq!(
+            e("0,a,-1\n"),
+            "s.csv:1: demand \"-1\": expected units/s ≥ 0 or `leave`"
+        );
+        assert_eq!(
+            e("x,a,1\n"),
+            "s.csv:1: t_ms \"x\" is not a whole number of ms"
+        );
+        assert_eq!(e("# nothing\n"), "s.csv:0: no rows");
     }
 
     #[test]
