@@ -1,5 +1,6 @@
 //! Allocation of one resource among 10 000 clients (goal: < 1 ms), all in one band and spread
-//! over the four bands. `cargo bench -p weir-quota --bench allocate`.
+//! over the four bands; and a lease client's local decision next to weir-core's plain GCRA
+//! (goal ≤ 1.2 ×). `cargo bench -p weir-quota --bench allocate`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use weir_core::Criticality;
@@ -30,6 +31,35 @@ fn bench(c: &mut Criterion) {
             b.iter(|| allocate(total * 0.6, Algorithm::FairShare, &d, &mut out).unwrap())
         });
     }
+    g.finish();
+
+    // Local decisions: both at 1e6 units/s so nearly every call is admitted, the same `now`
+    // sequence for both (virtual time, no clock read).
+    let mut g = c.benchmark_group("decision");
+    let client =
+        weir_quota::ResourceClient::new("r", weir_quota::ClientConfig::default(), 1e6, 1, 0);
+    let gcra = weir_core::limiter::Limiter::with_clock(
+        weir_core::gcra::Gcra::new(
+            weir_core::Quota::new(1_000_000, std::time::Duration::from_secs(1)).unwrap(),
+            10_000,
+        )
+        .unwrap(),
+        weir_core::MonotonicClock::new(),
+    );
+    let mut t = 0u64;
+    g.bench_function("plain_gcra", |b| {
+        b.iter(|| {
+            t += 1_000;
+            gcra.acquire_at(1, t)
+        })
+    });
+    let mut t = 0u64;
+    g.bench_function("lease_client", |b| {
+        b.iter(|| {
+            t += 1_000;
+            client.acquire(1, t)
+        })
+    });
     g.finish();
 }
 
