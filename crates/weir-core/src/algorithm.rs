@@ -103,6 +103,11 @@ impl Quota {
         })
     }
 
+    /// A quota from the parts of one made by [`Quota::new`] (no checks: crate-internal).
+    pub(crate) fn from_parts(limit: u64, window_ns: Nanos) -> Self {
+        Self { limit, window_ns }
+    }
+
     /// `limit` units per second.
     pub fn per_second(limit: u64) -> Result<Self, ConfigError> {
         Self::new(limit, Duration::from_secs(1))

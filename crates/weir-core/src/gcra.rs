@@ -13,6 +13,7 @@ use crate::cell::AtomicCell;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::error::ConfigError;
+use crate::sync::{fence, AtomicU64, Ordering};
 
 /// GCRA parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,5 +140,149 @@ impl Algorithm for Gcra {
 
     fn window(&self) -> Duration {
         self.quota.window()
+    }
+}
+
+/// A GCRA whose rate and burst can change while it is in use (a cluster-quota client retunes
+/// its local limiter at every lease), keeping its state (the TAT).
+///
+/// The parameters sit behind a sequence lock made of atomics: a decision reads them in two
+/// loads of the sequence number around five relaxed loads, retrying only if a retune ran at
+/// that moment; a retune (rare) takes a mutex against other retunes and bumps the sequence
+/// around its stores. No allocation or reference count on the decision path, unlike swapping
+/// an `Arc<Limiter>`. The TAT is one atomic word updated by CAS, as in
+/// [`Limiter`](crate::limiter::Limiter).
+#[derive(Debug)]
+pub struct RetunableGcra {
+    /// Even: the words are consistent; odd: a retune is writing them.
+    seq: AtomicU64,
+    /// limit, window (ns), burst, interval (ns), tolerance (ns) of the [`Gcra`] in force.
+    words: [AtomicU64; 5],
+    tat: AtomicCell,
+    writer: parking_lot::Mutex<()>,
+}
+
+impl RetunableGcra {
+    /// A limiter running `gcra` from an empty state.
+    pub fn new(gcra: Gcra) -> Self {
+        let w = Self::words_of(&gcra);
+        Self {
+            seq: AtomicU64::new(0),
+            words: w.map(AtomicU64::new),
+            tat: <AtomicCell as crate::cell::StateCell<u64>>::new(0),
+            writer: parking_lot::Mutex::new(()),
+        }
+    }
+
+    fn words_of(g: &Gcra) -> [u64; 5] {
+        [
+            g.quota.limit(),
+            g.quota.window_nanos(),
+            g.burst,
+            g.interval,
+            g.tolerance,
+        ]
+    }
+
+    /// The parameters in force (a consistent copy, never a mix of two retunes).
+    #[inline]
+    pub fn gcra(&self) -> Gcra {
+        loop {
+            let before = self.seq.load(Ordering::Acquire);
+            if before & 1 == 0 {
+                let w = [
+                    self.words[0].load(Ordering::Relaxed),
+                    self.words[1].load(Ordering::Relaxed),
+                    self.words[2].load(Ordering::Relaxed),
+                    self.words[3].load(Ordering::Relaxed),
+                    self.words[4].load(Ordering::Relaxed),
+                ];
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == before {
+                    // The words were stored together from a valid `Gcra` (see `retune`).
+                    return Gcra {
+                        quota: Quota::from_parts(w[0], w[1]),
+                        burst: w[2],
+                        interval: w[3],
+                        tolerance: w[4],
+                    };
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Runs `gcra` from now on; the TAT (what was admitted) is kept.
+    pub fn retune(&self, gcra: Gcra) {
+        let _one_writer = self.writer.lock();
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq + 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (word, v) in self.words.iter().zip(Self::words_of(&gcra)) {
+            word.store(v, Ordering::Relaxed);
+        }
+        self.seq.store(seq + 2, Ordering::Release);
+    }
+
+    /// Takes `n` units at `now`, as [`Limiter::acquire_at`](crate::limiter::Limiter::acquire_at)
+    /// with the parameters in force.
+    #[inline]
+    pub fn acquire_at(&self, n: u64, now: Nanos) -> Decision {
+        use crate::cell::StateCell;
+        let gcra = self.gcra();
+        let verdict = self.tat.update(|tat| gcra.step(tat, n, now));
+        gcra.finish(verdict, n, now)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod retunable_tests {
+    use super::*;
+    use crate::clock::MonotonicClock;
+    use crate::limiter::Limiter;
+
+    fn gcra(limit: u64, burst: u64) -> Gcra {
+        Gcra::new(Quota::new(limit, Duration::from_secs(1)).unwrap(), burst).unwrap()
+    }
+
+    #[test]
+    fn decides_as_a_limiter_and_keeps_its_state_across_retunes() {
+        let plain = Limiter::with_clock(gcra(10, 3), MonotonicClock::new());
+        let r = RetunableGcra::new(gcra(10, 3));
+        for i in 0..200u64 {
+            let (n, now) = (i % 3, i * 37_000_000);
+            assert_eq!(r.acquire_at(n, now), plain.acquire_at(n, now), "step {i}");
+        }
+        // Retuned to a slower rate: what was admitted still counts.
+        let r = RetunableGcra::new(gcra(10, 1));
+        assert!(r.acquire_at(1, 0).allowed());
+        r.retune(gcra(1, 1));
+        assert!(!r.acquire_at(1, 50_000_000).allowed(), "the TAT was kept");
+        assert!(r.acquire_at(1, 1_000_000_000).allowed());
+        assert_eq!(r.gcra(), gcra(1, 1));
+    }
+
+    #[test]
+    fn readers_never_see_half_a_retune() {
+        let (a, b) = (gcra(10, 1), gcra(1_000_000, 500));
+        let r = std::sync::Arc::new(RetunableGcra::new(a));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (r, stop) = (r.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    r.retune(if i % 2 == 0 { b } else { a });
+                    i += 1;
+                }
+            })
+        };
+        for i in 0..200_000u64 {
+            let g = r.gcra();
+            assert!(g == a || g == b, "a mix of two parameter sets: {g:?}");
+            let _ = r.acquire_at(1, i);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().unwrap();
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! 1. [`ResourceClient::acquire`] on every request: a weir-core GCRA at the rate in force —
 //!    the grant while the lease lasts, the safe capacity after it expires (never 0 by
-//!    accident). Lock-free: one atomic add for the demand count and the limiter's own CAS.
+//!    accident). Lock-free: one atomic add for the demand count, then weir-core's
+//!    [`RetunableGcra`] (a GCRA whose rate changes in place at each lease).
 //! 2. When [`ResourceClient::due`], send [`ResourceClient::ask`] (the demand measured since
 //!    the last ask, with headroom so that growth shows), then report the answer with
 //!    [`ResourceClient::on_lease`] or the failure with [`ResourceClient::on_failure`].
@@ -16,14 +17,12 @@
 //!
 //! Every switch between granted, expired and unreachable is counted ([`Counters`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use weir_core::gcra::Gcra;
-use weir_core::limiter::Limiter;
-use weir_core::{Criticality, Decision, MonotonicClock, Nanos, Quota};
+use weir_core::gcra::{Gcra, RetunableGcra};
+use weir_core::{Criticality, Decision, Nanos, Quota};
 
 use crate::lease::{Ask, Lease};
 
@@ -83,34 +82,16 @@ pub struct Counters {
     pub expirations: AtomicU64,
 }
 
-/// The rate in force and the limiter enforcing it.
-struct Enforced {
-    rate: f64,
-    limiter: Option<Limiter<Gcra, MonotonicClock>>,
-}
-
-impl Enforced {
-    /// A GCRA at `rate` units/s (precise to 1/1000 unit/s), allowing `burst` of the rate at
-    /// once (at least one unit), starting from `state` (the previous limiter's TAT).
-    fn new(rate: f64, burst: Duration, state: Option<u64>) -> Self {
-        let per_1000s = (rate * 1000.0).round();
-        if !(1.0..1e15).contains(&per_1000s) {
-            return Self {
-                rate: if per_1000s >= 1.0 { rate } else { 0.0 },
-                limiter: None,
-            };
-        }
-        let quota = Quota::new(per_1000s as u64, Duration::from_secs(1000));
-        let units = (rate * burst.as_secs_f64()).ceil().max(1.0) as u64;
-        let limiter = quota
-            .and_then(|q| Gcra::new(q, units))
-            .ok()
-            .map(|g| match state {
-                Some(s) => Limiter::with_state(g, s, MonotonicClock::new()),
-                None => Limiter::with_clock(g, MonotonicClock::new()),
-            });
-        Self { rate, limiter }
+/// A GCRA at `rate` units/s (precise to 1/1000 unit/s), letting `burst` of the rate through at
+/// once (at least one unit); `None` for a rate too small to admit anything (or absurdly large).
+fn gcra_for(rate: f64, burst: Duration) -> Option<Gcra> {
+    let per_1000s = (rate * 1000.0).round();
+    if !(1.0..1e15).contains(&per_1000s) {
+        return None;
     }
+    let quota = Quota::new(per_1000s as u64, Duration::from_secs(1000)).ok()?;
+    let units = (rate * burst.as_secs_f64()).ceil().max(1.0) as u64;
+    Gcra::new(quota, units).ok()
 }
 
 /// The refresh schedule and what was last granted.
@@ -135,7 +116,12 @@ pub struct ResourceClient {
     name: String,
     config: ClientConfig,
     demand: AtomicU64,
-    enforced: ArcSwap<Enforced>,
+    /// The local limiter at the rate in force (retuned in place at each lease).
+    limiter: RetunableGcra,
+    /// False while the rate in force admits nothing (a grant of 0).
+    open: AtomicBool,
+    /// The rate in force, as f64 bits.
+    rate: AtomicU64,
     control: Mutex<Control>,
     counters: Counters,
 }
@@ -145,11 +131,15 @@ impl ResourceClient {
     /// (the operator's fallback when the server has never been reached); the first refresh is
     /// due at once. `seed` varies the jitter between clients.
     pub fn new(name: &str, config: ClientConfig, safe: f64, seed: u64, now: Nanos) -> Self {
+        let gcra = gcra_for(safe, config.burst);
+        let placeholder = gcra_for(1.0, config.burst);
         Self {
             name: name.to_string(),
             config,
             demand: AtomicU64::new(0),
-            enforced: ArcSwap::from_pointee(Enforced::new(safe, config.burst, None)),
+            limiter: RetunableGcra::new(gcra.or(placeholder).unwrap_or_else(unreachable_gcra)),
+            open: AtomicBool::new(gcra.is_some()),
+            rate: AtomicU64::new(if gcra.is_some() { safe } else { 0.0 }.to_bits()),
             control: Mutex::new(Control {
                 granted: 0.0,
                 expires_at: 0,
@@ -180,17 +170,16 @@ impl ResourceClient {
     #[inline]
     pub fn acquire(&self, n: u64, now: Nanos) -> Decision {
         self.demand.fetch_add(n, Ordering::Relaxed);
-        let e = self.enforced.load();
-        match &e.limiter {
-            Some(l) => l.acquire_at(n, now),
-            None => Decision::never(0, 0, 0),
+        if !self.open.load(Ordering::Relaxed) {
+            return Decision::never(0, 0, 0);
         }
+        self.limiter.acquire_at(n, now)
     }
 
     /// The rate enforced now (units/s) and where it comes from.
     pub fn rate(&self) -> (f64, Source) {
         let c = self.control.lock().unwrap_or_else(|e| e.into_inner());
-        (self.enforced.load().rate, c.source)
+        (f64::from_bits(self.rate.load(Ordering::Relaxed)), c.source)
     }
 
     /// Whether a refresh should be sent at `now`.
@@ -328,17 +317,29 @@ impl ResourceClient {
     }
 
     fn enforce(&self, rate: f64) {
-        let old = self.enforced.load();
-        if (old.rate - rate).abs() <= f64::EPSILON * rate.abs().max(1.0) {
+        let current = f64::from_bits(self.rate.load(Ordering::Relaxed));
+        if (current - rate).abs() <= f64::EPSILON * rate.abs().max(1.0) {
             return;
         }
-        let state = old.limiter.as_ref().map(|l| l.state());
-        self.enforced.store(std::sync::Arc::new(Enforced::new(
-            rate,
-            self.config.burst,
-            state,
-        )));
+        match gcra_for(rate, self.config.burst) {
+            Some(g) => {
+                self.limiter.retune(g);
+                self.rate.store(rate.to_bits(), Ordering::Relaxed);
+                self.open.store(true, Ordering::Release);
+            }
+            None => {
+                self.open.store(false, Ordering::Release);
+                self.rate.store(0.0f64.to_bits(), Ordering::Relaxed);
+            }
+        }
     }
+}
+
+/// One unit per second: the limiter's parameters while the rate in force admits nothing
+/// (never consulted then; valid by construction).
+fn unreachable_gcra() -> Gcra {
+    Gcra::from_quota(Quota::per_second(1).expect("1 per second is a valid quota"))
+        .expect("a burst of one is valid")
 }
 
 impl std::fmt::Debug for ResourceClient {
