@@ -11,11 +11,15 @@
 //!   schedule with jitter and backoff, and the local GCRA enforcing the grant (then the safe
 //!   capacity once a lease expires).
 
+//! - [`config`]: the quota file (resources and templates, located errors).
+//! - [`server`]: every resource's table behind the protocol front ends.
 //! - [`sim`]: all of it on virtual time, with the measures of `weir simulate quota`.
 
 pub mod allocate;
 pub mod client;
+pub mod config;
 pub mod lease;
+pub mod server;
 pub mod sim;
 
 pub use allocate::{allocate, Algorithm, Demand, QuotaError};

@@ -1,0 +1,250 @@
+//! The quota configuration: the resources a lease server divides.
+//!
+//! ```yaml
+//! resources:
+//!   - name: search                 # one resource
+//!     capacity: 1000/s             # units per second (also 60000/m, 1000, 2.5/s)
+//!     algorithm: fair_share        # or proportional_share, static (default fair_share)
+//!     lease: 30s                   # default 30s
+//!     refresh: 5s                  # default 5s, at most the lease
+//!     safe_capacity: 50/s          # per client when the server is unreachable
+//!                                  # (default: capacity ÷ clients last seen)
+//!   - name: "tenant-*"             # a template: each name it matches is its own resource,
+//!     capacity: 100/s              # created on first use
+//! ```
+//!
+//! Errors name the file, line, column and field (every validation error of a file at once),
+//! as every configuration of Weir does.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use weir_rules::yaml::{self, LocatedError, LocatedErrors};
+
+use crate::allocate::Algorithm;
+use crate::lease::ResourceConfig;
+
+/// A whole quota configuration.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct QuotaConfig {
+    /// Resources by exact name, in file order.
+    pub resources: Vec<(String, ResourceConfig)>,
+    /// Templates: a name with one `*`, matched against names no exact resource has.
+    pub templates: Vec<(String, ResourceConfig)>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    resources: Vec<RawResource>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResource {
+    name: String,
+    capacity: serde_yaml_value::Value,
+    #[serde(default)]
+    algorithm: Option<String>,
+    #[serde(default)]
+    lease: Option<String>,
+    #[serde(default)]
+    refresh: Option<String>,
+    #[serde(default)]
+    safe_capacity: Option<serde_yaml_value::Value>,
+}
+
+/// YAML scalars as serde sees them (a number or a string like `1000/s`).
+mod serde_yaml_value {
+    /// A number or a string.
+    #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+    #[serde(untagged)]
+    pub enum Value {
+        /// A plain number (units per second).
+        Number(f64),
+        /// `N/s`, `N/m`, `N/h`.
+        Text(String),
+    }
+}
+
+/// Parses a rate: a number (per second) or `N/s`, `N/m`, `N/h`; finite and ≥ 0.
+pub fn parse_rate(v: &serde_yaml_value::Value) -> Result<f64, String> {
+    let rate = match v {
+        serde_yaml_value::Value::Number(n) => *n,
+        serde_yaml_value::Value::Text(s) => {
+            let (n, per) = s.split_once('/').unwrap_or((s, "s"));
+            let n: f64 = n
+                .trim()
+                .parse()
+                .map_err(|_| format!("{s:?}: expected a rate like 1000/s, 600/m or 2.5"))?;
+            let secs = match per.trim() {
+                "s" => 1.0,
+                "m" => 60.0,
+                "h" => 3600.0,
+                other => {
+                    return Err(format!(
+                        "{s:?}: unknown unit {other:?} (expected s, m or h)"
+                    ))
+                }
+            };
+            n / secs
+        }
+    };
+    if rate.is_finite() && rate >= 0.0 {
+        Ok(rate)
+    } else {
+        Err(format!("{rate} is not a rate ≥ 0"))
+    }
+}
+
+impl QuotaConfig {
+    /// Parses and validates a quota file's text.
+    pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedErrors> {
+        let raw: RawConfig = yaml::parse(file, text)?;
+        let mut problems: Vec<(String, String)> = Vec::new();
+        let mut out = QuotaConfig::default();
+        let mut names = std::collections::HashSet::new();
+        for (i, r) in raw.resources.iter().enumerate() {
+            let at = |field: &str| format!("resources[{i}].{field}");
+            if r.name.is_empty() || r.name.matches('*').count() > 1 {
+                problems.push((at("name"), "a name, with at most one `*`".into()));
+            } else if !names.insert(r.name.clone()) {
+                problems.push((at("name"), format!("{:?} is declared twice", r.name)));
+            }
+            let mut c = ResourceConfig::default();
+            match parse_rate(&r.capacity) {
+                Ok(v) => c.capacity = v,
+                Err(e) => problems.push((at("capacity"), e)),
+            }
+            if let Some(a) = &r.algorithm {
+                match a.parse::<Algorithm>() {
+                    Ok(a) => c.algorithm = a,
+                    Err(e) => problems.push((at("algorithm"), e.to_string())),
+                }
+            }
+            let mut duration = |field: &str, v: &Option<String>, into: &mut Duration| {
+                if let Some(s) = v {
+                    match weir_rules::config::parse_duration(s) {
+                        Some(d) => *into = d,
+                        None => problems.push((
+                            at(field),
+                            format!("{s:?}: expected a positive duration like 5s or 1m"),
+                        )),
+                    }
+                }
+            };
+            duration("lease", &r.lease, &mut c.lease);
+            duration("refresh", &r.refresh, &mut c.refresh);
+            if c.refresh > c.lease {
+                problems.push((at("refresh"), "must not be longer than the lease".into()));
+            }
+            if let Some(v) = &r.safe_capacity {
+                match parse_rate(v) {
+                    Ok(v) => c.safe_capacity = Some(v),
+                    Err(e) => problems.push((at("safe_capacity"), e)),
+                }
+            }
+            if r.name.contains('*') {
+                out.templates.push((r.name.clone(), c));
+            } else {
+                out.resources.push((r.name.clone(), c));
+            }
+        }
+        if problems.is_empty() {
+            return Ok(out);
+        }
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        Err(LocatedErrors(
+            problems
+                .into_iter()
+                .map(|(path, reason)| LocatedError {
+                    file: file.to_path_buf(),
+                    position: yaml::locate(text, &path),
+                    path,
+                    reason,
+                })
+                .collect(),
+        ))
+    }
+
+    /// Reads and validates a quota file.
+    pub fn load(file: &Path) -> Result<Self, LocatedErrors> {
+        let text = yaml::read(file)?;
+        Self::from_yaml(file, &text)
+    }
+
+    /// The parameters of resource `name`: its own, else the first template matching it.
+    pub fn resource(&self, name: &str) -> Option<ResourceConfig> {
+        if let Some((_, c)) = self.resources.iter().find(|(n, _)| n == name) {
+            return Some(*c);
+        }
+        self.templates.iter().find_map(|(pattern, c)| {
+            let (pre, post) = pattern.split_once('*')?;
+            (name.len() >= pre.len() + post.len() && name.starts_with(pre) && name.ends_with(post))
+                .then_some(*c)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_templates_and_defaults() {
+        let c = QuotaConfig::from_yaml(
+            Path::new("q.yaml"),
+            "resources:\n  - {name: search, capacity: 1000/s, lease: 10s, refresh: 2s}\n  - {name: 'tenant-*', capacity: 6000/m, algorithm: static, safe_capacity: 5}\n",
+        )
+        .unwrap();
+        let s = c.resource("search").unwrap();
+        assert_eq!(
+            (s.capacity, s.lease, s.refresh),
+            (1000.0, Duration::from_secs(10), Duration::from_secs(2))
+        );
+        let t = c.resource("tenant-acme").unwrap();
+        assert_eq!(
+            (t.capacity, t.algorithm, t.safe_capacity),
+            (100.0, Algorithm::Static, Some(5.0))
+        );
+        assert_eq!(c.resource("other"), None);
+        assert_eq!(c.resource("tenant-"), Some(t));
+    }
+
+    #[test]
+    fn every_error_is_located() {
+        let e = QuotaConfig::from_yaml(
+            Path::new("q.yaml"),
+            "resources:\n  - name: a\n    capacity: lots\n  - name: b\n    capacity: 5/d\n    refresh: 1m\n    algorithm: fair\n",
+        )
+        .unwrap_err()
+        .to_string();
+        let lines: Vec<&str> = e.lines().collect();
+        assert_eq!(lines.len(), 4, "{e}");
+        assert!(
+            lines[0].starts_with("q.yaml:3:15: resources[0].capacity: \"lots\""),
+            "{e}"
+        );
+        assert!(
+            lines[1].starts_with("q.yaml:5:15: resources[1].capacity: \"5/d\": unknown unit"),
+            "{e}"
+        );
+        assert!(
+            lines[2].starts_with("q.yaml:7:16: resources[1].algorithm: unknown algorithm"),
+            "{e}"
+        );
+        assert!(
+            lines[3].starts_with("q.yaml:6:14: resources[1].refresh: must not be longer"),
+            "{e}"
+        );
+        let e = QuotaConfig::from_yaml(
+            Path::new("q.yaml"),
+            "resources:\n  - {name: a, capacity: 1, bogus: 2}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("q.yaml:2:") && e.contains("bogus"), "{e}");
+    }
+}
