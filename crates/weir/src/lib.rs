@@ -11,5 +11,6 @@ pub mod fuzzing;
 pub mod overload;
 pub mod proxy;
 pub mod quota;
+pub mod quota_api;
 pub mod rls;
 pub mod simulate;

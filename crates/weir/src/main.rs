@@ -126,6 +126,10 @@ struct ServeArgs {
     /// Evaluate and count every rule, never answer OVER_LIMIT.
     #[arg(long)]
     shadow: bool,
+    /// Also serve the cluster-quota lease API (HTTP/JSON, /quota/v1/…) for the resources of
+    /// this quota file (docs/quota.md); reloaded when it changes.
+    #[arg(long, value_name = "FILE")]
+    quota: Option<PathBuf>,
     /// Rate-limit headers Envoy adds to responses: none, draft03 (X-RateLimit-*) or ietf
     /// (RateLimit-Policy, RateLimit, Retry-After).
     #[arg(long, value_name = "STYLE", default_value = "none", value_parser = ["none", "draft03", "ietf"])]
@@ -654,8 +658,29 @@ async fn serve(args: ServeArgs) -> ExitCode {
         "ietf" => rls::engine::HeaderStyle::Ietf,
         _ => rls::engine::HeaderStyle::None,
     };
+    let quota = match &args.quota {
+        None => None,
+        Some(p) => match weir::quota_api::QuotaApi::load(p.clone()) {
+            Ok(q) => Some(q),
+            Err(errors) => {
+                for e in errors.lines() {
+                    eprintln!("weir: error: {e}");
+                }
+                return ExitCode::from(2);
+            }
+        },
+    };
     let service = match rls::server::Service::new(args.config.clone(), store, options, prometheus) {
-        Ok(s) => Arc::new(s.with_headers(style)),
+        Ok(s) => {
+            let s = s.with_headers(style);
+            Arc::new(match &quota {
+                Some(q) => {
+                    q.watch(std::time::Duration::from_secs(1));
+                    s.with_quota(q.clone())
+                }
+                None => s,
+            })
+        }
         Err(errors) => {
             for e in errors {
                 eprintln!("weir: error: {e}");

@@ -124,3 +124,164 @@ fn simulate_quota_on_the_built_in_scenario_meets_its_goals() {
     assert_eq!(code, 2);
     assert!(err.contains("FROM..TO"), "{err}");
 }
+
+/// `weir serve --quota FILE` on free ports: (child, HTTP port).
+struct Server(std::process::Child, u16);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code = out[9..12].parse().unwrap();
+    (
+        code,
+        out.split_once("\r\n\r\n")
+            .map(|x| x.1.to_string())
+            .unwrap_or_default(),
+    )
+}
+
+fn serve_quota(file: &std::path::Path) -> Server {
+    use std::io::{BufRead, BufReader};
+    let (h, g) = (free_port(), free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["serve", "--quota", file.to_str().unwrap()])
+        .args(["--http-addr", &format!("127.0.0.1:{h}")])
+        .args(["--grpc-addr", &format!("127.0.0.1:{g}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("HTTP on"), "{line}");
+    Server(child, h)
+}
+
+fn granted(body: &str, i: usize) -> f64 {
+    let v: Vec<&str> = body.split("\"granted\":").skip(1).collect();
+    let s = v[i];
+    s[..s.find([',', '}']).unwrap()].parse().unwrap()
+}
+
+#[test]
+fn serve_quota_leases_fair_shares_over_http() {
+    let dir = std::env::temp_dir().join(format!("weir-quota-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("quota.yaml");
+    std::fs::write(
+        &file,
+        "resources:\n  - {name: search, capacity: 10/s, lease: 2s, refresh: 1s}\n",
+    )
+    .unwrap();
+    let s = serve_quota(&file);
+    let ask = |client: &str, wants: f64, has: f64| {
+        format!(
+            r#"{{"client":"{client}","resources":[{{"resource":"search","wants":{wants},"has":{has}}},{{"resource":"nope","wants":1}}]}}"#
+        )
+    };
+    // Just started: learning for one lease length (2 s), nothing new granted.
+    let (code, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("a", 8.0, 0.0));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(granted(&body, 0), 0.0, "{body}");
+    assert!(body.contains("unknown resource \\\"nope\\\""), "{body}");
+    std::thread::sleep(std::time::Duration::from_millis(2_200));
+    let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("a", 8.0, 0.0));
+    assert_eq!(granted(&body, 0), 8.0, "{body}");
+    assert!(body.contains("\"refreshInMs\":1000"), "{body}");
+    // b's fair share is 5; 2 are free until a shrinks.
+    let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("b", 8.0, 0.0));
+    assert_eq!(granted(&body, 0), 2.0, "{body}");
+    let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("a", 8.0, 8.0));
+    assert_eq!(granted(&body, 0), 5.0, "{body}");
+    let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("b", 8.0, 2.0));
+    assert_eq!(granted(&body, 0), 5.0, "{body}");
+    let (code, body) = http(s.1, "GET", "/quota/v1/allocations", "");
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("\"resource\":\"search\"") && body.contains("\"granted\":10.0"),
+        "{body}"
+    );
+    let (_, metrics) = http(s.1, "GET", "/metrics", "");
+    assert!(
+        metrics.contains("weir_quota_granted{resource=\"search\"} 10"),
+        "{metrics}"
+    );
+    // Bad requests name the field.
+    let (code, body) = http(
+        s.1,
+        "POST",
+        "/quota/v1/refresh",
+        r#"{"client":"a","resources":[{"resource":"search"}]}"#,
+    );
+    assert_eq!(code, 400);
+    assert!(
+        body.contains("resources[0]") && body.contains("wants"),
+        "{body}"
+    );
+    // Release, then a reload raises the capacity and keeps b's lease.
+    let (code, _) = http(
+        s.1,
+        "POST",
+        "/quota/v1/release",
+        r#"{"client":"a","resources":["search"]}"#,
+    );
+    assert_eq!(code, 204);
+    std::fs::write(
+        &file,
+        "resources:\n  - {name: search, capacity: 20/s, lease: 2s, refresh: 1s}\n",
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, body) = http(s.1, "GET", "/quota/v1/allocations", "");
+        if body.contains("\"capacity\":20.0") {
+            assert!(body.contains("\"client\":\"b\""), "{body}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not reloaded: {body}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn serve_refuses_a_bad_quota_file_with_its_locations() {
+    let dir = std::env::temp_dir().join(format!("weir-quota-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("quota.yaml");
+    std::fs::write(&file, "resources:\n  - {name: a, capacity: lots}\n").unwrap();
+    let (code, _, err) = weir(&["serve", "--quota", file.to_str().unwrap()], "");
+    assert_eq!(code, 2);
+    assert!(
+        err.starts_with("weir: error: ") && err.contains("quota.yaml:2:"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -42,6 +42,7 @@ pub struct Service {
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     headers: HeaderStyle,
     latency: super::latency::Latency,
+    quota: Option<Arc<crate::quota_api::QuotaApi>>,
 }
 
 impl Service {
@@ -62,12 +63,19 @@ impl Service {
             prometheus,
             headers: HeaderStyle::None,
             latency: super::latency::Latency::default(),
+            quota: None,
         })
     }
 
     /// Asks Envoy to add rate-limit headers of `style` to responses.
     pub fn with_headers(mut self, style: HeaderStyle) -> Self {
         self.headers = style;
+        self
+    }
+
+    /// Also serves the cluster-quota lease API (`quota_api`) on the HTTP port.
+    pub fn with_quota(mut self, quota: Arc<crate::quota_api::QuotaApi>) -> Self {
+        self.quota = Some(quota);
         self
     }
 
@@ -579,6 +587,9 @@ async fn metrics_handler(
             {
                 let mut text = h.render();
                 service.latency.render(&mut text);
+                if let Some(q) = &service.quota {
+                    q.render_metrics(&mut text);
+                }
                 text.push_str(&format!(
                     "# HELP weir_buffered_body_bytes Bytes of unfinished request bodies held in memory.\n# TYPE weir_buffered_body_bytes gauge\nweir_buffered_body_bytes {}\n",
                     budget.process().used()
@@ -601,12 +612,16 @@ pub async fn serve_http(
     bodies: Arc<Budget>,
     shutdown: crate::accept::Shutdown,
 ) {
-    let app = Router::new()
+    let quota = service.quota.as_ref().map(|q| q.routes());
+    let mut app = Router::new()
         .route("/json", post(json_handler))
         .route("/healthz", get(|| async { "OK\n" }))
         .route("/healthcheck", get(|| async { "OK\n" }))
         .route("/metrics", get(metrics_handler))
         .with_state(service);
+    if let Some(q) = quota {
+        app = app.merge(q);
+    }
     crate::accept::serve(
         listener,
         limits.max_connections,

@@ -1,0 +1,288 @@
+//! The cluster-quota lease API over HTTP/JSON, served by `weir serve --quota FILE` on its HTTP
+//! port (for clients in any language; a gRPC API is to come):
+//!
+//! - `POST /quota/v1/refresh` `{"client": ID, "resources": [{"resource": NAME, "wants": W,
+//!   "has": H, "weight": 1, "priority": "CRITICAL"}, …]}` → `{"leases": [{"resource": NAME,
+//!   "granted": G, "expiresInMs": E, "refreshInMs": R, "safeCapacity": S} | {"resource": NAME,
+//!   "error": "…"}, …]}` in request order. `has`, `weight` and `priority` are optional.
+//! - `POST /quota/v1/release` `{"client": ID, "resources": [NAME, …]}` → 204.
+//! - `GET /quota/v1/allocations` → every resource in use: capacity, demands, grants, clients.
+//!
+//! Times are relative (ms from now): clients and server need not share a clock. The quota file
+//! is checked every second and reloaded when its contents change (leases kept); an invalid
+//! file is logged with its locations and the previous configuration stays.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use weir_core::{Clock, Criticality, MonotonicClock};
+use weir_quota::config::QuotaConfig;
+use weir_quota::server::LeaseServer;
+use weir_quota::Ask;
+
+use crate::budget::ConnectionBudget;
+
+/// Largest request body of the quota API.
+const MAX_BODY: usize = 1 << 20;
+/// Most resources in one refresh.
+pub const MAX_RESOURCES_PER_CALL: usize = 1_000;
+
+/// The lease server, its clock and its file.
+pub struct QuotaApi {
+    server: LeaseServer,
+    clock: MonotonicClock,
+    path: PathBuf,
+}
+
+impl QuotaApi {
+    /// Loads `path` and starts the lease server (learning for one lease length).
+    pub fn load(path: PathBuf) -> Result<Arc<Self>, String> {
+        let config = QuotaConfig::load(&path).map_err(|e| e.to_string())?;
+        let clock = MonotonicClock::new();
+        Ok(Arc::new(Self {
+            server: LeaseServer::new(config, clock.now()),
+            clock,
+            path,
+        }))
+    }
+
+    /// Reloads the file every `interval` when its contents changed, off the request path.
+    pub fn watch(self: &Arc<Self>, interval: Duration) {
+        let me = Arc::downgrade(self);
+        let path = self.path.clone();
+        tokio::spawn(async move {
+            let mut last = std::fs::read(&path).ok();
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(me) = me.upgrade() else { return };
+                let p = path.clone();
+                let seen = last.clone();
+                let checked = tokio::task::spawn_blocking(move || {
+                    let now = weir_rules::yaml::read(&p).ok().map(String::into_bytes);
+                    if now.is_none() || now == seen {
+                        return (now.or(seen), None);
+                    }
+                    let loaded = QuotaConfig::load(&p);
+                    (now, Some(loaded))
+                })
+                .await;
+                let Ok((now, outcome)) = checked else {
+                    continue;
+                };
+                last = now;
+                match outcome {
+                    None => {}
+                    Some(Ok(config)) => {
+                        me.server.reload(config);
+                        metrics::counter!("weir_quota_reloads_total", "result" => "applied")
+                            .increment(1);
+                        eprintln!("weir: reloaded {}", path.display());
+                    }
+                    Some(Err(errors)) => {
+                        metrics::counter!("weir_quota_reloads_total", "result" => "rejected")
+                            .increment(1);
+                        for e in &errors.0 {
+                            eprintln!(
+                                "weir: error: quota reload kept the previous configuration: {e}"
+                            );
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// The routes, to merge into the HTTP API.
+    pub fn routes(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/quota/v1/refresh", post(refresh))
+            .route("/quota/v1/release", post(release))
+            .route("/quota/v1/allocations", get(allocations))
+            .with_state(self.clone())
+    }
+
+    /// Prometheus text for every resource in use.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write;
+        let all = self.server.allocations(self.clock.now());
+        let families = [
+            ("weir_quota_capacity", "Units per second of the resource."),
+            ("weir_quota_wants", "Sum of the clients' demands (units/s)."),
+            ("weir_quota_granted", "Sum of unexpired grants (units/s)."),
+            ("weir_quota_clients", "Clients holding a lease."),
+        ];
+        for (i, (name, help)) in families.iter().enumerate() {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for a in &all {
+                let v = match i {
+                    0 => a.capacity,
+                    1 => a.wants,
+                    2 => a.granted,
+                    _ => a.clients.len() as f64,
+                };
+                let _ = writeln!(out, "{name}{{resource=\"{}\"}} {v}", escape(&a.resource));
+            }
+        }
+    }
+}
+
+/// A Prometheus label value: `\`, `"` and newlines escaped.
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefreshBody {
+    client: String,
+    resources: Vec<ResourceAsk>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourceAsk {
+    resource: String,
+    wants: f64,
+    #[serde(default)]
+    has: f64,
+    #[serde(default = "one")]
+    weight: f64,
+    #[serde(default)]
+    priority: Option<String>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseBody {
+    client: String,
+    resources: Vec<String>,
+}
+
+fn bad(message: String) -> axum::response::Response {
+    (
+        StatusCode::BAD_REQUEST,
+        axum::Json(json!({"error": message})),
+    )
+        .into_response()
+}
+
+/// Reads and parses a JSON body within the connection's budget, naming the field at fault.
+async fn body<T: serde::de::DeserializeOwned>(
+    budget: &Arc<ConnectionBudget>,
+    request: axum::extract::Request,
+) -> Result<T, axum::response::Response> {
+    let b = budget
+        .read(request.into_body(), MAX_BODY)
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    let mut de = serde_json::Deserializer::from_slice(&b.bytes);
+    serde_path_to_error::deserialize(&mut de)
+        .map_err(|e| bad(format!("request body: {}: {}", e.path(), e.inner())))
+}
+
+async fn refresh(
+    State(api): State<Arc<QuotaApi>>,
+    axum::Extension(budget): axum::Extension<Arc<ConnectionBudget>>,
+    request: axum::extract::Request,
+) -> axum::response::Response {
+    let b: RefreshBody = match body(&budget, request).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if b.client.is_empty() || b.client.len() > 256 {
+        return bad("client: 1 to 256 bytes".into());
+    }
+    if b.resources.len() > MAX_RESOURCES_PER_CALL {
+        return bad(format!(
+            "resources: at most {MAX_RESOURCES_PER_CALL} per call"
+        ));
+    }
+    let mut asks = Vec::with_capacity(b.resources.len());
+    for (i, r) in b.resources.iter().enumerate() {
+        let priority = match &r.priority {
+            None => Criticality::Critical,
+            Some(p) => match p.parse() {
+                Ok(p) => p,
+                Err(e) => return bad(format!("resources[{i}].priority: {e}")),
+            },
+        };
+        asks.push((
+            r.resource.clone(),
+            Ask {
+                wants: r.wants,
+                has: r.has,
+                weight: r.weight,
+                priority,
+            },
+        ));
+    }
+    let now = api.clock.now();
+    let answers = api.server.refresh(&b.client, &asks, now);
+    let ms = |ns: u64| ns / 1_000_000;
+    let leases: Vec<Value> = answers
+        .iter()
+        .zip(&asks)
+        .map(|(a, (resource, _))| match a {
+            Ok(l) => json!({
+                "resource": resource,
+                "granted": l.granted,
+                "expiresInMs": ms(l.expires_at.saturating_sub(now)),
+                "refreshInMs": l.refresh.as_millis() as u64,
+                "safeCapacity": l.safe_capacity,
+            }),
+            Err(e) => json!({"resource": resource, "error": e.to_string()}),
+        })
+        .collect();
+    metrics::counter!("weir_quota_refreshes_total").increment(asks.len() as u64);
+    axum::Json(json!({ "leases": leases })).into_response()
+}
+
+async fn release(
+    State(api): State<Arc<QuotaApi>>,
+    axum::Extension(budget): axum::Extension<Arc<ConnectionBudget>>,
+    request: axum::extract::Request,
+) -> axum::response::Response {
+    let b: ReleaseBody = match body(&budget, request).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    api.server.release(&b.client, &b.resources);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn allocations(State(api): State<Arc<QuotaApi>>) -> axum::response::Response {
+    let now = api.clock.now();
+    let all: Vec<Value> = api
+        .server
+        .allocations(now)
+        .into_iter()
+        .map(|a| {
+            json!({
+                "resource": a.resource,
+                "capacity": a.capacity,
+                "wants": a.wants,
+                "granted": a.granted,
+                "learning": a.learning,
+                "clients": a.clients.iter().map(|(c, w, g, e)| json!({
+                    "client": c, "wants": w, "granted": g,
+                    "expiresInMs": e.saturating_sub(now) / 1_000_000,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    axum::Json(json!({ "resources": all })).into_response()
+}
