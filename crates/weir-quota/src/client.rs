@@ -252,9 +252,17 @@ impl ResourceClient {
         (d.as_nanos() as f64 * (1.0 - jitter + 2.0 * jitter * u)) as Nanos
     }
 
-    /// The server answered at `now` with `lease`.
+    /// The server answered at `now` with `lease`. A learning server's grant below the safe
+    /// capacity does not replace the safe capacity of a client that holds no lease (it would
+    /// drop to nothing for a whole lease length after every server start).
     pub fn on_lease(&self, lease: Lease, now: Nanos) {
         let mut c = self.control();
+        if lease.learning && c.source == Source::Safe && lease.granted < c.safe {
+            let wait = Self::jittered(&mut c, self.config.jitter, lease.refresh);
+            c.next_at = now.saturating_add(wait);
+            c.failures = 0;
+            return;
+        }
         c.granted = lease.granted;
         c.expires_at = lease.expires_at;
         c.safe = lease.safe_capacity;
@@ -365,6 +373,7 @@ mod tests {
             expires_at: now + 30 * S,
             refresh: Duration::from_secs(5),
             safe_capacity: 2.0,
+            learning: false,
         }
     }
 
@@ -452,6 +461,22 @@ mod tests {
         let a = c.ask(7 * S);
         assert!((a.wants - 361.0).abs() < 1e-6, "300/s × 1.2 + 1: {a:?}");
         assert_eq!(a.has, 80.0);
+    }
+
+    #[test]
+    fn a_learning_server_does_not_take_the_safe_capacity_away() {
+        let c = ResourceClient::new("r", ClientConfig::default(), 10.0, 3, 0);
+        c.on_lease(
+            Lease {
+                learning: true,
+                ..lease(0.0, 0)
+            },
+            0,
+        );
+        assert_eq!(c.rate(), (10.0, Source::Safe));
+        // Once it grants, the grant rules.
+        c.on_lease(lease(4.0, S), S);
+        assert_eq!(c.rate(), (4.0, Source::Granted));
     }
 
     #[test]

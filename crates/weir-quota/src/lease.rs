@@ -91,6 +91,9 @@ pub struct Lease {
     pub refresh: Duration,
     /// What to use when the server cannot be reached once the lease has expired.
     pub safe_capacity: f64,
+    /// The table is learning (just started): it confirmed what the client holds and granted
+    /// nothing new. A client holding nothing keeps its safe capacity meanwhile.
+    pub learning: bool,
 }
 
 /// One client's row.
@@ -291,6 +294,7 @@ impl LeaseTable {
             expires_at,
             refresh,
             safe_capacity: self.safe_capacity(),
+            learning,
         })
     }
 }

@@ -13,12 +13,15 @@
 
 //! - [`config`]: the quota file (resources and templates, located errors).
 //! - [`server`]: every resource's table behind the protocol front ends.
+//! - [`net`]: the lease client over the network (HTTP/JSON), refreshing every resource of a
+//!   process in one call.
 //! - [`sim`]: all of it on virtual time, with the measures of `weir simulate quota`.
 
 pub mod allocate;
 pub mod client;
 pub mod config;
 pub mod lease;
+pub mod net;
 pub mod server;
 pub mod sim;
 

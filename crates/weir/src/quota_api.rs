@@ -3,7 +3,8 @@
 //!
 //! - `POST /quota/v1/refresh` `{"client": ID, "resources": [{"resource": NAME, "wants": W,
 //!   "has": H, "weight": 1, "priority": "CRITICAL"}, …]}` → `{"leases": [{"resource": NAME,
-//!   "granted": G, "expiresInMs": E, "refreshInMs": R, "safeCapacity": S} | {"resource": NAME,
+//!   "granted": G, "expiresInMs": E, "refreshInMs": R, "safeCapacity": S, "learning": L} |
+//!   {"resource": NAME,
 //!   "error": "…"}, …]}` in request order. `has`, `weight` and `priority` are optional.
 //! - `POST /quota/v1/release` `{"client": ID, "resources": [NAME, …]}` → 204.
 //! - `GET /quota/v1/allocations` → every resource in use: capacity, demands, grants, clients.
@@ -243,6 +244,7 @@ async fn refresh(
                 "expiresInMs": ms(l.expires_at.saturating_sub(now)),
                 "refreshInMs": l.refresh.as_millis() as u64,
                 "safeCapacity": l.safe_capacity,
+                "learning": l.learning,
             }),
             Err(e) => json!({"resource": resource, "error": e.to_string()}),
         })

@@ -285,3 +285,73 @@ fn serve_refuses_a_bad_quota_file_with_its_locations() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_client_enforces_its_grant_then_its_safe_capacity_when_the_server_dies() {
+    use weir_quota::net::LeaseClient;
+    use weir_quota::Source;
+    let dir = std::env::temp_dir().join(format!("weir-quota-net-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("quota.yaml");
+    std::fs::write(
+        &file,
+        "resources:\n  - {name: search, capacity: 100/s, lease: 2s, refresh: 1s}\n",
+    )
+    .unwrap();
+    let f = file.clone();
+    let mut server = tokio::task::spawn_blocking(move || serve_quota(&f))
+        .await
+        .unwrap();
+    let quota = LeaseClient::builder(&format!("http://127.0.0.1:{}", server.1), "net-1")
+        .resource("search", 20.0)
+        .start()
+        .unwrap();
+    // The server is learning: the client keeps its safe capacity, not 0.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        quota.resource("search").unwrap().rate(),
+        (20.0, Source::Safe)
+    );
+    // 300/s of demand for 4 s: once the server grants, the client holds the whole capacity.
+    let started = std::time::Instant::now();
+    let mut admitted_last_second = 0u32;
+    while started.elapsed() < std::time::Duration::from_secs(4) {
+        for _ in 0..3 {
+            let ok = quota.acquire("search", 1).unwrap().allowed();
+            if started.elapsed() >= std::time::Duration::from_secs(3) && ok {
+                admitted_last_second += 1;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (rate, source) = quota.resource("search").unwrap().rate();
+    assert_eq!(source, Source::Granted);
+    assert!((99.0..=100.0).contains(&rate), "{rate}");
+    assert!(
+        (80..=103).contains(&admitted_last_second),
+        "{admitted_last_second} admitted in the last second at 100/s"
+    );
+    assert!(quota.acquire("other", 1).is_none());
+    // The server dies: the lease holds until it expires (2 s), then the safe capacity.
+    let _ = server.0.kill();
+    let _ = server.0.wait();
+    tokio::time::sleep(std::time::Duration::from_millis(3_500)).await;
+    let r = quota.resource("search").unwrap();
+    let (rate, source) = r.rate();
+    assert_eq!(source, Source::Safe);
+    assert!(rate > 0.0, "never 0 by accident");
+    assert!(
+        r.counters()
+            .failures
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    assert_eq!(
+        r.counters()
+            .expirations
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    quota.shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,303 @@
+//! The lease client over the network: one process's [`ResourceClient`]s refreshed together
+//! against a lease server's HTTP/JSON API (`weir serve --quota`, docs/quota.md).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), weir_quota::net::NetError> {
+//! use weir_quota::net::LeaseClient;
+//! let quota = LeaseClient::builder("http://127.0.0.1:8080", "host-7")
+//!     .resource("search", 50.0) // safe capacity until the server is first reached
+//!     .start()?;
+//! if quota.acquire("search", 1).is_some_and(|d| d.allowed()) {
+//!     // serve the request
+//! }
+//! quota.shutdown().await; // gives the leases back
+//! # Ok(()) }
+//! ```
+//!
+//! A background task refreshes every resource in one call whenever one is due (refresh
+//! interval ± jitter, sooner after start or a demand change), polls each resource every
+//! second (demand samples, lease expiry → safe capacity), and backs off 1 s → 30 s while the
+//! server cannot be reached (one keep-alive HTTP/1.1 connection, re-established as needed).
+//! Every transition is logged (`tracing`) and counted ([`ResourceClient::counters`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use weir_core::{Clock, Decision, MonotonicClock, Nanos};
+
+use crate::client::{ClientConfig, ResourceClient, Source};
+use crate::lease::Lease;
+
+/// Why a lease client cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// The server address is not `http://HOST:PORT`.
+    #[error("lease server {0:?}: expected http://HOST:PORT")]
+    Endpoint(String),
+    /// No resource was declared.
+    #[error("a lease client needs at least one resource")]
+    NoResource,
+    /// Not inside a tokio runtime.
+    #[error("the lease client must be started inside a tokio runtime")]
+    NoRuntime,
+}
+
+/// Builds a [`LeaseClient`].
+pub struct Builder {
+    endpoint: String,
+    client_id: String,
+    config: ClientConfig,
+    resources: Vec<(String, f64)>,
+}
+
+impl Builder {
+    /// Leases `name`, enforcing `safe` units/s until the server is first reached.
+    pub fn resource(mut self, name: &str, safe: f64) -> Self {
+        self.resources.push((name.to_string(), safe));
+        self
+    }
+
+    /// Demand estimate, jitter, backoff, burst, weight and priority of every resource.
+    pub fn config(mut self, config: ClientConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Starts the refresh task on the current tokio runtime.
+    pub fn start(self) -> Result<LeaseClient, NetError> {
+        let uri: http::Uri = format!("{}/quota/v1/refresh", self.endpoint.trim_end_matches('/'))
+            .parse()
+            .map_err(|_| NetError::Endpoint(self.endpoint.clone()))?;
+        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+            return Err(NetError::Endpoint(self.endpoint));
+        }
+        if self.resources.is_empty() {
+            return Err(NetError::NoResource);
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| NetError::NoRuntime)?;
+        let clock = MonotonicClock::new();
+        let now = clock.now();
+        let seed = self
+            .client_id
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+            });
+        let resources: Vec<Arc<ResourceClient>> = self
+            .resources
+            .iter()
+            .enumerate()
+            .map(|(i, (name, safe))| {
+                Arc::new(ResourceClient::new(
+                    name,
+                    self.config,
+                    *safe,
+                    seed ^ i as u64,
+                    now,
+                ))
+            })
+            .collect();
+        let index = resources
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.name().to_string(), i))
+            .collect();
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        let inner = Arc::new(Inner {
+            client_id: self.client_id,
+            refresh_uri: uri.clone(),
+            release_uri: format!("{}/quota/v1/release", self.endpoint.trim_end_matches('/'))
+                .parse()
+                .map_err(|_| NetError::Endpoint(self.endpoint.clone()))?,
+            http: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(90))
+                .build(connector),
+            clock,
+            resources,
+            index,
+            stop: tokio::sync::Notify::new(),
+        });
+        let task = runtime.spawn(refresh_loop(inner.clone()));
+        Ok(LeaseClient { inner, task })
+    }
+}
+
+struct Inner {
+    client_id: String,
+    refresh_uri: http::Uri,
+    release_uri: http::Uri,
+    http: Client<HttpConnector, Full<Bytes>>,
+    clock: MonotonicClock,
+    resources: Vec<Arc<ResourceClient>>,
+    index: HashMap<String, usize>,
+    stop: tokio::sync::Notify,
+}
+
+/// A process's leases on a lease server (see the module documentation).
+pub struct LeaseClient {
+    inner: Arc<Inner>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LeaseClient {
+    /// A client identified as `client_id` of the lease server at `endpoint`
+    /// (`http://HOST:PORT`, the HTTP port of `weir serve --quota`).
+    pub fn builder(endpoint: &str, client_id: &str) -> Builder {
+        Builder {
+            endpoint: endpoint.to_string(),
+            client_id: client_id.to_string(),
+            config: ClientConfig::default(),
+            resources: Vec::new(),
+        }
+    }
+
+    /// Takes `n` units of `resource` now; `None` for a resource not declared.
+    #[inline]
+    pub fn acquire(&self, resource: &str, n: u64) -> Option<Decision> {
+        let i = *self.inner.index.get(resource)?;
+        Some(self.inner.resources[i].acquire(n, self.inner.clock.now()))
+    }
+
+    /// The state of `resource` (rate in force, counters).
+    pub fn resource(&self, name: &str) -> Option<&ResourceClient> {
+        self.inner
+            .index
+            .get(name)
+            .map(|&i| &*self.inner.resources[i])
+    }
+
+    /// Stops refreshing and gives every lease back to the server (best effort, 2 s at most).
+    pub async fn shutdown(self) {
+        self.inner.stop.notify_one();
+        let _ = self.task.await;
+        let names: Vec<&str> = self.inner.resources.iter().map(|r| r.name()).collect();
+        let body = serde_json::json!({"client": self.inner.client_id, "resources": names});
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            post(&self.inner, &self.inner.release_uri, body.to_string()),
+        )
+        .await;
+    }
+}
+
+async fn post(inner: &Inner, uri: &http::Uri, body: String) -> Result<(u16, Bytes), String> {
+    let req = http::Request::post(uri.clone())
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    let r = inner.http.request(req).await.map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    let bytes = http_body_util::Limited::new(r.into_body(), 1 << 20)
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, bytes))
+}
+
+/// One refresh of every resource: their leases, in order, or why not.
+async fn refresh_all(inner: &Inner, now: Nanos) -> Result<Vec<Option<Lease>>, String> {
+    let asks: Vec<serde_json::Value> = inner
+        .resources
+        .iter()
+        .map(|r| {
+            let a = r.ask(now);
+            serde_json::json!({
+                "resource": r.name(), "wants": a.wants, "has": a.has,
+                "weight": a.weight, "priority": a.priority.as_str(),
+            })
+        })
+        .collect();
+    let body = serde_json::json!({"client": inner.client_id, "resources": asks}).to_string();
+    let (status, bytes) = tokio::time::timeout(
+        Duration::from_secs(5),
+        post(inner, &inner.refresh_uri, body),
+    )
+    .await
+    .map_err(|_| "no answer within 5 s".to_string())??;
+    if status != 200 {
+        return Err(format!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    let leases = v["leases"].as_array().ok_or("no leases in the answer")?;
+    let ms = |v: &serde_json::Value| Duration::from_millis(v.as_u64().unwrap_or(0));
+    Ok(leases
+        .iter()
+        .map(|l| {
+            Some(Lease {
+                granted: l["granted"].as_f64()?,
+                expires_at: now.saturating_add(ms(&l["expiresInMs"]).as_nanos() as Nanos),
+                refresh: ms(&l["refreshInMs"]),
+                safe_capacity: l["safeCapacity"].as_f64()?,
+                learning: l["learning"].as_bool().unwrap_or(false),
+            })
+        })
+        .collect())
+}
+
+async fn refresh_loop(inner: Arc<Inner>) {
+    let mut reachable: Option<bool> = None;
+    loop {
+        let now = inner.clock.now();
+        if inner.resources.iter().any(|r| r.due(now)) {
+            match refresh_all(&inner, now).await {
+                Ok(leases) => {
+                    if reachable != Some(true) {
+                        tracing::info!(client = %inner.client_id, "lease server reached");
+                    }
+                    reachable = Some(true);
+                    let now = inner.clock.now();
+                    for (r, lease) in inner.resources.iter().zip(leases) {
+                        match lease {
+                            Some(l) => r.on_lease(l, now),
+                            None => r.on_failure(now),
+                        }
+                    }
+                }
+                Err(e) => {
+                    if reachable != Some(false) {
+                        tracing::warn!(client = %inner.client_id, error = %e, "lease server unreachable; leases kept until they expire");
+                    }
+                    reachable = Some(false);
+                    let now = inner.clock.now();
+                    for r in &inner.resources {
+                        r.on_failure(now);
+                    }
+                }
+            }
+        }
+        let now = inner.clock.now();
+        for r in &inner.resources {
+            let before = r.rate().1;
+            if r.poll(now) == Source::Safe && before == Source::Granted {
+                tracing::warn!(
+                    resource = r.name(),
+                    "lease expired: using the safe capacity"
+                );
+            }
+        }
+        let next = inner
+            .resources
+            .iter()
+            .map(|r| r.next_refresh_at())
+            .min()
+            .unwrap_or(now)
+            .saturating_sub(now)
+            .min(1_000_000_000);
+        tokio::select! {
+            () = inner.stop.notified() => return,
+            () = tokio::time::sleep(Duration::from_nanos(next.max(1_000_000))) => {}
+        }
+    }
+}
