@@ -738,6 +738,9 @@ fn compile<C: Clock + Clone>(
         })
         .collect();
     let mut resources = ResourceMap::default();
+    // Changes to limiters the running rules share (kept state, new parameters): checked now,
+    // applied only once the whole set has compiled, so a rejected set changes nothing.
+    let mut deferred: Vec<Box<dyn FnOnce() + '_>> = Vec::new();
     for r in &set.resources {
         let mut flows = Vec::new();
         let mut named_origins: Vec<Box<str>> = Vec::new();
@@ -768,7 +771,11 @@ fn compile<C: Clock + Clone>(
                 _ if f.relate.is_some() => Arc::new(FlowState::empty()),
                 (Some((c, s)), Some(spec), _) => {
                     if let Some(rate) = &s.rate {
-                        rate.retune(&spec).map_err(err(&f.id))?;
+                        spec.check().map_err(err(&f.id))?;
+                        deferred.push(Box::new(move || {
+                            // Checked above, same algorithm (the reuse condition).
+                            let _ = rate.retune(&spec);
+                        }));
                         Arc::clone(s)
                     } else if let Some(single) = s.single.as_ref().filter(|_| {
                         c.qps != f.qps
@@ -843,19 +850,32 @@ fn compile<C: Clock + Clone>(
             };
             let state = match reused {
                 Some((c, s)) => {
-                    s.rate.retune(&spec(h.threshold)).map_err(err(&h.id))?;
-                    for value in c
+                    let base = spec(h.threshold);
+                    base.check().map_err(err(&h.id))?;
+                    let mut exceptions = Vec::with_capacity(h.exceptions.len());
+                    for (value, limit) in &h.exceptions {
+                        let e = spec(*limit);
+                        e.check().map_err(err(&h.id))?;
+                        exceptions.push((value.as_str(), e));
+                    }
+                    let removed: Vec<&str> = c
                         .exceptions
                         .keys()
                         .filter(|v| !h.exceptions.contains_key(*v))
-                    {
-                        s.rate.remove_exception(value);
-                    }
-                    for (value, limit) in &h.exceptions {
-                        s.rate
-                            .set_exception(value, &spec(*limit))
-                            .map_err(err(&h.id))?;
-                    }
+                        .map(String::as_str)
+                        .collect();
+                    let rate = &s.rate;
+                    deferred.push(Box::new(move || {
+                        // Every spec was checked above; the algorithm is the same (the reuse
+                        // condition): these cannot fail.
+                        let _ = rate.retune(&base);
+                        for value in removed {
+                            rate.remove_exception(value);
+                        }
+                        for (value, e) in exceptions {
+                            let _ = rate.set_exception(value, &e);
+                        }
+                    }));
                     Arc::clone(s)
                 }
                 None => {
@@ -927,6 +947,9 @@ fn compile<C: Clock + Clone>(
         ),
         None => None,
     };
+    for apply in deferred {
+        apply();
+    }
     Ok(Compiled {
         resources,
         system,

@@ -148,6 +148,43 @@ fn reload_keeps_counters_and_rejects_invalid_sets_atomically() {
 }
 
 #[test]
+fn a_rejected_reload_leaves_shared_limiters_untouched() {
+    let yaml = "resources:
+  - name: search
+    hot_params:
+      - {id: per-user, param: 0, threshold: 1, window: 1m, exceptions: {vip: 2}}
+    flow:
+      - {id: per-caller, qps: 1, window: 1m, origin: other}
+";
+    let (r, _) = rules(yaml);
+    let user = |u: &'static [&'static str]| Context { params: u, ..CTX };
+    assert_eq!(passes(&r, "search", &user(&["x"]), 1), 1);
+    // Raised limits, plus a rule only the algorithm can refuse (a sliding log that long):
+    // the set is rejected as a whole...
+    let raised = yaml
+        .replace("threshold: 1,", "threshold: 5,")
+        .replace("qps: 1,", "qps: 5,")
+        + "  - name: other
+    flow:
+      - {id: too-long, qps: 100000000, algorithm: sliding_log}
+";
+    assert!(r.apply(&set(&raised)).is_err());
+    // ... so the limits in force are still 1 per minute, for the value and for the caller.
+    assert_eq!(passes(&r, "search", &user(&["x"]), 3), 0);
+    assert_eq!(
+        passes(&r, "search", &user(&["y"]), 3),
+        0,
+        "the caller used its 1"
+    );
+    // A valid raise applies both, keeping what was counted.
+    r.apply(&set(&yaml
+        .replace("threshold: 1,", "threshold: 5,")
+        .replace("qps: 1,", "qps: 5,")))
+        .unwrap();
+    assert_eq!(passes(&r, "search", &user(&["z"]), 10), 4);
+}
+
+#[test]
 fn yaml_errors_name_file_line_column_and_path() {
     let e = RuleSet::from_yaml(
         Path::new("r.yaml"),
