@@ -124,9 +124,11 @@ impl Builder {
             resources,
             index,
             stop: tokio::sync::Notify::new(),
+            task: parking_lot::Mutex::new(None),
         });
         let task = runtime.spawn(refresh_loop(inner.clone()));
-        Ok(LeaseClient { inner, task })
+        *inner.task.lock() = Some(task);
+        Ok(LeaseClient { inner })
     }
 }
 
@@ -139,12 +141,13 @@ struct Inner {
     resources: Vec<Arc<ResourceClient>>,
     index: HashMap<String, usize>,
     stop: tokio::sync::Notify,
+    task: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-/// A process's leases on a lease server (see the module documentation).
+/// A process's leases on a lease server (see the module documentation). Clones share them.
+#[derive(Clone)]
 pub struct LeaseClient {
     inner: Arc<Inner>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl LeaseClient {
@@ -177,7 +180,10 @@ impl LeaseClient {
     /// Stops refreshing and gives every lease back to the server (best effort, 2 s at most).
     pub async fn shutdown(self) {
         self.inner.stop.notify_one();
-        let _ = self.task.await;
+        let task = self.inner.task.lock().take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
         let names: Vec<&str> = self.inner.resources.iter().map(|r| r.name()).collect();
         let body = serde_json::json!({"client": self.inner.client_id, "resources": names});
         let _ = tokio::time::timeout(
@@ -185,6 +191,13 @@ impl LeaseClient {
             post(&self.inner, &self.inner.release_uri, body.to_string()),
         )
         .await;
+    }
+}
+
+/// Cluster flow rules of weir-rules decide through the lease client.
+impl weir_rules::engine::ClusterQuota for LeaseClient {
+    fn acquire(&self, resource: &str, n: u64) -> Option<Decision> {
+        LeaseClient::acquire(self, resource, n)
     }
 }
 

@@ -168,10 +168,25 @@ pub struct FlowRule {
     /// Limit this resource by the pass rate of another resource (Sentinel's relate strategy):
     /// calls here are blocked while that resource passed `qps` or more in the last second.
     pub relate: Option<String>,
+    /// A share of a cluster-wide limit leased from a quota server (weir-quota) instead of
+    /// `qps` / `concurrency`: the rule admits at the rate granted to this process.
+    pub cluster: Option<ClusterLimit>,
     /// Evaluate and count, never block.
     #[serde(default)]
     pub shadow: bool,
 }
+
+/// A flow rule's cluster-quota resource.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterLimit {
+    /// The resource on the quota server.
+    pub resource: String,
+    /// Units/s this process may use until the quota server is first reached.
+    pub safe: f64,
+}
+
+impl Eq for ClusterLimit {}
 
 /// The origin value of [`FlowRule::origin`] that means "every caller not named elsewhere".
 pub const OTHER_ORIGIN: &str = "other";
@@ -620,12 +635,37 @@ impl RuleSet {
             for (j, f) in r.flow.iter().enumerate() {
                 let p = format!("{at}.flow[{j}]");
                 id(format!("{p}.id"), &f.id, &mut fail);
-                match (f.qps, f.concurrency) {
-                    (Some(0), _) => fail(format!("{p}.qps"), "must be ≥ 1"),
-                    (_, Some(0)) => fail(format!("{p}.concurrency"), "must be ≥ 1"),
-                    (Some(_), None) => {}
-                    (None, Some(_)) => concurrency += 1,
-                    _ => fail(p.clone(), "give exactly one of qps or concurrency"),
+                match (f.qps, f.concurrency, &f.cluster) {
+                    (Some(0), _, _) => fail(format!("{p}.qps"), "must be ≥ 1"),
+                    (_, Some(0), _) => fail(format!("{p}.concurrency"), "must be ≥ 1"),
+                    (Some(_), None, None) => {}
+                    (None, Some(_), None) => concurrency += 1,
+                    (None, None, Some(c)) => {
+                        if c.resource.is_empty() {
+                            fail(format!("{p}.cluster.resource"), "must not be empty");
+                        }
+                        if !(c.safe.is_finite() && c.safe > 0.0) {
+                            fail(
+                                format!("{p}.cluster.safe"),
+                                &format!(
+                                    "must be a rate > 0 (never 0 by accident), got {}",
+                                    c.safe
+                                ),
+                            );
+                        }
+                        if f.origin.is_some()
+                            || f.relate.is_some()
+                            || f.behavior != Behavior::Reject
+                            || f.window.is_some()
+                            || f.algorithm.is_some()
+                        {
+                            fail(
+                                format!("{p}.cluster"),
+                                "a cluster rule takes no origin, relate, behavior, window or algorithm",
+                            );
+                        }
+                    }
+                    _ => fail(p.clone(), "give exactly one of qps, concurrency or cluster"),
                 }
                 if f.burst == Some(0) {
                     fail(format!("{p}.burst"), "burst must be ≥ 1");

@@ -191,6 +191,8 @@ pub struct Guard<C: Clock = MonotonicClock> {
 struct Shared<C: Clock> {
     inbound: Inbound,
     clock: C,
+    /// Where cluster flow rules get their decisions (see [`Rules::set_cluster`]).
+    cluster: arc_swap::ArcSwapOption<ClusterHandle>,
     /// Long keys are stored as a seeded digest (see `keys`).
     keys: KeyShortener,
 }
@@ -269,6 +271,17 @@ impl<C: Clock> Drop for Guard<C> {
     }
 }
 
+/// Decisions on cluster-quota resources for `cluster` flow rules: a weir-quota lease client
+/// (`weir_quota::net::LeaseClient`) or anything that leases shares of a global limit.
+pub trait ClusterQuota: Send + Sync + 'static {
+    /// Takes `n` units of `resource` now; `None` when `resource` is not one it leases (the
+    /// rule is then not enforced, and counted as a pass).
+    fn acquire(&self, resource: &str, n: u64) -> Option<weir_core::Decision>;
+}
+
+/// A [`ClusterQuota`] as stored by the rules.
+pub struct ClusterHandle(pub Box<dyn ClusterQuota>);
+
 /// Errors applying a rule set.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum RulesError {
@@ -312,6 +325,7 @@ impl<C: Clock + Clone> Rules<C> {
     fn build(set: &RuleSet, clock: C, cpu: Option<Arc<dyn CpuSource>>) -> Result<Self, RulesError> {
         let shared = Arc::new(Shared {
             inbound: Inbound::new(cpu),
+            cluster: arc_swap::ArcSwapOption::empty(),
             clock,
             keys: KeyShortener::new(),
         });
@@ -321,6 +335,28 @@ impl<C: Clock + Clone> Rules<C> {
             shared,
             generation: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Where `cluster` flow rules get their decisions from now on (before: they pass).
+    pub fn set_cluster(&self, quota: impl ClusterQuota) {
+        self.shared
+            .cluster
+            .store(Some(Arc::new(ClusterHandle(Box::new(quota)))));
+    }
+
+    /// The cluster-quota resources the rules in force use, with their safe capacities.
+    pub fn cluster_resources(&self) -> Vec<(String, f64)> {
+        let mut out: Vec<(String, f64)> = Vec::new();
+        for r in &self.rule_set().resources {
+            for f in &r.flow {
+                if let Some(c) = &f.cluster {
+                    if !out.iter().any(|(n, _)| *n == c.resource) {
+                        out.push((c.resource.clone(), c.safe));
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Swaps in `set` atomically (all of it or, on error, none of it). Unchanged rules keep
@@ -525,7 +561,18 @@ impl<C: Clock + Clone> Rules<C> {
                     .qps
                     .map(|q| (q, f.config.window.unwrap_or(ONE_SECOND))),
             };
-            if let Some(stats) = &f.relate {
+            if let Some(c) = &f.config.cluster {
+                let d = self
+                    .shared
+                    .cluster
+                    .load()
+                    .as_ref()
+                    .and_then(|h| h.0.acquire(&c.resource, 1));
+                let ok = d.is_none_or(|d| d.allowed());
+                verdict(ok, f.config.shadow, &f.state.stats, || {
+                    block(d.and_then(|d| d.retry_after()))
+                })?;
+            } else if let Some(stats) = &f.relate {
                 let qps = f.config.qps.unwrap_or(u64::MAX);
                 let ok = stats.window.snapshot(now).pass < qps;
                 verdict(ok, f.config.shadow, &f.state.stats, || {
@@ -768,7 +815,7 @@ fn compile<C: Clock + Clone>(
                     && f.relate.is_none()
             });
             let state = match (reused, spec, f.concurrency) {
-                _ if f.relate.is_some() => Arc::new(FlowState::empty()),
+                _ if f.relate.is_some() || f.cluster.is_some() => Arc::new(FlowState::empty()),
                 (Some((c, s)), Some(spec), _) => {
                     if let Some(rate) = &s.rate {
                         spec.check().map_err(err(&f.id))?;

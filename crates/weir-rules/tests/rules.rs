@@ -238,3 +238,58 @@ fn a_resolved_resource_shares_state_with_entry_and_is_refreshed_after_apply() {
     let block = r.entry_resolved(&fresh, "api", &CTX).err().unwrap();
     assert_eq!(&*block.rule, "api-qps", "counters kept across the reload");
 }
+
+/// A cluster quota provider backed by a plain weir-core limiter per resource (what a lease
+/// client does with its grant).
+struct Limiters(
+    std::collections::HashMap<String, weir_core::limiter::Limiter<weir_core::FixedWindow>>,
+);
+
+impl weir_rules::engine::ClusterQuota for Limiters {
+    fn acquire(&self, resource: &str, n: u64) -> Option<weir_core::Decision> {
+        self.0.get(resource).map(|l| l.acquire(n))
+    }
+}
+
+#[test]
+fn cluster_rules_decide_through_their_provider_and_are_validated() {
+    let yaml = "resources:\n  - name: api\n    flow:\n      - {id: global, cluster: {resource: search, safe: 5}}\n";
+    let (r, _) = rules(yaml);
+    assert_eq!(r.cluster_resources(), vec![("search".to_string(), 5.0)]);
+    // No provider yet: not enforced.
+    assert_eq!(passes(&r, "api", &CTX, 10), 10);
+    let q = weir_core::Quota::new(3, Duration::from_secs(3600)).unwrap();
+    let mut m = std::collections::HashMap::new();
+    m.insert(
+        "search".to_string(),
+        weir_core::limiter::Limiter::new(weir_core::FixedWindow::new(q).unwrap()),
+    );
+    r.set_cluster(Limiters(m));
+    assert_eq!(passes(&r, "api", &CTX, 10), 3);
+    let b = r.entry("api", &CTX).err().unwrap();
+    assert_eq!((b.kind, &*b.rule), (RuleKind::Flow, "global"));
+    for (bad, needle) in [
+        (
+            "{id: g, cluster: {resource: search, safe: 0}}",
+            "cluster.safe: must be a rate > 0",
+        ),
+        (
+            "{id: g, qps: 3, cluster: {resource: search, safe: 1}}",
+            "exactly one of qps, concurrency or cluster",
+        ),
+        (
+            "{id: g, origin: x, cluster: {resource: search, safe: 1}}",
+            "takes no origin",
+        ),
+        (
+            "{id: g, cluster: {resource: '', safe: 1}}",
+            "cluster.resource: must not be empty",
+        ),
+    ] {
+        let text = format!("resources:\n  - name: api\n    flow:\n      - {bad}\n");
+        let e = RuleSet::from_yaml(Path::new("r.yaml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle) && e.starts_with("r.yaml:4:"), "{e}");
+    }
+}

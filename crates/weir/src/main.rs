@@ -97,6 +97,12 @@ struct ProxyArgs {
     /// connection at most 64.
     #[arg(long, value_name = "N", default_value_t = 1_024)]
     max_upstream_requests: usize,
+    /// The quota server for `cluster` flow rules: http://HOST:PORT of `weir serve --quota`.
+    #[arg(long, value_name = "URL")]
+    quota_server: Option<String>,
+    /// This proxy's client id at the quota server (default: weir-proxy-HOSTNAME-PID).
+    #[arg(long, value_name = "ID")]
+    quota_client_id: Option<String>,
     /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish before exit.
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
     drain_timeout: Duration,
@@ -362,6 +368,13 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
         reload_interval: args.reload_interval,
         limits: args.connections.limits(),
         max_upstream_requests: args.max_upstream_requests,
+        quota_client_id: args.quota_client_id.unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default();
+            format!("weir-proxy-{host}-{}", std::process::id())
+        }),
+        quota_server: args.quota_server,
         upstream_protocol: args.upstream_protocol,
         drain_timeout: args.drain_timeout,
     };

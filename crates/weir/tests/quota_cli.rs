@@ -355,3 +355,111 @@ async fn a_lease_client_enforces_its_grant_then_its_safe_capacity_when_the_serve
     quota.shutdown().await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// An upstream answering 200 to every request, on threads.
+fn ok_upstream() -> u16 {
+    use std::io::{BufRead, BufReader};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                loop {
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn a_proxy_with_a_cluster_rule_admits_its_leased_share() {
+    use std::io::{BufRead, BufReader};
+    let dir = std::env::temp_dir().join(format!("weir-quota-proxy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let quota = dir.join("quota.yaml");
+    std::fs::write(
+        &quota,
+        "resources:\n  - {name: search, capacity: 20/s, lease: 2s, refresh: 1s}\n",
+    )
+    .unwrap();
+    let rules = dir.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "resources:\n  - name: api\n    flow:\n      - {id: api-global, cluster: {resource: search, safe: 5}}\nhttp:\n  routes:\n    - {resource: api, prefix: /api}\n",
+    )
+    .unwrap();
+    // Without a quota server the proxy refuses to start.
+    let up = ok_upstream();
+    let (code, _, err) = weir(
+        &[
+            "proxy",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--upstream",
+            &format!("http://127.0.0.1:{up}"),
+        ],
+        "",
+    );
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("cluster flow rules (search) need --quota-server"),
+        "{err}"
+    );
+    let server = serve_quota(&quota);
+    let port = free_port();
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["proxy", "--rules", rules.to_str().unwrap()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--upstream", &format!("http://127.0.0.1:{up}")])
+        .args(["--quota-server", &format!("http://127.0.0.1:{}", server.1)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(proxy.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // ~100 requests/s for 5 s; the last 2 s (the server done learning) are counted.
+    let started = std::time::Instant::now();
+    let (mut ok, mut limited) = (0, 0);
+    while started.elapsed() < std::time::Duration::from_secs(5) {
+        let (code, _) = http(port, "GET", "/api/x", "");
+        if started.elapsed() >= std::time::Duration::from_secs(3) {
+            match code {
+                200 => ok += 1,
+                429 => limited += 1,
+                other => panic!("status {other}"),
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    assert!(limited > 0, "demand above the share was limited");
+    assert!(
+        (30..=46).contains(&ok),
+        "{ok} admitted in 2 s at a 20/s cluster capacity ({limited} limited)"
+    );
+    let (_, alloc) = http(server.1, "GET", "/quota/v1/allocations", "");
+    assert!(alloc.contains("weir-proxy-"), "{alloc}");
+    let _ = std::fs::remove_dir_all(dir);
+}

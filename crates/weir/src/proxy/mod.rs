@@ -53,6 +53,10 @@ pub struct Settings {
     pub limits: crate::accept::Limits,
     /// Most upstream requests in flight, all clients together (then 503).
     pub max_upstream_requests: usize,
+    /// The quota server (`http://HOST:PORT` of `weir serve --quota`) for `cluster` flow rules.
+    pub quota_server: Option<String>,
+    /// This proxy's client id at the quota server.
+    pub quota_client_id: String,
     /// How to speak to the upstream.
     pub upstream_protocol: UpstreamProtocol,
     /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish.
@@ -454,6 +458,30 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         );
     }
     let rules = Arc::new(Rules::new(&set).map_err(|e| (2, format!("{}: {e}", s.rules.display())))?);
+    let cluster = rules.cluster_resources();
+    let quota = match (&s.quota_server, cluster.is_empty()) {
+        (_, true) => None,
+        (None, false) => {
+            let names: Vec<&str> = cluster.iter().map(|(n, _)| n.as_str()).collect();
+            return Err((
+                2,
+                format!(
+                    "{}: cluster flow rules ({}) need --quota-server http://HOST:PORT",
+                    s.rules.display(),
+                    names.join(", ")
+                ),
+            ));
+        }
+        (Some(server), false) => {
+            let mut b = weir_quota::net::LeaseClient::builder(server, &s.quota_client_id);
+            for (name, safe) in &cluster {
+                b = b.resource(name, *safe);
+            }
+            let client = b.start().map_err(|e| (2, format!("--quota-server: {e}")))?;
+            rules.set_cluster(client.clone());
+            Some(client)
+        }
+    };
     let stats = Arc::new(ProxyStats::default());
     let st = stats.clone();
     let _watcher = Watcher::start(
@@ -554,6 +582,10 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         },
     );
     crate::accept::run_until_stopped("weir proxy", accept, trigger, s.drain_timeout).await;
+    if let Some(q) = quota {
+        // Gives the leases back so other proxies get the capacity at once.
+        q.shutdown().await;
+    }
     Ok(())
 }
 
