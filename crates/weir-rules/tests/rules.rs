@@ -211,7 +211,7 @@ fn yaml_errors_name_file_line_column_and_path() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "r.yaml:4:9: resources[0].flow[0]: give exactly one of qps or concurrency"
+        "r.yaml:4:9: resources[0].flow[0]: give exactly one of qps, concurrency or cluster"
     );
     let e = RuleSet::from_yaml(Path::new("r.yaml"), "resources:\n  - name: a\n    flow:\n      - {id: x, qps: 3}\n  - name: b\n    flow:\n      - {id: x, qps: 3}\n").unwrap_err();
     assert!(e.to_string().contains("duplicate rule id \"x\""), "{e}");
