@@ -20,7 +20,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
-use weir_rules::yaml::{self, LocatedError, LocatedErrors};
+use weir_rules::yaml::{self, LocatedErrors};
 
 use crate::allocate::Algorithm;
 use crate::lease::ResourceConfig;
@@ -152,21 +152,7 @@ impl QuotaConfig {
                 out.resources.push((r.name.clone(), c));
             }
         }
-        if problems.is_empty() {
-            return Ok(out);
-        }
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        Err(LocatedErrors(
-            problems
-                .into_iter()
-                .map(|(path, reason)| LocatedError {
-                    file: file.to_path_buf(),
-                    position: yaml::locate(text, &path),
-                    path,
-                    reason,
-                })
-                .collect(),
-        ))
+        yaml::located(file, text, problems).map_or(Ok(out), Err)
     }
 
     /// Reads and validates a quota file.

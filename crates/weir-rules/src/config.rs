@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::yaml::{self, LocatedError, LocatedErrors};
+use crate::yaml::{self, LocatedErrors};
 
 /// A whole rule set.
 #[derive(Debug, Clone, PartialEq, Deserialize, Default)]
@@ -578,21 +578,7 @@ impl RuleSet {
     pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedErrors> {
         let set: RuleSet = yaml::parse(file, text)?;
         let problems = set.problems();
-        if problems.is_empty() {
-            return Ok(set);
-        }
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        Err(LocatedErrors(
-            problems
-                .into_iter()
-                .map(|(path, reason)| LocatedError {
-                    file: file.to_path_buf(),
-                    position: yaml::locate(text, &path),
-                    path,
-                    reason,
-                })
-                .collect(),
-        ))
+        yaml::located(file, text, problems).map_or(Ok(set), Err)
     }
 
     /// Checks what the types cannot (see [`RuleSet::problems`]); answers the first problem as

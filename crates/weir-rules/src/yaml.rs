@@ -187,6 +187,26 @@ impl From<LocatedError> for LocatedErrors {
     }
 }
 
+/// Validation problems found after parsing `text` (the contents of `file`), as (field path,
+/// reason), located in the text; `None` when there are none.
+pub fn located(file: &Path, text: &str, problems: Vec<(String, String)>) -> Option<LocatedErrors> {
+    if problems.is_empty() {
+        return None;
+    }
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    Some(LocatedErrors(
+        problems
+            .into_iter()
+            .map(|(path, reason)| LocatedError {
+                file: file.to_path_buf(),
+                position: locate(text, &path),
+                path,
+                reason,
+            })
+            .collect(),
+    ))
+}
+
 /// One step of a field path (`resources[2].flow[0].qps`).
 #[derive(Debug, PartialEq, Eq)]
 enum Step<'a> {
