@@ -1,0 +1,115 @@
+//! A load generator for the cluster-quota lease API of `weir serve --quota`.
+//!
+//! `cargo run --release -p weir --example quota_load -- ADDR CONNECTIONS RESOURCES CLIENTS MILLIS`
+//!
+//! CONNECTIONS keep-alive HTTP/1.1 connections each send refresh calls back to back for MILLIS
+//! ms; a call refreshes RESOURCES resources (`r0` … `rN`, which the quota file must cover,
+//! e.g. a template `r*`) as one of CLIENTS client ids (round robin), each asking a random
+//! demand. Prints one JSON line: calls/s, resource-refreshes/s, p50/p99/max latency in µs,
+//! failed calls. A call fails unless it answers 200 with one lease per resource.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 1)]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() != 6 {
+        eprintln!("usage: quota_load ADDR CONNECTIONS RESOURCES CLIENTS MILLIS");
+        std::process::exit(2);
+    }
+    let addr = args[1].clone();
+    let num = |i: usize| -> u64 {
+        args[i].parse().unwrap_or_else(|_| {
+            eprintln!("quota_load: {:?} is not a number", args[i]);
+            std::process::exit(2)
+        })
+    };
+    let (conns, resources, clients, millis) = (num(2), num(3), num(4).max(1), num(5));
+    let deadline = Instant::now() + Duration::from_millis(millis);
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        let addr = addr.clone();
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect");
+            stream.set_nodelay(true).ok();
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .expect("handshake");
+            tokio::spawn(conn);
+            let mut latencies = Vec::new();
+            let mut failed = 0u64;
+            let mut n = c;
+            let mut seed = c.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            while Instant::now() < deadline {
+                let client = n % clients;
+                n += conns;
+                let mut body = format!(r#"{{"client":"c{client}","resources":["#);
+                for r in 0..resources {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let wants = (seed % 200) as f64;
+                    if r > 0 {
+                        body.push(',');
+                    }
+                    body.push_str(&format!(r#"{{"resource":"r{r}","wants":{wants}}}"#));
+                }
+                body.push_str("]}");
+                let req = http::Request::post("/quota/v1/refresh")
+                    .header("host", "quota")
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body)))
+                    .expect("request");
+                let t = Instant::now();
+                let ok = match send.send_request(req).await {
+                    Ok(r) if r.status() == 200 => match r.into_body().collect().await {
+                        Ok(b) => {
+                            let b = b.to_bytes();
+                            let leases = b.windows(9).filter(|w| w == b"\"granted\"").count();
+                            leases as u64 == resources
+                        }
+                        Err(_) => false,
+                    },
+                    _ => false,
+                };
+                latencies.push(t.elapsed().as_micros() as u64);
+                failed += u64::from(!ok);
+                if !ok && send.ready().await.is_err() {
+                    break;
+                }
+            }
+            (latencies, failed)
+        }));
+    }
+    let started = Instant::now();
+    let mut all = Vec::new();
+    let mut failed = 0;
+    for t in tasks {
+        let (l, f) = t.await.expect("task");
+        all.extend(l);
+        failed += f;
+    }
+    let secs = started.elapsed().as_secs_f64().max(millis as f64 / 1000.0);
+    all.sort_unstable();
+    let q = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    println!(
+        "{{\"calls_per_s\": {:.0}, \"resource_refreshes_per_s\": {:.0}, \"p50_us\": {}, \"p99_us\": {}, \"max_us\": {}, \"calls\": {}, \"failed\": {}}}",
+        all.len() as f64 / secs,
+        all.len() as f64 * resources as f64 / secs,
+        q(0.5),
+        q(0.99),
+        all.last().copied().unwrap_or(0),
+        all.len(),
+        failed
+    );
+}
