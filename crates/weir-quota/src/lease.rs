@@ -9,6 +9,9 @@
 //!   (at their next refresh, or when their lease expires). Such a client is told to refresh
 //!   five times as often until it holds its share, so convergence to the fair shares takes
 //!   about one refresh interval.
+//! - **Cheap refreshes**: fair shares are recomputed at most every 100 ms (or a tenth of the
+//!   refresh interval) and whenever a holder comes or goes, not at every refresh; a grant is
+//!   still capped by the current demand and by what is left.
 //! - **Leases expire**: a client that stops refreshing loses its grant at the lease's expiry,
 //!   and the capacity returns to the pool. [`LeaseTable::release`] gives it back at once.
 //! - **Learning after a restart**: a table that starts without a snapshot does not know what
@@ -117,9 +120,11 @@ pub struct LeaseTable {
     learning_until: Nanos,
     holders: Vec<Holder>,
     index: HashMap<String, usize>,
-    /// Reused buffers for allocation.
+    /// Reused buffers for allocation; `shares[i]` is `holders[i]`'s fair share as of
+    /// `shares_at` (`None`: to recompute — a holder came or went since).
     demands: Vec<Demand>,
     shares: Vec<f64>,
+    shares_at: Option<Nanos>,
     /// Clients seen at the last refresh (for the default safe capacity).
     clients_seen: usize,
 }
@@ -152,6 +157,7 @@ impl LeaseTable {
             index,
             demands: Vec::new(),
             shares: Vec::new(),
+            shares_at: None,
         }
     }
 
@@ -164,6 +170,7 @@ impl LeaseTable {
     /// next refresh, never beyond what the table already holds.
     pub fn reconfigure(&mut self, config: ResourceConfig) {
         self.config = config;
+        self.shares_at = None;
     }
 
     /// Whether the table is still confirming grants from before a restart.
@@ -194,6 +201,7 @@ impl LeaseTable {
         self.holders.retain(|h| h.expires_at > now);
         if self.holders.len() != before {
             self.reindex();
+            self.shares_at = None;
         }
         before - self.holders.len()
     }
@@ -201,6 +209,7 @@ impl LeaseTable {
     /// Gives `client`'s grant back at once (a client shutting down).
     pub fn release(&mut self, client: &str) {
         if let Some(i) = self.index.remove(client) {
+            self.shares_at = None;
             self.holders.swap_remove(i);
             if let Some(moved) = self.holders.get(i) {
                 self.index.insert(moved.client.clone(), i);
@@ -227,7 +236,7 @@ impl LeaseTable {
             self.config.capacity,
             self.config.algorithm,
             &[demand],
-            &mut self.shares,
+            &mut Vec::with_capacity(1),
         )?;
         if !(ask.has.is_finite() && ask.has >= 0.0) {
             return Err(QuotaError::Wants {
@@ -250,18 +259,30 @@ impl LeaseTable {
                 });
                 self.index
                     .insert(client.to_string(), self.holders.len() - 1);
+                self.shares_at = None;
                 self.holders.len() - 1
             }
         };
         self.holders[i].demand = demand;
-        self.demands.clear();
-        self.demands.extend(self.holders.iter().map(|h| h.demand));
-        allocate(
-            self.config.capacity,
-            self.config.algorithm,
-            &self.demands,
-            &mut self.shares,
-        )?;
+        // The fair shares are recomputed at most every `recompute` (and at once when a holder
+        // came or went): O(n log n) per refresh would cost a resource with thousands of
+        // clients more than the rest of the call. A share at most that old only delays a
+        // demand change; grants stay bounded by what is left, so never past the capacity.
+        let recompute = nanos(self.config.refresh / 10).min(100_000_000);
+        let stale = self
+            .shares_at
+            .is_none_or(|at| now.saturating_sub(at) >= recompute);
+        if stale {
+            self.demands.clear();
+            self.demands.extend(self.holders.iter().map(|h| h.demand));
+            allocate(
+                self.config.capacity,
+                self.config.algorithm,
+                &self.demands,
+                &mut self.shares,
+            )?;
+            self.shares_at = Some(now);
+        }
         let others: f64 = self
             .holders
             .iter()
@@ -270,7 +291,8 @@ impl LeaseTable {
             .map(|(_, h)| h.granted)
             .sum();
         let room = (self.config.capacity - others).max(0.0);
-        let fair = self.shares[i];
+        // A cached share may come from a larger demand: never more than wanted now.
+        let fair = self.shares[i].min(ask.wants);
         let granted = if learning {
             // Confirm, never add: capacity granted before the restart may still be in use.
             fair.min(ask.has).min(room)
