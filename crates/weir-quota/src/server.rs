@@ -88,12 +88,14 @@ impl LeaseServer {
         asks: &[(String, Ask)],
         now: Nanos,
     ) -> Vec<Result<Lease, Refusal>> {
-        let config = self.config.lock().clone();
         let mut tables = self.tables.lock();
         asks.iter()
             .map(|(resource, ask)| {
                 if !tables.contains_key(resource) {
-                    let c = config
+                    // The configuration is read only to create a table (first use).
+                    let c = self
+                        .config
+                        .lock()
                         .resource(resource)
                         .ok_or_else(|| Refusal::UnknownResource(resource.clone()))?;
                     if tables.len() >= MAX_RESOURCES {

@@ -12,5 +12,6 @@ pub mod overload;
 pub mod proxy;
 pub mod quota;
 pub mod quota_api;
+pub mod reload;
 pub mod rls;
 pub mod simulate;

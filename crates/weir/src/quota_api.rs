@@ -55,50 +55,25 @@ impl QuotaApi {
         }))
     }
 
-    /// Reloads the file every `interval` when its contents changed, off the request path.
+    /// Reloads the file every `interval` when its contents changed, off the request path
+    /// ([`crate::reload::watch`]); the lease tables keep their leases.
     pub fn watch(self: &Arc<Self>, interval: Duration) {
-        let me = Arc::downgrade(self);
-        let path = self.path.clone();
-        tokio::spawn(async move {
-            let mut last = std::fs::read(&path).ok();
-            loop {
-                tokio::time::sleep(interval).await;
-                let Some(me) = me.upgrade() else { return };
-                let p = path.clone();
-                let seen = last.clone();
-                let checked = tokio::task::spawn_blocking(move || {
-                    let now = weir_rules::yaml::read(&p).ok().map(String::into_bytes);
-                    if now.is_none() || now == seen {
-                        return (now.or(seen), None);
-                    }
-                    let loaded = QuotaConfig::load(&p);
-                    (now, Some(loaded))
-                })
-                .await;
-                let Ok((now, outcome)) = checked else {
-                    continue;
-                };
-                last = now;
-                match outcome {
-                    None => {}
-                    Some(Ok(config)) => {
-                        me.server.reload(config);
-                        metrics::counter!("weir_quota_reloads_total", "result" => "applied")
-                            .increment(1);
-                        eprintln!("weir: reloaded {}", path.display());
-                    }
-                    Some(Err(errors)) => {
-                        metrics::counter!("weir_quota_reloads_total", "result" => "rejected")
-                            .increment(1);
-                        for e in &errors.0 {
-                            eprintln!(
-                                "weir: error: quota reload kept the previous configuration: {e}"
-                            );
-                        }
-                    }
-                }
-            }
-        });
+        crate::reload::watch(
+            self,
+            self.path.clone(),
+            interval,
+            "weir_quota_reloads_total",
+            "quota configuration",
+            Self::reload,
+        );
+    }
+
+    /// Reads the quota file again and applies it.
+    fn reload(&self) -> Result<(), Vec<String>> {
+        let config = QuotaConfig::load(&self.path)
+            .map_err(|e| e.0.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        self.server.reload(config);
+        Ok(())
     }
 
     /// The routes, to merge into the HTTP API.

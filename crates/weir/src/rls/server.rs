@@ -111,82 +111,20 @@ impl Service {
     }
 
     /// Checks the configuration every `interval` and reloads it when its contents changed
-    /// (compared by a hash of every file, not by modification times, which `cp -p` or
-    /// `touch -r` can move backwards). Reading, parsing and building run on the blocking pool,
-    /// never on a runtime worker: decisions in flight are not held up by a reload.
+    /// ([`crate::reload::watch`]: by content, off the request path).
     pub fn watch(self: &Arc<Self>, interval: Duration) {
         let Some(path) = self.config.clone() else {
             return;
         };
-        let me = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let p = path.clone();
-            let mut last = tokio::task::spawn_blocking(move || fingerprint(&p))
-                .await
-                .unwrap_or_default();
-            loop {
-                tokio::time::sleep(interval).await;
-                let Some(me) = me.upgrade() else { return };
-                let p = path.clone();
-                let seen = last;
-                let checked = tokio::task::spawn_blocking(move || {
-                    let now = fingerprint(&p);
-                    let outcome = (now != seen).then(|| me.reload());
-                    (now, outcome)
-                })
-                .await;
-                let Ok((now, outcome)) = checked else {
-                    continue;
-                };
-                last = now;
-                match outcome {
-                    None => {}
-                    Some(Ok(())) => {
-                        metrics::counter!("weir_rls_reloads_total", "result" => "applied")
-                            .increment(1);
-                        eprintln!("weir: reloaded {}", path.display());
-                    }
-                    Some(Err(errors)) => {
-                        metrics::counter!("weir_rls_reloads_total", "result" => "rejected")
-                            .increment(1);
-                        for e in errors {
-                            eprintln!("weir: error: reload kept the previous configuration: {e}");
-                        }
-                    }
-                }
-            }
-        });
+        crate::reload::watch(
+            self,
+            path,
+            interval,
+            "weir_rls_reloads_total",
+            "configuration",
+            Self::reload,
+        );
     }
-}
-
-/// A hash of the contents of `path` (a file, or every entry of a directory with its name),
-/// read within the configuration size bound; unreadable parts hash as absent.
-fn fingerprint(path: &std::path::Path) -> u64 {
-    use std::hash::{Hash, Hasher};
-    use std::io::Read;
-    fn contents(p: &std::path::Path, h: &mut impl Hasher) {
-        let mut bytes = Vec::new();
-        if let Ok(f) = std::fs::File::open(p) {
-            let _ = f
-                .take(weir_rules::yaml::MAX_BYTES + 1)
-                .read_to_end(&mut bytes);
-        }
-        bytes.hash(h);
-    }
-    let mut h = std::hash::DefaultHasher::new();
-    if path.is_dir() {
-        let mut entries: Vec<_> = std::fs::read_dir(path)
-            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default();
-        entries.sort();
-        for e in &entries {
-            e.hash(&mut h);
-            contents(e, &mut h);
-        }
-    } else {
-        contents(path, &mut h);
-    }
-    h.finish()
 }
 
 /// Loads the configuration at `path`, or the bundled example.
