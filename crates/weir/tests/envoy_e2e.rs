@@ -6,8 +6,10 @@
 #[path = "../../weir-redis/tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -48,43 +50,9 @@ fn temp(name: &str) -> PathBuf {
     d
 }
 
-/// A trivial upstream answering 200 "upstream" to everything, on a thread.
+/// A trivial upstream answering 200 "upstream" to everything.
 fn upstream() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = s;
-                let mut r = BufReader::new(s.try_clone().unwrap());
-                loop {
-                    let mut line = String::new();
-                    // read one request's head
-                    let mut len = 0usize;
-                    loop {
-                        line.clear();
-                        if r.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                            len = v.trim().parse().unwrap_or(0);
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                    }
-                    let mut body = vec![0; len];
-                    let _ = r.read_exact(&mut body);
-                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nupstream")
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
+    common::http1_upstream(|_, _| "upstream".to_string())
 }
 
 struct Weir(Child, u16);

@@ -17,6 +17,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+mod common;
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -135,74 +137,43 @@ async fn path_upstream() -> u16 {
 
 /// One raw HTTP/1.1 request line sent as is: (status, body).
 async fn raw_request(port: u16, method: &str, target: &str) -> (u16, String) {
+    raw_head(
+        port,
+        &format!("{method} {target} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+/// A request head sent as is (the connection is read to its end): (status, body).
+async fn raw_head(port: u16, head: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
-    let req = format!("{method} {target} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
     let mut out = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
         .await
         .expect("answered within 10 s")
         .unwrap();
     let out = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    (head[9..12].parse().unwrap(), body.to_string())
+    let (h, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (h[9..12].parse().unwrap(), body.to_string())
 }
 
-/// An upstream that speaks HTTP/1.1 only (no h2c), on threads: answers `host=<Host header>`
-/// and counts the requests it serves at once (the most seen is in `peak`).
+/// An upstream that speaks HTTP/1.1 only (no h2c): answers `host=<Host header>` (`GET /slow…`
+/// after 1.5 s) and counts the requests it serves at once (the most seen is in `peak`).
 fn http1_only_upstream(peak: Arc<AtomicUsize>) -> u16 {
-    use std::io::{Read, Write};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let now = Arc::new(AtomicUsize::new(0));
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            let (now, peak) = (now.clone(), peak.clone());
-            std::thread::spawn(move || {
-                let mut s = s;
-                let mut r = BufReader::new(s.try_clone().unwrap());
-                loop {
-                    let mut host = String::from("-");
-                    let mut slow = false;
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if r.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line.starts_with("GET /slow") {
-                            slow = true;
-                        }
-                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("host:") {
-                            host = v.trim().to_string();
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                    }
-                    let n = now.fetch_add(1, AtomicOrdering::SeqCst) + 1;
-                    peak.fetch_max(n, AtomicOrdering::SeqCst);
-                    if slow {
-                        std::thread::sleep(Duration::from_millis(1500));
-                    }
-                    now.fetch_sub(1, AtomicOrdering::SeqCst);
-                    let body = format!("host={host}");
-                    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
-                    if s.write_all(head.as_bytes()).is_err()
-                        || s.write_all(body.as_bytes()).is_err()
-                    {
-                        return;
-                    }
-                    let _ = s.flush();
-                    let _ = r.get_mut().read(&mut []);
-                }
-            });
+    let now = AtomicUsize::new(0);
+    common::http1_upstream(move |line, host| {
+        let n = now.fetch_add(1, AtomicOrdering::SeqCst) + 1;
+        peak.fetch_max(n, AtomicOrdering::SeqCst);
+        if line.starts_with("GET /slow") {
+            std::thread::sleep(Duration::from_millis(1500));
         }
-    });
-    port
+        now.fetch_sub(1, AtomicOrdering::SeqCst);
+        format!("host={host}")
+    })
 }
 
 fn rules_file(name: &str, text: &str) -> PathBuf {
@@ -303,23 +274,6 @@ http:
         assert_eq!(raw_request(p.port, "GET", "/fail").await.0, 500);
     }
     assert_eq!(raw_request(p.port, "GET", "/fail").await.0, 503);
-}
-
-/// One raw HTTP/1.x request with the given head lines: (status, body).
-async fn raw_head(port: u16, head: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    s.write_all(head.as_bytes()).await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
-        .await
-        .expect("answered within 10 s")
-        .unwrap();
-    let out = String::from_utf8_lossy(&out).into_owned();
-    let (h, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    (h[9..12].parse().unwrap(), body.to_string())
 }
 
 #[tokio::test]

@@ -5,6 +5,8 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+mod common;
+
 fn weir(args: &[&str], stdin: &str) -> (i32, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(args)
@@ -356,39 +358,6 @@ async fn a_lease_client_enforces_its_grant_then_its_safe_capacity_when_the_serve
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// An upstream answering 200 to every request, on threads.
-fn ok_upstream() -> u16 {
-    use std::io::{BufRead, BufReader};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = s;
-                let mut r = BufReader::new(s.try_clone().unwrap());
-                loop {
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if r.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                    }
-                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
 #[test]
 fn a_proxy_with_a_cluster_rule_admits_its_leased_share() {
     use std::io::{BufRead, BufReader};
@@ -407,7 +376,7 @@ fn a_proxy_with_a_cluster_rule_admits_its_leased_share() {
     )
     .unwrap();
     // Without a quota server the proxy refuses to start.
-    let up = ok_upstream();
+    let up = common::http1_upstream(|_, _| "ok".to_string());
     let (code, _, err) = weir(
         &[
             "proxy",

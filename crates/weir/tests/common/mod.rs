@@ -1,0 +1,53 @@
+//! Shared by the binary's end-to-end tests.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+
+/// An upstream speaking HTTP/1.1 only (no h2c), a thread per connection, on a free loopback
+/// port: every request (its body read and dropped) gets a 200 whose body is
+/// `answer(request line, Host header or "-")`.
+pub fn http1_upstream(answer: impl Fn(&str, &str) -> String + Send + Sync + 'static) -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let answer = std::sync::Arc::new(answer);
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let answer = answer.clone();
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                loop {
+                    let (mut first, mut host, mut len) = (String::new(), "-".to_string(), 0usize);
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let lower = line.to_ascii_lowercase();
+                        if first.is_empty() {
+                            first = line.trim_end().to_string();
+                        } else if let Some(v) = lower.strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap_or(0);
+                        } else if let Some(v) = lower.strip_prefix("host:") {
+                            host = v.trim().to_string();
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    let _ = r.read_exact(&mut body);
+                    let body = answer(&first, &host);
+                    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                    if s.write_all(head.as_bytes()).is_err()
+                        || s.write_all(body.as_bytes()).is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
