@@ -19,14 +19,6 @@ use hyper_util::rt::TokioExecutor;
 
 mod common;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 struct Proxy {
     child: Child,
     port: u16,
@@ -42,7 +34,7 @@ impl Drop for Proxy {
 
 impl Proxy {
     fn start(rules: &std::path::Path, upstream: &str, extra: &[&str]) -> Self {
-        let (port, admin) = (free_port(), free_port());
+        let (port, admin) = (common::free_port(), common::free_port());
         let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
             .arg("proxy")
             .args(["--rules", rules.to_str().unwrap()])
@@ -341,7 +333,7 @@ async fn careful_with_hosts_connect_loops_and_http1_only_upstreams() {
 
 #[tokio::test]
 async fn a_proxy_pointing_at_itself_is_refused_and_a_loop_is_cut() {
-    let port = free_port();
+    let port = common::free_port();
     let file = rules_file("loop", RULES);
     let (code, _, err) = weir(&[
         "proxy",
@@ -356,21 +348,18 @@ async fn a_proxy_pointing_at_itself_is_refused_and_a_loop_is_cut() {
     assert!(err.contains("own --listen address"), "{err}");
     // Two proxies pointing at each other: the request comes back to its first proxy, which
     // answers 508 instead of forwarding it again.
-    let (a, b) = (free_port(), free_port());
+    let (a, b) = (common::free_port(), common::free_port());
     let start = |listen: u16, up: u16| {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
-            .args(["proxy", "--rules", file.to_str().unwrap()])
-            .args(["--listen", &format!("127.0.0.1:{listen}")])
-            .args(["--upstream", &format!("http://127.0.0.1:{up}")])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        child
+        common::start(&[
+            "proxy",
+            "--rules",
+            file.to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{listen}"),
+            "--upstream",
+            &format!("http://127.0.0.1:{up}"),
+        ])
+        .0
     };
     let mut pa = start(a, b);
     let mut pb = start(b, a);
@@ -386,7 +375,7 @@ async fn a_proxy_pointing_at_itself_is_refused_and_a_loop_is_cut() {
 #[tokio::test]
 async fn upstream_down_is_502_and_silent_is_504_never_a_hang() {
     let file = rules_file("down", RULES);
-    let dead = free_port();
+    let dead = common::free_port();
     let p = Proxy::start(&file, &format!("http://127.0.0.1:{dead}"), &[]);
     let start = Instant::now();
     let (code, h, body) = get_url(p.port, "/x", false, &[]).await;

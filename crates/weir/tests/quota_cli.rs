@@ -3,25 +3,11 @@
 //! built-in scenario (with and without the server going away).
 
 use std::io::Write;
-use std::process::{Command, Stdio};
 
 mod common;
 
 fn weir(args: &[&str], stdin: &str) -> (i32, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = common::run(args, stdin);
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -137,14 +123,6 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
     use std::io::Read;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -168,20 +146,16 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
 }
 
 fn serve_quota(file: &std::path::Path) -> Server {
-    use std::io::{BufRead, BufReader};
-    let (h, g) = (free_port(), free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["serve", "--quota", file.to_str().unwrap()])
-        .args(["--http-addr", &format!("127.0.0.1:{h}")])
-        .args(["--grpc-addr", &format!("127.0.0.1:{g}")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (h, g) = (common::free_port(), common::free_port());
+    let (child, line) = common::start(&[
+        "serve",
+        "--quota",
+        file.to_str().unwrap(),
+        "--http-addr",
+        &format!("127.0.0.1:{h}"),
+        "--grpc-addr",
+        &format!("127.0.0.1:{g}"),
+    ]);
     assert!(line.contains("HTTP on"), "{line}");
     Server(child, h)
 }
@@ -360,7 +334,6 @@ async fn a_lease_client_enforces_its_grant_then_its_safe_capacity_when_the_serve
 
 #[test]
 fn a_proxy_with_a_cluster_rule_admits_its_leased_share() {
-    use std::io::{BufRead, BufReader};
     let dir = std::env::temp_dir().join(format!("weir-quota-proxy-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let quota = dir.join("quota.yaml");
@@ -393,20 +366,18 @@ fn a_proxy_with_a_cluster_rule_admits_its_leased_share() {
         "{err}"
     );
     let server = serve_quota(&quota);
-    let port = free_port();
-    let mut proxy = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["proxy", "--rules", rules.to_str().unwrap()])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--upstream", &format!("http://127.0.0.1:{up}")])
-        .args(["--quota-server", &format!("http://127.0.0.1:{}", server.1)])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(proxy.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let port = common::free_port();
+    let (mut proxy, _) = common::start(&[
+        "proxy",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--upstream",
+        &format!("http://127.0.0.1:{up}"),
+        "--quota-server",
+        &format!("http://127.0.0.1:{}", server.1),
+    ]);
     // ~100 requests/s for 5 s; the last 2 s (the server done learning) are counted.
     let started = std::time::Instant::now();
     let (mut ok, mut limited) = (0, 0);
