@@ -1,21 +1,11 @@
 //! `weir simulate overload` through the real binary.
 
-use std::process::Command;
+mod common;
+
+use common::json_number;
 
 fn weir(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(args)
-        .output()
-        .expect("weir runs")
-}
-
-fn json_number(json: &str, key: &str) -> f64 {
-    let at = json
-        .find(&format!("\"{key}\":"))
-        .unwrap_or_else(|| panic!("{key} in {json}"));
-    let rest = &json[at + key.len() + 3..];
-    let end = rest.find([',', '}']).unwrap();
-    rest[..end].parse().unwrap()
+    common::run(args, "")
 }
 
 fn run(protection: &str, load: &str) -> String {

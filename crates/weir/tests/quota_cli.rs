@@ -63,23 +63,20 @@ fn allocate_refuses_bad_input_with_the_line_and_prints_nothing() {
     assert!(err.contains("fair"), "{err}");
 }
 
-fn number(json: &str, key: &str) -> f64 {
-    let at = json
-        .find(&format!("\"{key}\":"))
-        .unwrap_or_else(|| panic!("{key} in {json}"));
-    let rest = &json[at + key.len() + 3..];
-    let end = rest.find([',', '}']).unwrap();
-    rest[..end].parse().unwrap()
-}
-
 #[test]
 fn simulate_quota_on_the_built_in_scenario_meets_its_goals() {
     let (code, out, err) = weir(&["simulate", "quota", "--capacity", "1000", "--json"], "");
     assert_eq!(code, 0, "{err}");
-    assert!(number(&out, "utilisation") >= 0.99, "{out}");
-    assert!(number(&out, "peak_ratio") <= 1.01, "{out}");
-    assert!(number(&out, "max_fairness_error") <= 10.0, "{out}");
-    assert!(number(&out, "converge_ms_p99") <= 10_000.0, "{out}");
+    assert!(common::json_number(&out, "utilisation") >= 0.99, "{out}");
+    assert!(common::json_number(&out, "peak_ratio") <= 1.01, "{out}");
+    assert!(
+        common::json_number(&out, "max_fairness_error") <= 10.0,
+        "{out}"
+    );
+    assert!(
+        common::json_number(&out, "converge_ms_p99") <= 10_000.0,
+        "{out}"
+    );
     // Deterministic for a seed.
     let (_, again, _) = weir(&["simulate", "quota", "--capacity", "1000", "--json"], "");
     assert_eq!(out, again);
@@ -96,8 +93,14 @@ fn simulate_quota_on_the_built_in_scenario_meets_its_goals() {
         "",
     );
     assert_eq!(code, 0);
-    assert!(number(&out, "server_down_mean_ratio") > 0.5, "{out}");
-    assert!(number(&out, "server_down_peak_ratio") <= 1.1, "{out}");
+    assert!(
+        common::json_number(&out, "server_down_mean_ratio") > 0.5,
+        "{out}"
+    );
+    assert!(
+        common::json_number(&out, "server_down_peak_ratio") <= 1.1,
+        "{out}"
+    );
     let (code, _, err) = weir(
         &[
             "simulate",

@@ -96,3 +96,13 @@ pub fn start(args: &[&str]) -> (std::process::Child, String) {
         .unwrap();
     (child, line)
 }
+
+/// The number at `"key":` in a one-line JSON object (the simulators' `--json` output).
+pub fn json_number(json: &str, key: &str) -> f64 {
+    let at = json
+        .find(&format!("\"{key}\":"))
+        .unwrap_or_else(|| panic!("{key} in {json}"));
+    let rest = &json[at + key.len() + 3..];
+    let end = rest.find([',', '}']).unwrap();
+    rest[..end].trim().parse().unwrap()
+}
