@@ -17,7 +17,7 @@
 //!
 //! Every switch between granted, expired and unreachable is counted ([`Counters`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -82,11 +82,16 @@ pub struct Counters {
     pub expirations: AtomicU64,
 }
 
-/// A GCRA at `rate` units/s (precise to 1/1000 unit/s), letting `burst` of the rate through at
-/// once (at least one unit); `None` for a rate too small to admit anything (or absurdly large).
+/// Fastest rate enforced (units/s): a grant above it is enforced at it (one unit per ns).
+const MAX_RATE: f64 = 1e9;
+
+/// A GCRA at `rate` units/s (precise to 1/1000 unit/s, at most [`MAX_RATE`]), letting `burst`
+/// of the rate through at once (at least one unit); `None` only for a rate too small to admit
+/// anything (below 1/1000 unit/s, or not a number).
 fn gcra_for(rate: f64, burst: Duration) -> Option<Gcra> {
+    let rate = rate.min(MAX_RATE);
     let per_1000s = (rate * 1000.0).round();
-    if !(1.0..1e15).contains(&per_1000s) {
+    if per_1000s.is_nan() || per_1000s < 1.0 {
         return None;
     }
     let quota = Quota::new(per_1000s as u64, Duration::from_secs(1000)).ok()?;
@@ -118,9 +123,7 @@ pub struct ResourceClient {
     demand: AtomicU64,
     /// The local limiter at the rate in force (retuned in place at each lease).
     limiter: RetunableGcra,
-    /// False while the rate in force admits nothing (a grant of 0).
-    open: AtomicBool,
-    /// The rate in force, as f64 bits.
+    /// The rate in force, as f64 bits; 0 while it admits nothing (a grant of 0).
     rate: AtomicU64,
     control: Mutex<Control>,
     counters: Counters,
@@ -138,7 +141,6 @@ impl ResourceClient {
             config,
             demand: AtomicU64::new(0),
             limiter: RetunableGcra::new(gcra.or(placeholder).unwrap_or_else(unreachable_gcra)),
-            open: AtomicBool::new(gcra.is_some()),
             rate: AtomicU64::new(if gcra.is_some() { safe } else { 0.0 }.to_bits()),
             control: Mutex::new(Control {
                 granted: 0.0,
@@ -170,7 +172,7 @@ impl ResourceClient {
     #[inline]
     pub fn acquire(&self, n: u64, now: Nanos) -> Decision {
         self.demand.fetch_add(n, Ordering::Relaxed);
-        if !self.open.load(Ordering::Relaxed) {
+        if self.rate.load(Ordering::Acquire) == 0 {
             return Decision::never(0, 0, 0);
         }
         self.limiter.acquire_at(n, now)
@@ -332,13 +334,9 @@ impl ResourceClient {
         match gcra_for(rate, self.config.burst) {
             Some(g) => {
                 self.limiter.retune(g);
-                self.rate.store(rate.to_bits(), Ordering::Relaxed);
-                self.open.store(true, Ordering::Release);
+                self.rate.store(rate.to_bits(), Ordering::Release);
             }
-            None => {
-                self.open.store(false, Ordering::Release);
-                self.rate.store(0.0f64.to_bits(), Ordering::Relaxed);
-            }
+            None => self.rate.store(0.0f64.to_bits(), Ordering::Release),
         }
     }
 }
@@ -477,6 +475,13 @@ mod tests {
         // Once it grants, the grant rules.
         c.on_lease(lease(4.0, S), S);
         assert_eq!(c.rate(), (4.0, Source::Granted));
+    }
+
+    #[test]
+    fn a_huge_grant_is_enforced_at_the_fastest_rate_never_as_zero() {
+        let c = ResourceClient::new("r", ClientConfig::default(), 1.0, 3, 0);
+        c.on_lease(lease(1e15, 0), 0);
+        assert!((0..1_000u64).all(|i| c.acquire(1, S + i * 1_000).allowed()));
     }
 
     #[test]
