@@ -25,7 +25,7 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 2, name: cart}
   - key: shadowed
     shadow_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 1}
+    rate_limit: {window: 30s, requests_per_unit: 2}
 ";
 
 fn envoy_bin() -> PathBuf {
@@ -268,6 +268,10 @@ fn envoy_limits_exactly_with_headers_nested_wildcards_and_shadow() {
     );
     // shadow mode never blocks
     assert_eq!(codes(e.port, &[("x-shadow", "s")], 4), [200; 4]);
+    // A 30 s window reaches Envoy as what it enforces in a unit Envoy knows: 2 per 30 s is
+    // 4 per minute (never "2;w=1", 30 × too generous).
+    let (_, head, _) = get(e.port, &[("x-shadow", "t")]);
+    assert!(head.contains("x-ratelimit-limit: 4, 4;w=60\r\n"), "{head}");
     // weir stopped: Envoy fails open
     drop(w);
     assert_eq!(codes(e.port, &[("x-user", "ann")], 3), [200; 3]);
