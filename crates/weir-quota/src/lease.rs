@@ -19,6 +19,9 @@
 //!   holds (`has`, capped by its fair share and by what is left), granting no new capacity:
 //!   any lease from before the restart has expired by the end of it.
 //!   [`LeaseTable::resume`] starts from a snapshot instead, without learning.
+//! - **Holding**: a server that can no longer prove it is the leader ([`crate::ha`]) keeps
+//!   answering from memory but lets no grant grow, and no lease it gives outlives a cap
+//!   ([`LeaseTable::hold`]), so a leader elected meanwhile can account for every grant.
 //!
 //! Time is read by the caller (`now`, weir-core nanoseconds), so the table runs as well on a
 //! manual clock as on a real one.
@@ -127,6 +130,11 @@ pub struct LeaseTable {
     shares_at: Option<Nanos>,
     /// Clients seen at the last refresh (for the default safe capacity).
     clients_seen: usize,
+    /// Holding: no grant grows, no lease outlives this time.
+    hold: Option<Nanos>,
+    /// Refreshes answered and leases expired since the table was made.
+    refreshes: u64,
+    expirations: u64,
 }
 
 fn nanos(d: Duration) -> Nanos {
@@ -158,7 +166,43 @@ impl LeaseTable {
             demands: Vec::new(),
             shares: Vec::new(),
             shares_at: None,
+            hold: None,
+            refreshes: 0,
+            expirations: 0,
         }
+    }
+
+    /// A table continuing from `holders` that still learns until `learning_until` (a snapshot
+    /// taken while its writer was learning).
+    pub fn resume_learning(
+        config: ResourceConfig,
+        holders: Vec<Holder>,
+        learning_until: Nanos,
+    ) -> Self {
+        let mut t = Self::resume(config, holders);
+        t.learning_until = learning_until;
+        t
+    }
+
+    /// When learning ends (0 or a past time: not learning).
+    pub fn learning_until(&self) -> Nanos {
+        self.learning_until
+    }
+
+    /// Holds the table (`Some(cap)`): from now on no grant grows and no lease given outlives
+    /// `cap`; `None` grants normally again.
+    pub fn hold(&mut self, cap: Option<Nanos>) {
+        self.hold = cap;
+    }
+
+    /// Refreshes answered since the table was made.
+    pub fn refreshes(&self) -> u64 {
+        self.refreshes
+    }
+
+    /// Leases that lapsed without a refresh since the table was made.
+    pub fn expirations(&self) -> u64 {
+        self.expirations
     }
 
     /// The resource's parameters.
@@ -199,11 +243,13 @@ impl LeaseTable {
     pub fn expire(&mut self, now: Nanos) -> usize {
         let before = self.holders.len();
         self.holders.retain(|h| h.expires_at > now);
-        if self.holders.len() != before {
+        let expired = before - self.holders.len();
+        if expired != 0 {
             self.reindex();
             self.shares_at = None;
+            self.expirations += expired as u64;
         }
-        before - self.holders.len()
+        expired
     }
 
     /// Gives `client`'s grant back at once (a client shutting down).
@@ -293,13 +339,20 @@ impl LeaseTable {
         let room = (self.config.capacity - others).max(0.0);
         // A cached share may come from a larger demand: never more than wanted now.
         let fair = self.shares[i].min(ask.wants);
-        let granted = if learning {
+        let mut granted = if learning {
             // Confirm, never add: capacity granted before the restart may still be in use.
             fair.min(ask.has).min(room)
         } else {
             fair.min(room)
         };
-        let expires_at = now.saturating_add(nanos(self.config.lease));
+        let mut expires_at = now.saturating_add(nanos(self.config.lease));
+        if let Some(cap) = self.hold {
+            // Holding: what the client held at most, for no longer than the cap.
+            granted = granted.min(self.holders[i].granted);
+            expires_at = expires_at.min(cap);
+        }
+        let learning = learning || self.hold.is_some();
+        self.refreshes += 1;
         let h = &mut self.holders[i];
         h.granted = granted;
         h.expires_at = expires_at;
@@ -410,6 +463,26 @@ mod tests {
             t.refresh("a", Ask::wants(1.0), 0).unwrap().safe_capacity,
             1.5
         );
+    }
+
+    #[test]
+    fn a_held_table_lets_no_grant_grow_and_no_lease_outlive_the_cap() {
+        let mut t = LeaseTable::resume(config(10.0), Vec::new());
+        t.refresh("a", Ask::wants(4.0), 0).unwrap();
+        t.hold(Some(20 * S));
+        // a wants more: it keeps 4; b is new: nothing, flagged so it keeps its safe capacity.
+        let a = t.refresh("a", Ask::wants(9.0), S).unwrap();
+        assert_eq!((a.granted, a.expires_at, a.learning), (4.0, 20 * S, true));
+        let b = t.refresh("b", Ask::wants(9.0), S).unwrap();
+        assert_eq!((b.granted, b.learning), (0.0, true));
+        // Shrinking is still allowed.
+        assert_eq!(t.refresh("a", Ask::wants(1.0), 2 * S).unwrap().granted, 1.0);
+        assert_eq!(t.refreshes(), 4);
+        t.hold(None);
+        assert_eq!(t.refresh("b", Ask::wants(9.0), 3 * S).unwrap().granted, 9.0);
+        // Both leases lapse: two expirations.
+        assert_eq!(t.expire(60 * S), 2);
+        assert_eq!(t.expirations(), 2);
     }
 
     #[test]

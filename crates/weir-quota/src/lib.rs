@@ -13,6 +13,7 @@
 
 //! - [`config`]: the quota file (resources and templates, located errors).
 //! - [`server`]: every resource's table behind the protocol front ends.
+//! - [`ha`]: failover — one leader among several servers, its fencing token and snapshot.
 //! - [`net`]: the lease client over the network (HTTP/JSON), refreshing every resource of a
 //!   process in one call.
 //! - [`sim`]: all of it on virtual time, with the measures of `weir simulate quota`.
@@ -20,6 +21,7 @@
 pub mod allocate;
 pub mod client;
 pub mod config;
+pub mod ha;
 pub mod lease;
 pub mod net;
 pub mod server;

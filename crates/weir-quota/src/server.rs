@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use weir_core::Nanos;
 
 use crate::config::QuotaConfig;
-use crate::lease::{Ask, Lease, LeaseTable};
+use crate::lease::{Ask, Holder, Lease, LeaseTable};
 
 /// Why one resource of a refresh got no lease.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -26,6 +26,10 @@ pub enum Refusal {
         /// What is wrong.
         reason: String,
     },
+    /// The server holds (lost the proof of its leadership) and this resource's leases from
+    /// it would already have lapsed: the client keeps its lease, then its safe capacity.
+    #[error("resource {0:?}: no leader can be proven now; keep the lease you hold")]
+    Unavailable(String),
 }
 
 /// One resource's state, for people, metrics and the dashboard.
@@ -41,8 +45,28 @@ pub struct Allocation {
     pub granted: f64,
     /// Whether it is still learning after a start.
     pub learning: bool,
+    /// Refreshes answered since the table was made.
+    pub refreshes: u64,
+    /// Leases that lapsed without a refresh since the table was made.
+    pub expirations: u64,
     /// (client, wants, granted, expires_at) per client.
     pub clients: Vec<(String, f64, f64, Nanos)>,
+}
+
+/// One table's state in a snapshot: its leases with `expires_at` relative to the snapshot's
+/// time (so it can be resumed on another clock).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableState {
+    /// The resource.
+    pub resource: String,
+    /// How much longer the table learns (0: not learning).
+    pub learning_for: Nanos,
+    /// The unexpired leases; `expires_at` counts from the snapshot.
+    pub holders: Vec<Holder>,
+}
+
+fn lease_nanos(c: &crate::lease::ResourceConfig) -> Nanos {
+    Nanos::try_from(c.lease.as_nanos()).unwrap_or(Nanos::MAX)
 }
 
 /// Every resource's lease table.
@@ -50,8 +74,11 @@ pub struct Allocation {
 pub struct LeaseServer {
     config: Mutex<QuotaConfig>,
     tables: Mutex<HashMap<String, LeaseTable>>,
-    /// Tables made before this time learn (the server started then without a snapshot).
-    started_at: Nanos,
+    /// Tables made in the first lease length after this time learn (the server started then
+    /// without a snapshot); `None`: nothing to learn.
+    started_at: Mutex<Option<Nanos>>,
+    /// Holding (see [`LeaseTable::hold`]): no lease outlives this time plus the lease length.
+    hold: Mutex<Option<Nanos>>,
 }
 
 /// Most resources one server tracks (templates create them on demand).
@@ -63,8 +90,91 @@ impl LeaseServer {
         Self {
             config: Mutex::new(config),
             tables: Mutex::new(HashMap::new()),
-            started_at: now,
+            started_at: Mutex::new(Some(now)),
+            hold: Mutex::new(None),
         }
+    }
+
+    /// Forgets every lease and learns again from `now` (a leader elected without a snapshot).
+    pub fn restart(&self, now: Nanos) {
+        self.tables.lock().clear();
+        *self.started_at.lock() = Some(now);
+    }
+
+    /// Holds every table (`Some(since)`): the server lost the proof of its leadership at
+    /// `since`; no grant grows and no lease outlives `since` plus the resource's lease length.
+    /// `None` allocates normally again.
+    pub fn hold(&self, since: Option<Nanos>) {
+        let mut tables = self.tables.lock();
+        let mut hold = self.hold.lock();
+        if *hold == since {
+            return;
+        }
+        *hold = since;
+        for t in tables.values_mut() {
+            t.hold(since.map(|s| s.saturating_add(lease_nanos(t.config()))));
+        }
+    }
+
+    /// The state of every table at `now`, to resume from elsewhere ([`Self::restore`]).
+    pub fn snapshot(&self, now: Nanos) -> Vec<TableState> {
+        let mut tables = self.tables.lock();
+        let mut out: Vec<TableState> = tables
+            .iter_mut()
+            .map(|(name, t)| {
+                t.expire(now);
+                TableState {
+                    resource: name.clone(),
+                    learning_for: t.learning_until().saturating_sub(now),
+                    holders: t
+                        .holders()
+                        .iter()
+                        .map(|h| Holder {
+                            expires_at: h.expires_at.saturating_sub(now),
+                            ..h.clone()
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.resource.cmp(&b.resource));
+        out
+    }
+
+    /// Replaces every table with `states` (from [`Self::snapshot`] of another server) at
+    /// `now`, without learning (except what the writer still had to learn). Each lease is
+    /// counted as held for one full lease length from now: the writer may have extended it
+    /// after the snapshot ([`crate::ha`]); a live client's next refresh replaces it with what
+    /// it really holds. Resources no longer configured are skipped. `restore(vec![], now)`
+    /// starts empty without learning (every earlier lease is known to have lapsed).
+    pub fn restore(&self, states: Vec<TableState>, now: Nanos) {
+        let config = self.config.lock();
+        let mut tables = self.tables.lock();
+        tables.clear();
+        for s in states.into_iter().take(MAX_RESOURCES) {
+            let Some(c) = config.resource(&s.resource) else {
+                continue;
+            };
+            let holders = s
+                .holders
+                .into_iter()
+                .map(|h| Holder {
+                    expires_at: now
+                        .saturating_add(h.expires_at)
+                        .max(now.saturating_add(lease_nanos(&c))),
+                    ..h
+                })
+                .collect();
+            let mut t = LeaseTable::resume_learning(
+                c,
+                holders,
+                now.saturating_add(s.learning_for)
+                    .min(now.saturating_add(lease_nanos(&c))),
+            );
+            t.hold(self.hold.lock().map(|h| h.saturating_add(lease_nanos(&c))));
+            tables.insert(s.resource, t);
+        }
+        *self.started_at.lock() = None;
     }
 
     /// A new configuration: tables of resources still configured keep their leases and take
@@ -106,15 +216,24 @@ impl LeaseServer {
                     }
                     // A table created in the first lease length after the start learns for
                     // what is left of it; later ones start empty (nothing was handed out).
-                    let mut t = LeaseTable::new(c, self.started_at);
+                    let mut t = match *self.started_at.lock() {
+                        Some(start) => LeaseTable::new(c, start),
+                        None => LeaseTable::resume(c, Vec::new()),
+                    };
                     if !t.learning(now) {
                         t = LeaseTable::resume(c, Vec::new());
                     }
+                    t.hold(self.hold.lock().map(|h| h.saturating_add(lease_nanos(&c))));
                     tables.insert(resource.clone(), t);
                 }
                 let table = tables
                     .get_mut(resource)
                     .ok_or_else(|| Refusal::UnknownResource(resource.clone()))?;
+                if let Some(since) = *self.hold.lock() {
+                    if since.saturating_add(lease_nanos(table.config())) <= now {
+                        return Err(Refusal::Unavailable(resource.clone()));
+                    }
+                }
                 table
                     .refresh(client, *ask, now)
                     .map_err(|e| Refusal::BadAsk {
@@ -148,6 +267,8 @@ impl LeaseServer {
                     wants: t.holders().iter().map(|h| h.demand.wants).sum(),
                     granted: t.outstanding(),
                     learning: t.learning(now),
+                    refreshes: t.refreshes(),
+                    expirations: t.expirations(),
                     clients: t
                         .holders()
                         .iter()
@@ -196,6 +317,46 @@ mod tests {
         assert_eq!((all[0].resource.as_str(), all[0].granted), ("a", 6.0));
         s.release("c1", &["a".into()]);
         assert_eq!(s.allocations(31 * S)[0].granted, 0.0);
+    }
+
+    #[test]
+    fn a_snapshot_resumes_elsewhere_without_learning_and_holding_caps_leases() {
+        let a = LeaseServer::new(config("resources:\n  - {name: r, capacity: 10}\n"), 0);
+        a.refresh("c1", &[ask("r", 6.0)], 31 * S);
+        a.refresh("c2", &[ask("r", 6.0)], 32 * S);
+        let snap = a.snapshot(33 * S);
+        assert_eq!(snap[0].holders.len(), 2);
+        assert_eq!(
+            snap[0].holders[0].expires_at,
+            28 * S,
+            "relative to the snapshot"
+        );
+        // Another server, on another clock (now = 5 s), resumes: no learning, the leases
+        // count as held for a lease length (until 35 s), so a newcomer gets only what is left.
+        let b = LeaseServer::new(config("resources:\n  - {name: r, capacity: 10}\n"), 5 * S);
+        b.restore(snap, 5 * S);
+        let all = b.allocations(5 * S);
+        assert!(!all[0].learning);
+        assert_eq!(all[0].granted, 10.0);
+        assert_eq!(all[0].clients[1].3, 35 * S);
+        let c3 = b.refresh("c3", &[ask("r", 6.0)], 6 * S);
+        assert_eq!(c3[0].as_ref().unwrap().granted, 0.0);
+        // Holding since 7 s: c1 cannot grow, its lease ends by 37 s; past that, refused.
+        b.hold(Some(7 * S));
+        let c1 = b.refresh("c1", &[ask("r", 9.0)], 8 * S)[0].clone().unwrap();
+        assert!(c1.granted <= 6.0 && c1.expires_at == 37 * S && c1.learning);
+        assert_eq!(
+            b.refresh("c1", &[ask("r", 9.0)], 37 * S)[0],
+            Err(Refusal::Unavailable("r".into()))
+        );
+        b.hold(None);
+        assert!(b.refresh("c1", &[ask("r", 9.0)], 38 * S)[0].is_ok());
+        // Starting empty after a long outage: no learning.
+        b.restore(Vec::new(), 40 * S);
+        let c4 = b.refresh("c4", &[ask("r", 4.0)], 40 * S)[0]
+            .clone()
+            .unwrap();
+        assert_eq!((c4.granted, c4.learning), (4.0, false));
     }
 
     #[test]
