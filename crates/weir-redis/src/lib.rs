@@ -19,6 +19,7 @@
 //! benchmark.
 
 mod cache;
+pub mod leader;
 mod reserve;
 mod rule;
 pub mod scripts;

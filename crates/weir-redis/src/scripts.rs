@@ -31,3 +31,9 @@ script!(CONCURRENCY, "concurrency.lua");
 /// Releases a concurrency lease (no prelude: no time, no decision).
 pub static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
+
+/// One campaign for the leadership of lease servers ([`crate::leader`]; no prelude).
+pub static LEADER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/leader.lua")));
+
+/// A leader stepping down ([`crate::leader`]).
+pub static RESIGN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/resign.lua")));
