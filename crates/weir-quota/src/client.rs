@@ -39,7 +39,9 @@ pub struct ClientConfig {
     pub min_backoff: Duration,
     /// Longest retry delay.
     pub max_backoff: Duration,
-    /// The local limiter lets this much time's worth of the rate through at once.
+    /// The local limiter lets this much time's worth of the rate through at once, and at
+    /// least two units: with a burst of one, requests arriving a little late (a scheduler's
+    /// jitter) waste the slot, and a client held at 100/s admitted only ≈ 81/s.
     pub burst: Duration,
     /// Weight sent with each ask.
     pub weight: f64,
@@ -86,7 +88,7 @@ pub struct Counters {
 const MAX_RATE: f64 = 1e9;
 
 /// A GCRA at `rate` units/s (precise to 1/1000 unit/s, at most [`MAX_RATE`]), letting `burst`
-/// of the rate through at once (at least one unit); `None` only for a rate too small to admit
+/// of the rate through at once (at least two units); `None` only for a rate too small to admit
 /// anything (below 1/1000 unit/s, or not a number).
 fn gcra_for(rate: f64, burst: Duration) -> Option<Gcra> {
     let rate = rate.min(MAX_RATE);
@@ -95,7 +97,7 @@ fn gcra_for(rate: f64, burst: Duration) -> Option<Gcra> {
         return None;
     }
     let quota = Quota::new(per_1000s as u64, Duration::from_secs(1000)).ok()?;
-    let units = (rate * burst.as_secs_f64()).ceil().max(1.0) as u64;
+    let units = (rate * burst.as_secs_f64()).ceil().max(2.0) as u64;
     Gcra::new(quota, units).ok()
 }
 
@@ -491,6 +493,7 @@ mod tests {
         assert!(!c.acquire(1, S).allowed());
         c.on_lease(lease(1.0, S), S);
         assert!(c.acquire(1, 2 * S).allowed());
-        assert!(!c.acquire(1, 2 * S).allowed(), "1/s with a burst of 1");
+        assert!(c.acquire(1, 2 * S).allowed());
+        assert!(!c.acquire(1, 2 * S).allowed(), "1/s with a burst of 2");
     }
 }

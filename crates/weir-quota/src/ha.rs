@@ -193,6 +193,13 @@ impl Leadership {
         }
     }
 
+    /// Steps down (the server resigned, stopping): a follower with no known leader.
+    pub fn step_down(&mut self) {
+        self.leading = false;
+        self.failing = false;
+        self.leader = None;
+    }
+
     /// The role at `now`.
     pub fn role(&self, now: Nanos) -> Role {
         if !self.leading {
@@ -403,6 +410,9 @@ mod tests {
             }
         );
         assert_eq!(l.token(), None);
+        l.on_answer(21 * S, leader(9, true, None));
+        l.step_down();
+        assert_eq!(l.role(21 * S), Role::Follower { leader: None });
     }
 
     #[test]

@@ -16,9 +16,14 @@
 //!
 //! A background task refreshes every resource in one call whenever one is due (refresh
 //! interval ± jitter, sooner after start or a demand change), polls each resource every
-//! second (demand samples, lease expiry → safe capacity), and backs off 1 s → 30 s while the
-//! server cannot be reached (one keep-alive HTTP/1.1 connection, re-established as needed).
+//! second (demand samples, lease expiry → safe capacity), and backs off 1 s → 30 s while no
+//! server can be reached (keep-alive HTTP/1.1 connections, re-established as needed).
 //! Every transition is logged (`tracing`) and counted ([`ResourceClient::counters`]).
+//!
+//! Several servers sharing a quota (failover through Redis) are given as a comma-separated
+//! list: the client calls the one that answered last; a follower's `421` names the leader,
+//! which the client then calls directly; an unreachable server or a `503` (no leader known
+//! yet) moves the call on to the next server of the list, within the same refresh.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,8 +42,8 @@ use crate::lease::Lease;
 /// Why a lease client cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
-    /// The server address is not `http://HOST:PORT`.
-    #[error("lease server {0:?}: expected http://HOST:PORT")]
+    /// A server address is not `http://HOST:PORT`.
+    #[error("lease server {0:?}: expected http://HOST:PORT[,http://HOST:PORT…]")]
     Endpoint(String),
     /// No resource was declared.
     #[error("a lease client needs at least one resource")]
@@ -71,10 +76,14 @@ impl Builder {
 
     /// Starts the refresh task on the current tokio runtime.
     pub fn start(self) -> Result<LeaseClient, NetError> {
-        let uri: http::Uri = format!("{}/quota/v1/refresh", self.endpoint.trim_end_matches('/'))
-            .parse()
-            .map_err(|_| NetError::Endpoint(self.endpoint.clone()))?;
-        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        let targets = self
+            .endpoint
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(Target::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        if targets.is_empty() {
             return Err(NetError::Endpoint(self.endpoint));
         }
         if self.resources.is_empty() {
@@ -113,10 +122,8 @@ impl Builder {
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
         let inner = Arc::new(Inner {
             client_id: self.client_id,
-            refresh_uri: uri.clone(),
-            release_uri: format!("{}/quota/v1/release", self.endpoint.trim_end_matches('/'))
-                .parse()
-                .map_err(|_| NetError::Endpoint(self.endpoint.clone()))?,
+            targets,
+            current: parking_lot::Mutex::new(Current::Listed(0)),
             http: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(90))
                 .build(connector),
@@ -132,10 +139,48 @@ impl Builder {
     }
 }
 
+/// One server's URIs.
+#[derive(Clone, Debug, PartialEq)]
+struct Target {
+    base: String,
+    refresh: http::Uri,
+    release: http::Uri,
+}
+
+impl Target {
+    fn parse(endpoint: &str) -> Result<Self, NetError> {
+        let base = endpoint.trim_end_matches('/').to_string();
+        let bad = || NetError::Endpoint(endpoint.to_string());
+        let refresh: http::Uri = format!("{base}/quota/v1/refresh")
+            .parse()
+            .map_err(|_| bad())?;
+        if refresh.scheme_str() != Some("http") || refresh.authority().is_none() {
+            return Err(bad());
+        }
+        let release = format!("{base}/quota/v1/release")
+            .parse()
+            .map_err(|_| bad())?;
+        Ok(Self {
+            base,
+            refresh,
+            release,
+        })
+    }
+}
+
+/// The server called first.
+#[derive(Clone, Debug)]
+enum Current {
+    /// The i-th of the list.
+    Listed(usize),
+    /// The leader a follower named.
+    Leader(Target),
+}
+
 struct Inner {
     client_id: String,
-    refresh_uri: http::Uri,
-    release_uri: http::Uri,
+    targets: Vec<Target>,
+    current: parking_lot::Mutex<Current>,
     http: Client<HttpConnector, Full<Bytes>>,
     clock: MonotonicClock,
     resources: Vec<Arc<ResourceClient>>,
@@ -152,7 +197,8 @@ pub struct LeaseClient {
 
 impl LeaseClient {
     /// A client identified as `client_id` of the lease server at `endpoint`
-    /// (`http://HOST:PORT`, the HTTP port of `weir serve --quota`).
+    /// (`http://HOST:PORT`, the HTTP port of `weir serve --quota`; several servers sharing
+    /// the quota as a comma-separated list).
     pub fn builder(endpoint: &str, client_id: &str) -> Builder {
         Builder {
             endpoint: endpoint.to_string(),
@@ -186,9 +232,13 @@ impl LeaseClient {
         }
         let names: Vec<&str> = self.inner.resources.iter().map(|r| r.name()).collect();
         let body = serde_json::json!({"client": self.inner.client_id, "resources": names});
+        let target = match self.inner.current.lock().clone() {
+            Current::Listed(i) => self.inner.targets[i].clone(),
+            Current::Leader(t) => t,
+        };
         let _ = tokio::time::timeout(
             Duration::from_secs(2),
-            post(&self.inner, &self.inner.release_uri, body.to_string()),
+            post(&self.inner, &target.release, body.to_string()),
         )
         .await;
     }
@@ -230,19 +280,7 @@ async fn refresh_all(inner: &Inner, now: Nanos) -> Result<Vec<Option<Lease>>, St
         })
         .collect();
     let body = serde_json::json!({"client": inner.client_id, "resources": asks}).to_string();
-    let (status, bytes) = tokio::time::timeout(
-        Duration::from_secs(5),
-        post(inner, &inner.refresh_uri, body),
-    )
-    .await
-    .map_err(|_| "no answer within 5 s".to_string())??;
-    if status != 200 {
-        return Err(format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
-        ));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    let v = call_leader(inner, body).await?;
     let leases = v["leases"].as_array().ok_or("no leases in the answer")?;
     let ms = |v: &serde_json::Value| Duration::from_millis(v.as_u64().unwrap_or(0));
     Ok(leases
@@ -257,6 +295,74 @@ async fn refresh_all(inner: &Inner, now: Nanos) -> Result<Vec<Option<Lease>>, St
             })
         })
         .collect())
+}
+
+/// Sends a refresh to the server called first, following a follower's `421` to the leader
+/// it names and moving on to the next listed server when one cannot answer: at most every
+/// listed server and two redirects per refresh.
+async fn call_leader(inner: &Inner, body: String) -> Result<serde_json::Value, String> {
+    let first = inner.current.lock().clone();
+    let n = inner.targets.len();
+    let (mut at, mut next_listed) = match &first {
+        Current::Listed(i) => (first.clone(), (i + 1) % n),
+        Current::Leader(_) => (first.clone(), 0),
+    };
+    let mut listed_tried = usize::from(matches!(first, Current::Listed(_)));
+    let mut redirects = 0;
+    let mut last_error: String;
+    loop {
+        let target = match &at {
+            Current::Listed(i) => &inner.targets[*i],
+            Current::Leader(t) => t,
+        };
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            post(inner, &target.refresh, body.clone()),
+        )
+        .await
+        .map_err(|_| "no answer within 5 s".to_string())
+        .and_then(|r| r);
+        match answer {
+            Ok((200, bytes)) => {
+                *inner.current.lock() = at;
+                return serde_json::from_slice(&bytes).map_err(|e| e.to_string());
+            }
+            Ok((421, bytes)) if redirects < 2 => {
+                let leader = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .ok()
+                    .and_then(|v| v["leader"].as_str().map(str::to_string))
+                    .and_then(|l| Target::parse(&l).ok());
+                if let Some(t) = leader {
+                    if t.base != target.base {
+                        tracing::info!(client = %inner.client_id, leader = %t.base, "lease server: following the leader");
+                        redirects += 1;
+                        at = match inner.targets.iter().position(|x| x.base == t.base) {
+                            Some(i) => Current::Listed(i),
+                            None => Current::Leader(t),
+                        };
+                        continue;
+                    }
+                }
+                last_error = format!("{}: not the leader, and names no other", target.base);
+            }
+            Ok((status, bytes)) => {
+                last_error = format!(
+                    "{}: HTTP {status}: {}",
+                    target.base,
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+                );
+            }
+            Err(e) => last_error = format!("{}: {e}", target.base),
+        }
+        if listed_tried >= n {
+            // Start from the next listed server on the next refresh.
+            *inner.current.lock() = Current::Listed(next_listed);
+            return Err(last_error);
+        }
+        at = Current::Listed(next_listed);
+        next_listed = (next_listed + 1) % n;
+        listed_tried += 1;
+    }
 }
 
 async fn refresh_loop(inner: Arc<Inner>) {

@@ -95,6 +95,17 @@ impl LeaseServer {
         }
     }
 
+    /// The longest lease length of the configuration (resources and templates).
+    pub fn max_lease(&self) -> std::time::Duration {
+        let c = self.config.lock();
+        c.resources
+            .iter()
+            .chain(&c.templates)
+            .map(|(_, r)| r.lease)
+            .max()
+            .unwrap_or_default()
+    }
+
     /// Forgets every lease and learns again from `now` (a leader elected without a snapshot).
     pub fn restart(&self, now: Nanos) {
         self.tables.lock().clear();

@@ -35,7 +35,9 @@ async fn exercise(url: &str, raw: impl Fn(&str) -> String) {
     );
     // a renews and stores its snapshot; the key got its time to live.
     assert_eq!(
-        a.campaign(Some(ta), TTL, Some(b"snap-1"), TTL).await.unwrap(),
+        a.campaign(Some(ta), TTL, Some(b"snap-1"), TTL)
+            .await
+            .unwrap(),
         Term::Leader {
             token: ta,
             elected: false,
@@ -63,7 +65,9 @@ async fn exercise(url: &str, raw: impl Fn(&str) -> String) {
     assert_eq!(s, b"snap-1");
     // a, deposed, tries to renew with its old token: refused, its snapshot not written.
     assert_eq!(
-        a.campaign(Some(ta), TTL, Some(b"stale"), TTL).await.unwrap(),
+        a.campaign(Some(ta), TTL, Some(b"stale"), TTL)
+            .await
+            .unwrap(),
         Term::Follower {
             leader: "http://b:2".into()
         }

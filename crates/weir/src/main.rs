@@ -136,6 +136,18 @@ struct ServeArgs {
     /// this quota file (docs/quota.md); reloaded when it changes.
     #[arg(long, value_name = "FILE")]
     quota: Option<PathBuf>,
+    /// With --quota and a Redis --store: the servers of this group elect one quota leader
+    /// through Redis (docs/quota.md, failover).
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    quota_group: String,
+    /// With failover: the address lease clients are sent to when this server leads
+    /// (default: http:// and --http-addr, which must then be a specific address and port).
+    #[arg(long, value_name = "URL")]
+    quota_advertise: Option<String>,
+    /// With failover: the leader key's time to live; renewed every fifth of it. A dead
+    /// leader is replaced within about 1.2 × this.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "5s")]
+    quota_leader_ttl: Duration,
     /// Rate-limit headers Envoy adds to responses: none, draft03 (X-RateLimit-*) or ietf
     /// (RateLimit-Policy, RateLimit, Retry-After).
     #[arg(long, value_name = "STYLE", default_value = "none", value_parser = ["none", "draft03", "ietf"])]
@@ -671,9 +683,41 @@ async fn serve(args: ServeArgs) -> ExitCode {
         "ietf" => rls::engine::HeaderStyle::Ietf,
         _ => rls::engine::HeaderStyle::None,
     };
+    let failover = match (&args.quota, &store) {
+        (Some(_), rls::engine::Store::Redis(_)) => {
+            let advertise = match &args.quota_advertise {
+                Some(a) => a.clone(),
+                None if args.http_addr.port() != 0 && !args.http_addr.ip().is_unspecified() => {
+                    format!("http://{}", args.http_addr)
+                }
+                None => {
+                    return fail(format_args!(
+                        "--quota-advertise is needed: --http-addr {} is not an address clients can be sent to",
+                        args.http_addr
+                    ))
+                }
+            };
+            if args.quota_leader_ttl < Duration::from_millis(250) {
+                return fail("--quota-leader-ttl: at least 250ms");
+            }
+            match weir::quota_ha::Ha::new(
+                &args.store,
+                &args.quota_group,
+                &advertise,
+                args.quota_leader_ttl,
+            ) {
+                Ok(h) => Some(h),
+                Err(e) => return fail(e),
+            }
+        }
+        _ => None,
+    };
     let quota = match &args.quota {
         None => None,
-        Some(p) => match weir::quota_api::QuotaApi::load(p.clone()) {
+        Some(p) => match match failover {
+            Some(h) => weir::quota_api::QuotaApi::load_with_failover(p.clone(), h),
+            None => weir::quota_api::QuotaApi::load(p.clone()),
+        } {
             Ok(q) => Some(q),
             Err(errors) => {
                 for e in errors.lines() {
@@ -689,6 +733,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             Arc::new(match &quota {
                 Some(q) => {
                     q.watch(std::time::Duration::from_secs(1));
+                    weir::quota_ha::start(q);
                     s.with_quota(q.clone())
                 }
                 None => s,
@@ -762,6 +807,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
         );
     };
     accept::run_until_stopped("weir serve", servers, trigger, args.drain_timeout).await;
+    if let Some(q) = &quota {
+        weir::quota_ha::resign(q).await;
+    }
     ExitCode::SUCCESS
 }
 

@@ -33,14 +33,18 @@ use crate::budget::ConnectionBudget;
 
 /// Largest request body of the quota API.
 const MAX_BODY: usize = 1 << 20;
+/// Most per-client series in `/metrics` (the allocation table lists every client).
+pub const MAX_CLIENT_SERIES: usize = 10_000;
 /// Most resources in one refresh.
 pub const MAX_RESOURCES_PER_CALL: usize = 1_000;
 
 /// The lease server, its clock and its file.
 pub struct QuotaApi {
-    server: LeaseServer,
-    clock: MonotonicClock,
+    pub(crate) server: LeaseServer,
+    pub(crate) clock: MonotonicClock,
     path: PathBuf,
+    /// Failover through Redis, when several servers share the quota.
+    pub(crate) ha: Option<crate::quota_ha::Ha>,
 }
 
 impl QuotaApi {
@@ -52,7 +56,26 @@ impl QuotaApi {
             server: LeaseServer::new(config, clock.now()),
             clock,
             path,
+            ha: None,
         }))
+    }
+
+    /// Loads `path` for one of several servers sharing the quota through Redis: only the
+    /// elected leader allocates ([`crate::quota_ha`]); the others name it.
+    pub fn load_with_failover(path: PathBuf, ha: crate::quota_ha::Ha) -> Result<Arc<Self>, String> {
+        let config = QuotaConfig::load(&path).map_err(|e| e.to_string())?;
+        let clock = MonotonicClock::new();
+        Ok(Arc::new(Self {
+            server: LeaseServer::new(config, clock.now()),
+            clock,
+            path,
+            ha: Some(ha),
+        }))
+    }
+
+    /// The longest lease of the configuration (templates included).
+    pub(crate) fn max_lease(&self) -> Duration {
+        self.server.max_lease()
     }
 
     /// Reloads the file every `interval` when its contents changed, off the request path
@@ -85,27 +108,78 @@ impl QuotaApi {
             .with_state(self.clone())
     }
 
-    /// Prometheus text for every resource in use.
+    /// Prometheus text for every resource in use, its clients (at most
+    /// [`MAX_CLIENT_SERIES`] series) and the failover role.
     pub fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write;
-        let all = self.server.allocations(self.clock.now());
+        let now = self.clock.now();
+        let all = self.server.allocations(now);
         let families = [
-            ("weir_quota_capacity", "Units per second of the resource."),
-            ("weir_quota_wants", "Sum of the clients' demands (units/s)."),
-            ("weir_quota_granted", "Sum of unexpired grants (units/s)."),
-            ("weir_quota_clients", "Clients holding a lease."),
+            (
+                "weir_quota_capacity",
+                "gauge",
+                "Units per second of the resource.",
+            ),
+            (
+                "weir_quota_wants",
+                "gauge",
+                "Sum of the clients' demands (units/s).",
+            ),
+            (
+                "weir_quota_granted",
+                "gauge",
+                "Sum of unexpired grants (units/s).",
+            ),
+            ("weir_quota_clients", "gauge", "Clients holding a lease."),
+            (
+                "weir_quota_refreshes_total",
+                "counter",
+                "Lease refreshes answered.",
+            ),
+            (
+                "weir_quota_expirations_total",
+                "counter",
+                "Leases that lapsed without a refresh.",
+            ),
         ];
-        for (i, (name, help)) in families.iter().enumerate() {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (i, (name, kind, help)) in families.iter().enumerate() {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
             for a in &all {
                 let v = match i {
                     0 => a.capacity,
                     1 => a.wants,
                     2 => a.granted,
-                    _ => a.clients.len() as f64,
+                    3 => a.clients.len() as f64,
+                    4 => a.refreshes as f64,
+                    _ => a.expirations as f64,
                 };
                 let _ = writeln!(out, "{name}{{resource=\"{}\"}} {v}", escape(&a.resource));
             }
+        }
+        for (i, (name, help)) in [
+            ("weir_quota_client_wants", "A client's demand (units/s)."),
+            ("weir_quota_client_granted", "A client's grant (units/s)."),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            let rows = all
+                .iter()
+                .flat_map(|a| a.clients.iter().map(move |c| (&a.resource, c)))
+                .take(MAX_CLIENT_SERIES);
+            for (resource, (client, wants, granted, _)) in rows {
+                let v = if i == 0 { wants } else { granted };
+                let _ = writeln!(
+                    out,
+                    "{name}{{resource=\"{}\",client=\"{}\"}} {v}",
+                    escape(resource),
+                    escape(client)
+                );
+            }
+        }
+        if let Some(ha) = &self.ha {
+            ha.render_metrics(now, out);
         }
     }
 }
@@ -207,6 +281,9 @@ async fn refresh(
         ));
     }
     let now = api.clock.now();
+    if let Some(r) = crate::quota_ha::not_leader(&api, now) {
+        return r;
+    }
     let answers = api.server.refresh(&b.client, &asks, now);
     let ms = |ns: u64| ns / 1_000_000;
     let leases: Vec<Value> = answers
@@ -224,7 +301,6 @@ async fn refresh(
             Err(e) => json!({"resource": resource, "error": e.to_string()}),
         })
         .collect();
-    metrics::counter!("weir_quota_refreshes_total").increment(asks.len() as u64);
     axum::Json(json!({ "leases": leases })).into_response()
 }
 
@@ -237,6 +313,9 @@ async fn release(
         Ok(b) => b,
         Err(r) => return r,
     };
+    if let Some(r) = crate::quota_ha::not_leader(&api, api.clock.now()) {
+        return r;
+    }
     api.server.release(&b.client, &b.resources);
     StatusCode::NO_CONTENT.into_response()
 }
@@ -254,6 +333,8 @@ async fn allocations(State(api): State<Arc<QuotaApi>>) -> axum::response::Respon
                 "wants": a.wants,
                 "granted": a.granted,
                 "learning": a.learning,
+                "refreshes": a.refreshes,
+                "expirations": a.expirations,
                 "clients": a.clients.iter().map(|(c, w, g, e)| json!({
                     "client": c, "wants": w, "granted": g,
                     "expiresInMs": e.saturating_sub(now) / 1_000_000,
@@ -261,5 +342,9 @@ async fn allocations(State(api): State<Arc<QuotaApi>>) -> axum::response::Respon
             })
         })
         .collect();
-    axum::Json(json!({ "resources": all })).into_response()
+    let mut out = json!({ "resources": all });
+    if let Some(ha) = &api.ha {
+        out["failover"] = ha.status(now);
+    }
+    axum::Json(out).into_response()
 }

@@ -1,0 +1,294 @@
+//! Failover of `weir serve --quota` through Redis: several servers with the same quota file
+//! and `--store redis://…` elect one leader (weir-redis [`Election`]); only the leader
+//! allocates, the others answer lease calls with `421 Misdirected Request` naming it (`503`
+//! while no leader is known), and a client follows. Every [`HaConfig::renew`] each server
+//! campaigns; the leader's campaign also stores its allocation snapshot, which the next
+//! leader resumes from without a learning period. The rules of the roles — and why two
+//! leaders cannot both hand out the capacity — are weir-quota's [`weir_quota::ha`].
+//!
+//! A stopping leader resigns (final snapshot, key deleted), so another server takes over at
+//! its next campaign instead of after the key's time to live.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use weir_core::{Clock, Nanos};
+use weir_quota::ha::{Action, Campaign, HaConfig, Leadership, Role, Snapshot};
+use weir_redis::leader::{Election, Term};
+
+use crate::quota_api::QuotaApi;
+
+/// One server's part in the failover.
+pub struct Ha {
+    election: Election,
+    leadership: Mutex<Leadership>,
+    /// The role last logged ("leader", "holding", "follower").
+    logged: Mutex<&'static str>,
+    elections: AtomicU64,
+    errors: AtomicU64,
+    /// Set on resignation: no more campaigns.
+    stopped: AtomicBool,
+}
+
+impl Ha {
+    /// Campaigns in `group` on the Redis at `url`, advertised to clients as `advertise`
+    /// (`http://HOST:PORT` of this server's HTTP API); the leader key lives `ttl` and is
+    /// renewed every `ttl / 5`.
+    pub fn new(url: &str, group: &str, advertise: &str, ttl: Duration) -> Result<Self, String> {
+        if !advertise.starts_with("http://") {
+            return Err(format!(
+                "--quota-advertise {advertise:?}: expected http://HOST:PORT"
+            ));
+        }
+        let renew = ttl / 5;
+        let election = Election::new(url, group, advertise, renew.max(Duration::from_millis(50)))
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            election,
+            leadership: Mutex::new(Leadership::new(HaConfig { ttl, renew })),
+            logged: Mutex::new(""),
+            elections: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    /// The role at `now`, for the allocation table.
+    pub fn status(&self, now: Nanos) -> Value {
+        let l = self.leadership.lock();
+        let (role, leader) = match l.role(now) {
+            Role::Leader => ("leader", Some(self.election.advertise().to_string())),
+            Role::Holding { .. } => ("holding", Some(self.election.advertise().to_string())),
+            Role::Follower { leader } => ("follower", leader),
+        };
+        json!({
+            "role": role,
+            "leader": leader,
+            "token": l.token(),
+            "advertise": self.election.advertise(),
+            "elections": self.elections.load(Ordering::Relaxed),
+            "storeErrors": self.errors.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Prometheus text: the role and the counts of this server.
+    pub fn render_metrics(&self, now: Nanos, out: &mut String) {
+        use std::fmt::Write;
+        let role = self.leadership.lock().role(now);
+        let _ = writeln!(
+            out,
+            "# HELP weir_quota_role 1 for this server's failover role.\n# TYPE weir_quota_role gauge"
+        );
+        for r in ["leader", "holding", "follower"] {
+            let on = matches!(
+                (&role, r),
+                (Role::Leader, "leader")
+                    | (Role::Holding { .. }, "holding")
+                    | (Role::Follower { .. }, "follower")
+            );
+            let _ = writeln!(out, "weir_quota_role{{role=\"{r}\"}} {}", u8::from(on));
+        }
+        let _ = writeln!(
+            out,
+            "# HELP weir_quota_elections_total Times this server was elected leader.\n# TYPE weir_quota_elections_total counter\nweir_quota_elections_total {}",
+            self.elections.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP weir_quota_store_errors_total Campaigns that could not reach Redis.\n# TYPE weir_quota_store_errors_total counter\nweir_quota_store_errors_total {}",
+            self.errors.load(Ordering::Relaxed)
+        );
+    }
+}
+
+/// The answer of a server that must not allocate now, or `None` when it may.
+pub fn not_leader(api: &QuotaApi, now: Nanos) -> Option<axum::response::Response> {
+    let ha = api.ha.as_ref()?;
+    let role = ha.leadership.lock().role(now);
+    match role {
+        Role::Leader | Role::Holding { .. } => None,
+        Role::Follower { leader: Some(l) } => Some(
+            (
+                StatusCode::MISDIRECTED_REQUEST,
+                axum::Json(json!({"error": "this server is not the quota leader", "leader": l})),
+            )
+                .into_response(),
+        ),
+        Role::Follower { leader: None } => Some(
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(json!({"error": "no quota leader is known yet; retry", "leader": null})),
+            )
+                .into_response(),
+        ),
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Starts campaigning (until `api` is dropped).
+pub fn start(api: &Arc<QuotaApi>) {
+    let me = Arc::downgrade(api);
+    tokio::spawn(async move {
+        loop {
+            let Some(api) = me.upgrade() else { return };
+            let Some(ha) = api.ha.as_ref() else { return };
+            if ha.stopped.load(Ordering::Relaxed) {
+                return;
+            }
+            let renew = ha.leadership.lock().config().renew;
+            campaign(&api, ha).await;
+            drop(api);
+            tokio::time::sleep(renew).await;
+        }
+    });
+}
+
+/// The age past which a snapshot holds no live lease: the longest lease plus the key's time
+/// to live (its writer could give leases until its proof ended).
+fn lapsed_after(api: &QuotaApi, config: &HaConfig) -> Duration {
+    api.max_lease() + config.ttl
+}
+
+/// How long Redis keeps a snapshot: long after its leases lapsed, because an old snapshot
+/// still proves something — that every lease has lapsed, so a leader elected after a long
+/// outage starts empty at once instead of learning for a lease length.
+fn snapshot_ttl(api: &QuotaApi, config: &HaConfig) -> Duration {
+    (2 * lapsed_after(api, config)).max(Duration::from_secs(3600))
+}
+
+async fn campaign(api: &QuotaApi, ha: &Ha) {
+    let sent_at = api.clock.now();
+    let (token, config) = {
+        let l = ha.leadership.lock();
+        (l.token(), *l.config())
+    };
+    let snapshot =
+        token.map(|t| Snapshot::new(t, unix_ms(), api.server.snapshot(sent_at)).encode());
+    let keep = snapshot_ttl(api, &config);
+    let lapsed = lapsed_after(api, &config);
+    let answer = ha
+        .election
+        .campaign(token, config.ttl, snapshot.as_deref(), keep)
+        .await
+        .map(|t| match t {
+            Term::Leader {
+                token,
+                elected,
+                snapshot,
+            } => Campaign::Leader {
+                token,
+                elected,
+                snapshot,
+            },
+            Term::Follower { leader } => Campaign::Follower { leader },
+        })
+        .map_err(|e| e.to_string());
+    if let Err(e) = &answer {
+        if ha.errors.fetch_add(1, Ordering::Relaxed) == 0 || *ha.logged.lock() != "holding" {
+            tracing::warn!(error = %e, "quota failover: Redis unreachable");
+        }
+    }
+    let action = ha.leadership.lock().on_answer(sent_at, answer);
+    let now = api.clock.now();
+    match action {
+        Action::Keep => {}
+        Action::Restore(s) => {
+            ha.elections.fetch_add(1, Ordering::Relaxed);
+            let age = s.age(unix_ms());
+            let (token, holders) = (
+                s.token,
+                s.tables.iter().map(|t| t.holders.len()).sum::<usize>(),
+            );
+            if age > lapsed {
+                tracing::info!(age = ?age, "quota failover: elected; the last snapshot is older than any lease, starting empty");
+                api.server.restore(Vec::new(), now);
+            } else {
+                match s.into_tables() {
+                    Ok(tables) => {
+                        tracing::info!(from_token = token, leases = holders, age = ?age, "quota failover: elected; resuming from the last leader's snapshot");
+                        api.server.restore(tables, now);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "quota failover: elected; unusable snapshot, learning for one lease length");
+                        api.server.restart(now);
+                    }
+                }
+            }
+        }
+        Action::Learn => {
+            ha.elections.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                "quota failover: elected without a snapshot; learning for one lease length"
+            );
+            api.server.restart(now);
+        }
+        Action::Forget => api.server.restart(now),
+    }
+    let role = ha.leadership.lock().role(now);
+    let label = match &role {
+        Role::Leader => {
+            api.server.hold(None);
+            "leader"
+        }
+        Role::Holding { since } => {
+            api.server.hold(Some(*since));
+            "holding"
+        }
+        Role::Follower { .. } => {
+            api.server.hold(None);
+            "follower"
+        }
+    };
+    let mut logged = ha.logged.lock();
+    if *logged != label {
+        match &role {
+            Role::Leader => tracing::info!("quota failover: this server leads"),
+            Role::Holding { .. } => tracing::warn!(
+                "quota failover: leadership cannot be proven (Redis unreachable); serving from memory, no grant grows"
+            ),
+            Role::Follower { leader } => tracing::info!(
+                leader = leader.as_deref().unwrap_or("unknown"),
+                "quota failover: following"
+            ),
+        }
+        *logged = label;
+    }
+}
+
+/// A stopping leader steps down: its last snapshot is stored and the key deleted, so another
+/// server takes over at its next campaign. Bounded by the store's timeout.
+pub async fn resign(api: &QuotaApi) {
+    let Some(ha) = &api.ha else { return };
+    ha.stopped.store(true, Ordering::Relaxed);
+    let now = api.clock.now();
+    let (token, config) = {
+        let mut l = ha.leadership.lock();
+        let t = (l.token(), *l.config());
+        // From here on, calls are answered 503: clients go to the next leader.
+        l.step_down();
+        t
+    };
+    let Some(token) = token else { return };
+    let snapshot = Snapshot::new(token, unix_ms(), api.server.snapshot(now)).encode();
+    match ha
+        .election
+        .resign(Some(&snapshot), snapshot_ttl(api, &config))
+        .await
+    {
+        Ok(true) => tracing::info!("quota failover: resigned the leadership"),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "quota failover: could not resign; another server takes over when the key expires")
+        }
+    }
+}
