@@ -14,6 +14,7 @@
 //! - [`config`]: the quota file (resources and templates, located errors).
 //! - [`server`]: every resource's table behind the protocol front ends.
 //! - [`ha`]: failover — one leader among several servers, its fencing token and snapshot.
+//! - [`proto`]: the gRPC lease API's messages (`proto/weir/quota/v1/quota.proto`).
 //! - [`net`]: the lease client over the network (HTTP/JSON), refreshing every resource of a
 //!   process in one call.
 //! - [`sim`]: all of it on virtual time, with the measures of `weir simulate quota`.
@@ -24,6 +25,7 @@ pub mod config;
 pub mod ha;
 pub mod lease;
 pub mod net;
+pub mod proto;
 pub mod server;
 pub mod sim;
 

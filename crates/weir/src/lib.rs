@@ -12,6 +12,7 @@ pub mod overload;
 pub mod proxy;
 pub mod quota;
 pub mod quota_api;
+pub mod quota_grpc;
 pub mod quota_ha;
 pub mod reload;
 pub mod rls;

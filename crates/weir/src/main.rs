@@ -144,6 +144,10 @@ struct ServeArgs {
     /// (default: http:// and --http-addr, which must then be a specific address and port).
     #[arg(long, value_name = "URL")]
     quota_advertise: Option<String>,
+    /// With failover: the HOST:PORT gRPC lease clients are sent to when this server leads
+    /// (default: --grpc-addr when it is a specific address and port).
+    #[arg(long, value_name = "HOST:PORT")]
+    quota_advertise_grpc: Option<String>,
     /// With failover: the leader key's time to live; renewed every fifth of it. A dead
     /// leader is replaced within about 1.2 × this.
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "5s")]
@@ -700,10 +704,15 @@ async fn serve(args: ServeArgs) -> ExitCode {
             if args.quota_leader_ttl < Duration::from_millis(250) {
                 return fail("--quota-leader-ttl: at least 250ms");
             }
+            // The gRPC address is advertised when it is one a client can dial.
+            let grpc = (args.grpc_addr.port() != 0 && !args.grpc_addr.ip().is_unspecified())
+                .then(|| args.grpc_addr.to_string());
+            let grpc = args.quota_advertise_grpc.clone().or(grpc);
             match weir::quota_ha::Ha::new(
                 &args.store,
                 &args.quota_group,
                 &advertise,
+                grpc.as_deref(),
                 args.quota_leader_ttl,
             ) {
                 Ok(h) => Some(h),

@@ -108,6 +108,31 @@ impl QuotaApi {
             .with_state(self.clone())
     }
 
+    /// One refresh of `client` (`count` resources asked, `asks` the first of them) at `now`,
+    /// whatever the protocol: the checks of the call, then the lease server.
+    pub(crate) fn refresh(
+        &self,
+        client: &str,
+        count: usize,
+        asks: &[(String, Ask)],
+        now: weir_core::Nanos,
+    ) -> Result<Vec<Result<weir_quota::Lease, weir_quota::server::Refusal>>, String> {
+        if client.is_empty() || client.len() > 256 {
+            return Err("client: 1 to 256 bytes".into());
+        }
+        if count > MAX_RESOURCES_PER_CALL {
+            return Err(format!(
+                "resources: at most {MAX_RESOURCES_PER_CALL} per call"
+            ));
+        }
+        Ok(self.server.refresh(client, asks, now))
+    }
+
+    /// Gives `client`'s leases on `resources` back.
+    pub(crate) fn release(&self, client: &str, resources: &[String]) {
+        self.server.release(client, resources);
+    }
+
     /// Prometheus text for every resource in use, its clients (at most
     /// [`MAX_CLIENT_SERIES`] series) and the failover role.
     pub fn render_metrics(&self, out: &mut String) {
@@ -253,16 +278,8 @@ async fn refresh(
         Ok(b) => b,
         Err(r) => return r,
     };
-    if b.client.is_empty() || b.client.len() > 256 {
-        return bad("client: 1 to 256 bytes".into());
-    }
-    if b.resources.len() > MAX_RESOURCES_PER_CALL {
-        return bad(format!(
-            "resources: at most {MAX_RESOURCES_PER_CALL} per call"
-        ));
-    }
-    let mut asks = Vec::with_capacity(b.resources.len());
-    for (i, r) in b.resources.iter().enumerate() {
+    let mut asks = Vec::with_capacity(b.resources.len().min(MAX_RESOURCES_PER_CALL));
+    for (i, r) in b.resources.iter().enumerate().take(MAX_RESOURCES_PER_CALL) {
         let priority = match &r.priority {
             None => Criticality::Critical,
             Some(p) => match p.parse() {
@@ -284,7 +301,10 @@ async fn refresh(
     if let Some(r) = crate::quota_ha::not_leader(&api, now) {
         return r;
     }
-    let answers = api.server.refresh(&b.client, &asks, now);
+    let answers = match api.refresh(&b.client, b.resources.len(), &asks, now) {
+        Ok(a) => a,
+        Err(e) => return bad(e),
+    };
     let ms = |ns: u64| ns / 1_000_000;
     let leases: Vec<Value> = answers
         .iter()

@@ -23,6 +23,27 @@ use weir_redis::leader::{Election, Term};
 
 use crate::quota_api::QuotaApi;
 
+/// Where the leader is, as it advertised itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Leader {
+    /// `http://HOST:PORT` of its HTTP API.
+    pub http: String,
+    /// `HOST:PORT` of its gRPC port, if it advertised one.
+    pub grpc: Option<String>,
+}
+
+impl Leader {
+    /// Reads what [`Ha::new`] advertised: `HTTP[ grpc=HOST:PORT]`.
+    fn parse(advertised: &str) -> Self {
+        let mut parts = advertised.split(' ');
+        let http = parts.next().unwrap_or_default().to_string();
+        let grpc = parts
+            .find_map(|p| p.strip_prefix("grpc="))
+            .map(str::to_string);
+        Self { http, grpc }
+    }
+}
+
 /// One server's part in the failover.
 pub struct Ha {
     election: Election,
@@ -36,17 +57,29 @@ pub struct Ha {
 }
 
 impl Ha {
-    /// Campaigns in `group` on the Redis at `url`, advertised to clients as `advertise`
-    /// (`http://HOST:PORT` of this server's HTTP API); the leader key lives `ttl` and is
-    /// renewed every `ttl / 5`.
-    pub fn new(url: &str, group: &str, advertise: &str, ttl: Duration) -> Result<Self, String> {
-        if !advertise.starts_with("http://") {
+    /// Campaigns in `group` on the Redis at `url`, advertised to clients as `http`
+    /// (`http://HOST:PORT` of this server's HTTP API) and `grpc` (`HOST:PORT` of its gRPC
+    /// port); the leader key lives `ttl` and is renewed every `ttl / 5`.
+    pub fn new(
+        url: &str,
+        group: &str,
+        http: &str,
+        grpc: Option<&str>,
+        ttl: Duration,
+    ) -> Result<Self, String> {
+        let plain = |s: &str| !s.is_empty() && !s.contains([' ', '|']);
+        if !http.starts_with("http://") || !plain(http) {
             return Err(format!(
-                "--quota-advertise {advertise:?}: expected http://HOST:PORT"
+                "--quota-advertise {http:?}: expected http://HOST:PORT"
             ));
         }
+        let advertise = match grpc {
+            Some(g) if plain(g) => format!("{http} grpc={g}"),
+            Some(g) => return Err(format!("gRPC address {g:?}: expected HOST:PORT")),
+            None => http.to_string(),
+        };
         let renew = ttl / 5;
-        let election = Election::new(url, group, advertise, renew.max(Duration::from_millis(50)))
+        let election = Election::new(url, group, &advertise, renew.max(Duration::from_millis(50)))
             .map_err(|e| e.to_string())?;
         Ok(Self {
             election,
@@ -61,16 +94,18 @@ impl Ha {
     /// The role at `now`, for the allocation table.
     pub fn status(&self, now: Nanos) -> Value {
         let l = self.leadership.lock();
+        let me = Leader::parse(self.election.advertise());
         let (role, leader) = match l.role(now) {
-            Role::Leader => ("leader", Some(self.election.advertise().to_string())),
-            Role::Holding { .. } => ("holding", Some(self.election.advertise().to_string())),
-            Role::Follower { leader } => ("follower", leader),
+            Role::Leader => ("leader", Some(me.clone())),
+            Role::Holding { .. } => ("holding", Some(me.clone())),
+            Role::Follower { leader } => ("follower", leader.as_deref().map(Leader::parse)),
         };
         json!({
             "role": role,
-            "leader": leader,
+            "leader": leader.as_ref().map(|l| &l.http),
+            "leaderGrpc": leader.as_ref().and_then(|l| l.grpc.as_ref()),
             "token": l.token(),
-            "advertise": self.election.advertise(),
+            "advertise": me.http,
             "elections": self.elections.load(Ordering::Relaxed),
             "storeErrors": self.errors.load(Ordering::Relaxed),
         })
@@ -106,27 +141,36 @@ impl Ha {
     }
 }
 
-/// The answer of a server that must not allocate now, or `None` when it may.
-pub fn not_leader(api: &QuotaApi, now: Nanos) -> Option<axum::response::Response> {
+/// `None` when this server may allocate now; otherwise where the leader is (`Some(None)`:
+/// no leader known yet).
+pub fn elsewhere(api: &QuotaApi, now: Nanos) -> Option<Option<Leader>> {
     let ha = api.ha.as_ref()?;
     let role = ha.leadership.lock().role(now);
     match role {
         Role::Leader | Role::Holding { .. } => None,
-        Role::Follower { leader: Some(l) } => Some(
-            (
-                StatusCode::MISDIRECTED_REQUEST,
-                axum::Json(json!({"error": "this server is not the quota leader", "leader": l})),
-            )
-                .into_response(),
-        ),
-        Role::Follower { leader: None } => Some(
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                axum::Json(json!({"error": "no quota leader is known yet; retry", "leader": null})),
-            )
-                .into_response(),
-        ),
+        Role::Follower { leader } => Some(leader.as_deref().map(Leader::parse)),
     }
+}
+
+/// The HTTP answer of a server that must not allocate now (`421` naming the leader, `503`
+/// when none is known), or `None` when it may.
+pub fn not_leader(api: &QuotaApi, now: Nanos) -> Option<axum::response::Response> {
+    Some(match elsewhere(api, now)? {
+        Some(l) => (
+            StatusCode::MISDIRECTED_REQUEST,
+            axum::Json(json!({
+                "error": "this server is not the quota leader",
+                "leader": l.http,
+                "leaderGrpc": l.grpc,
+            })),
+        )
+            .into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"error": "no quota leader is known yet; retry", "leader": null})),
+        )
+            .into_response(),
+    })
 }
 
 fn unix_ms() -> u64 {
@@ -290,5 +334,27 @@ pub async fn resign(api: &QuotaApi) {
         Err(e) => {
             tracing::warn!(error = %e, "quota failover: could not resign; another server takes over when the key expires")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advertised_addresses_round_trip() {
+        assert_eq!(
+            Leader::parse("http://a:1 grpc=a:2"),
+            Leader {
+                http: "http://a:1".into(),
+                grpc: Some("a:2".into())
+            }
+        );
+        assert_eq!(Leader::parse("http://a:1").grpc, None);
+        let url = "redis://127.0.0.1:1";
+        let ttl = Duration::from_secs(1);
+        assert!(Ha::new(url, "g", "a:1", None, ttl).is_err());
+        assert!(Ha::new(url, "g", "http://a:1", Some("a b"), ttl).is_err());
+        assert!(Ha::new(url, "g", "http://a:1", Some("a:2"), ttl).is_ok());
     }
 }

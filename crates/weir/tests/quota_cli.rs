@@ -116,8 +116,8 @@ fn simulate_quota_on_the_built_in_scenario_meets_its_goals() {
     assert!(err.contains("FROM..TO"), "{err}");
 }
 
-/// `weir serve --quota FILE` on free ports: (child, HTTP port).
-struct Server(std::process::Child, u16);
+/// `weir serve --quota FILE` on free ports: (child, HTTP port, gRPC port).
+struct Server(std::process::Child, u16, u16);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -160,7 +160,7 @@ fn serve_quota(file: &std::path::Path) -> Server {
         &format!("127.0.0.1:{g}"),
     ]);
     assert!(line.contains("HTTP on"), "{line}");
-    Server(child, h)
+    Server(child, h, g)
 }
 
 fn granted(body: &str, i: usize) -> f64 {
@@ -247,6 +247,95 @@ fn serve_quota_leases_fair_shares_over_http() {
         assert!(std::time::Instant::now() < deadline, "not reloaded: {body}");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn serve_quota_leases_over_grpc_with_the_proto_files_messages() {
+    use weir_quota::proto::*;
+    let dir = std::env::temp_dir().join(format!("weir-quota-grpc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("quota.yaml");
+    std::fs::write(
+        &file,
+        "resources:\n  - {name: search, capacity: 10/s, lease: 1s, refresh: 1s}\n",
+    )
+    .unwrap();
+    let s = serve_quota(&file);
+    let ask = |client: &str, wants: f64, priority: Priority| RefreshRequest {
+        client: client.into(),
+        resources: vec![
+            ResourceAsk {
+                resource: "search".into(),
+                wants,
+                has: 0.0,
+                weight: 0.0,
+                priority: priority as i32,
+            },
+            ResourceAsk {
+                resource: "nope".into(),
+                wants: 1.0,
+                ..ResourceAsk::default()
+            },
+        ],
+    };
+    // Past the learning period (one lease, 1 s).
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let r: RefreshResponse =
+        common::quota_grpc(s.2, REFRESH_PATH, ask("a", 8.0, Priority::Sheddable))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(r.leases.len(), 2);
+    let l = &r.leases[0];
+    assert_eq!(
+        (l.resource.as_str(), l.granted, l.refresh_in_ms),
+        ("search", 8.0, 1000)
+    );
+    assert!(l.expires_in_ms > 900 && l.expires_in_ms <= 1000 && l.error.is_empty());
+    assert!(r.leases[1].error.contains("unknown resource"), "{r:?}");
+    // A CRITICAL_PLUS client is served first: the 2 left now, all 10 once a shrinks.
+    let b: RefreshResponse =
+        common::quota_grpc(s.2, REFRESH_PATH, ask("b", 10.0, Priority::CriticalPlus))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(b.leases[0].granted, 2.0);
+    let a: RefreshResponse =
+        common::quota_grpc(s.2, REFRESH_PATH, ask("a", 8.0, Priority::Sheddable))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(a.leases[0].granted, 0.0);
+    let _: ReleaseResponse = common::quota_grpc(
+        s.2,
+        RELEASE_PATH,
+        ReleaseRequest {
+            client: "b".into(),
+            resources: vec!["search".into()],
+        },
+    )
+    .await
+    .unwrap()
+    .into_inner();
+    let (_, body) = http(s.1, "GET", "/quota/v1/allocations", "");
+    assert!(!body.contains("\"client\":\"b\""), "released: {body}");
+    // Bad calls name the field.
+    let mut bad = ask("a", 1.0, Priority::Critical);
+    bad.resources[0].priority = 9;
+    let e = common::quota_grpc::<_, RefreshResponse>(s.2, REFRESH_PATH, bad)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("resources[0].priority"), "{e:?}");
+    let e = common::quota_grpc::<_, RefreshResponse>(
+        s.2,
+        REFRESH_PATH,
+        ask("", 1.0, Priority::Critical),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.message().contains("client"), "{e:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

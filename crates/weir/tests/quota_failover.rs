@@ -12,6 +12,8 @@
 #[path = "../../weir-redis/tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -68,6 +70,13 @@ impl Server {
         let body = get(self.http, "/quota/v1/allocations")?;
         let v: serde_json::Value = serde_json::from_str(&body).ok()?;
         v["failover"]["role"].as_str().map(str::to_string)
+    }
+
+    /// The leader this server names, if any.
+    fn leader(&self) -> Option<String> {
+        let body = get(self.http, "/quota/v1/allocations")?;
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        v["failover"]["leader"].as_str().map(str::to_string)
     }
 
     /// Refreshes this server answered for `search` (0 when it has no table).
@@ -235,7 +244,7 @@ fn three_servers_on_one_redis_hold_the_capacity_through_failures() {
     wait_for(Duration::from_secs(10), "followers", || {
         servers[1..]
             .iter()
-            .all(|s| s.role().as_deref() == Some("follower"))
+            .all(|s| s.role().as_deref() == Some("follower") && s.leader().is_some())
     });
     // The clients know every server, the leader last: they must follow a redirect.
     let list = [1, 2, 0]
@@ -391,5 +400,64 @@ fn three_servers_on_one_redis_hold_the_capacity_through_failures() {
         "restart: every client leased after {back:?}, fair {fair:?} later; peak {:.1}/s",
         peak(&restarted)
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_follower_names_the_leader_over_http_and_grpc() {
+    use weir_quota::proto::{RefreshRequest, RefreshResponse, ResourceAsk, REFRESH_PATH};
+    let redis = support::Redis::start();
+    let dir = std::env::temp_dir().join(format!("weir-quota-follower-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let quota = dir.join("quota.yaml");
+    std::fs::write(&quota, QUOTA).unwrap();
+    let (lh, lg) = (support::free_port(), support::free_port());
+    let leader = Server::start(&quota, &redis.url(), lh, lg);
+    wait_for(Duration::from_secs(10), "leader", || {
+        leader.role().as_deref() == Some("leader")
+    });
+    let (fh, fg) = (support::free_port(), support::free_port());
+    let follower = Server::start(&quota, &redis.url(), fh, fg);
+    wait_for(Duration::from_secs(10), "follower", || {
+        follower.role().as_deref() == Some("follower") && follower.leader().is_some()
+    });
+    // HTTP: 421 naming the leader's HTTP and gRPC addresses.
+    let body = r#"{"client":"c","resources":[{"resource":"search","wants":5}]}"#;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", fh)).unwrap();
+    write!(
+        s,
+        "POST /quota/v1/refresh HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 421"), "{answer}");
+    assert!(
+        answer.contains(&format!("\"leader\":\"http://127.0.0.1:{lh}\""))
+            && answer.contains(&format!("\"leaderGrpc\":\"127.0.0.1:{lg}\"")),
+        "{answer}"
+    );
+    // gRPC: FAILED_PRECONDITION with the leader in the metadata; the leader answers.
+    let ask = RefreshRequest {
+        client: "c".into(),
+        resources: vec![ResourceAsk {
+            resource: "search".into(),
+            wants: 5.0,
+            ..ResourceAsk::default()
+        }],
+    };
+    let e = common::quota_grpc::<_, RefreshResponse>(fg, REFRESH_PATH, ask.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    let named = e.metadata().get("weir-quota-leader-grpc").unwrap();
+    assert_eq!(named.to_str().unwrap(), format!("127.0.0.1:{lg}"));
+    let r = common::quota_grpc::<_, RefreshResponse>(lg, REFRESH_PATH, ask)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.leases.len(), 1);
+    assert!(r.leases[0].learning, "the first leader learns: {r:?}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -23,6 +23,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use crate::budget::{BodyError, ConnectionBudget};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use prost::Message;
+use weir_quota::proto::{REFRESH_PATH, RELEASE_PATH};
 
 use super::server::{from_proto, to_proto, Service};
 
@@ -45,6 +46,11 @@ pub enum Code {
     ResourceExhausted = 8,
     /// An unknown method, or a compressed message.
     Unimplemented = 12,
+    /// A quota call to a server that is not the quota leader (the leader is named in the
+    /// metadata).
+    FailedPrecondition = 9,
+    /// A quota call while no quota leader is known.
+    Unavailable = 14,
 }
 
 /// The ratelimit service as a hyper service, for one connection (whose request bodies count
@@ -82,10 +88,15 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    if req.uri().path() != PATH {
-        let m = format!("unknown method {}", req.uri().path());
-        return status(Code::Unimplemented, &m);
-    }
+    let path = req.uri().path();
+    let quota = match service.quota() {
+        Some(q) if path == REFRESH_PATH || path == RELEASE_PATH => Some((q, path == REFRESH_PATH)),
+        _ if path == PATH => None,
+        _ => {
+            let m = format!("unknown method {path}");
+            return status(Code::Unimplemented, &m);
+        }
+    };
     let grpc = req
         .headers()
         .get(http::header::CONTENT_TYPE)
@@ -109,6 +120,12 @@ where
         Err(e @ BodyError::Timeout(_)) => return status(Code::DeadlineExceeded, &e.to_string()),
         Err(e @ BodyError::Read(_)) => return status(Code::Cancelled, &e.to_string()),
     };
+    if let Some((api, refresh)) = quota {
+        return match unframe(&body.bytes) {
+            Ok(m) => crate::quota_grpc::call(api, refresh, m),
+            Err((code, m)) => status(code, m),
+        };
+    }
     let request = match decode(&body.bytes) {
         Ok(r) => r,
         Err((code, m)) => return status(code, &m),
@@ -146,7 +163,8 @@ fn unframe(body: &Bytes) -> Result<Bytes, (Code, &'static str)> {
     Ok(body.slice(5..))
 }
 
-fn ok(message: &impl Message) -> Response<GrpcBody> {
+/// A successful unary answer: `message`, then the `grpc-status: 0` trailer.
+pub fn ok(message: &impl Message) -> Response<GrpcBody> {
     let len = message.encoded_len();
     // A Vec, not a BytesMut: prost writes varints a byte at a time, and BytesMut's `put_slice`
     // is an out-of-line call (then memmove) per byte where Vec's inlines to a store.

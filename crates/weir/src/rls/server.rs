@@ -73,7 +73,12 @@ impl Service {
         self
     }
 
-    /// Also serves the cluster-quota lease API (`quota_api`) on the HTTP port.
+    /// The cluster-quota lease API, if served.
+    pub fn quota(&self) -> Option<&Arc<crate::quota_api::QuotaApi>> {
+        self.quota.as_ref()
+    }
+
+    /// Also serves the cluster-quota lease API (`quota_api`) on the HTTP and gRPC ports.
     pub fn with_quota(mut self, quota: Arc<crate::quota_api::QuotaApi>) -> Self {
         self.quota = Some(quota);
         self

@@ -106,3 +106,28 @@ pub fn json_number(json: &str, key: &str) -> f64 {
     let end = rest.find([',', '}']).unwrap();
     rest[..end].trim().parse().unwrap()
 }
+
+/// One unary call of the quota gRPC API with tonic's client: the answer or the status.
+pub async fn quota_grpc<Req, Resp>(
+    port: u16,
+    path: &'static str,
+    request: Req,
+) -> Result<tonic::Response<Resp>, tonic::Status>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + 'static,
+{
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    grpc.unary(
+        tonic::Request::new(request),
+        http::uri::PathAndQuery::from_static(path),
+        tonic_prost::ProstCodec::<Req, Resp>::default(),
+    )
+    .await
+}

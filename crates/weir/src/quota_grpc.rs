@@ -1,0 +1,97 @@
+//! The cluster-quota lease API over gRPC (`proto/weir/quota/v1/quota.proto`), on `weir
+//! serve`'s gRPC port beside the rate-limit service: unary `Refresh` and `Release`, framed by
+//! hand like `ShouldRateLimit` ([`crate::rls::grpc`]). The answers are those of the HTTP/JSON
+//! API ([`crate::quota_api`]); a server that is not the quota leader answers
+//! `FAILED_PRECONDITION` with the leader in the metadata `weir-quota-leader-grpc` and
+//! `weir-quota-leader-http`, or `UNAVAILABLE` while no leader is known.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response};
+use prost::Message;
+use weir_core::Clock;
+use weir_quota::proto::{
+    Priority, RefreshRequest, RefreshResponse, ReleaseRequest, ReleaseResponse, ResourceLease,
+};
+use weir_quota::Ask;
+
+use crate::quota_api::QuotaApi;
+use crate::rls::grpc::{ok, status, Code, GrpcBody};
+
+/// Answers one call: `refresh` (else release) with its request `message`.
+pub fn call(api: &QuotaApi, refresh: bool, message: Bytes) -> Response<GrpcBody> {
+    let now = api.clock.now();
+    if let Some(leader) = crate::quota_ha::elsewhere(api, now) {
+        let Some(leader) = leader else {
+            return status(Code::Unavailable, "no quota leader is known yet; retry");
+        };
+        let mut r = status(
+            Code::FailedPrecondition,
+            &format!(
+                "this server is not the quota leader; the leader is {}",
+                leader.grpc.as_deref().unwrap_or(&leader.http)
+            ),
+        );
+        let h = r.headers_mut();
+        if let Some(v) = leader.grpc.and_then(|g| HeaderValue::from_str(&g).ok()) {
+            h.insert("weir-quota-leader-grpc", v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&leader.http) {
+            h.insert("weir-quota-leader-http", v);
+        }
+        return r;
+    }
+    if !refresh {
+        return match ReleaseRequest::decode(message) {
+            Ok(r) => {
+                api.release(&r.client, &r.resources);
+                ok(&ReleaseResponse {})
+            }
+            Err(e) => status(Code::InvalidArgument, &format!("bad ReleaseRequest: {e}")),
+        };
+    }
+    let request = match RefreshRequest::decode(message) {
+        Ok(r) => r,
+        Err(e) => return status(Code::InvalidArgument, &format!("bad RefreshRequest: {e}")),
+    };
+    let mut asks = Vec::with_capacity(request.resources.len().min(1_000));
+    for (i, r) in request.resources.iter().enumerate().take(1_000) {
+        let Ok(priority) = Priority::try_from(r.priority) else {
+            let m = format!("resources[{i}].priority: unknown value {}", r.priority);
+            return status(Code::InvalidArgument, &m);
+        };
+        asks.push((
+            r.resource.clone(),
+            Ask {
+                wants: r.wants,
+                has: r.has,
+                weight: if r.weight == 0.0 { 1.0 } else { r.weight },
+                priority: priority.criticality(),
+            },
+        ));
+    }
+    let answers = match api.refresh(&request.client, request.resources.len(), &asks, now) {
+        Ok(a) => a,
+        Err(e) => return status(Code::InvalidArgument, &e),
+    };
+    let leases = answers
+        .into_iter()
+        .zip(asks)
+        .map(|(a, (resource, _))| match a {
+            Ok(l) => ResourceLease {
+                resource,
+                granted: l.granted,
+                expires_in_ms: l.expires_at.saturating_sub(now) / 1_000_000,
+                refresh_in_ms: l.refresh.as_millis() as u64,
+                safe_capacity: l.safe_capacity,
+                learning: l.learning,
+                error: String::new(),
+            },
+            Err(e) => ResourceLease {
+                resource,
+                error: e.to_string(),
+                ..ResourceLease::default()
+            },
+        })
+        .collect();
+    ok(&RefreshResponse { leases })
+}
