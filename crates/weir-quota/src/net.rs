@@ -48,6 +48,9 @@ pub enum NetError {
     /// No resource was declared.
     #[error("a lease client needs at least one resource")]
     NoResource,
+    /// More resources than one client leases.
+    #[error("a lease client leases at most {MAX_RESOURCES} resources")]
+    TooManyResources,
     /// Not inside a tokio runtime.
     #[error("the lease client must be started inside a tokio runtime")]
     NoRuntime,
@@ -89,6 +92,9 @@ impl Builder {
         if self.resources.is_empty() {
             return Err(NetError::NoResource);
         }
+        if self.resources.len() > MAX_RESOURCES {
+            return Err(NetError::TooManyResources);
+        }
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| NetError::NoRuntime)?;
         let clock = MonotonicClock::new();
         let now = clock.now();
@@ -112,11 +118,7 @@ impl Builder {
                 ))
             })
             .collect();
-        let index = resources
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.name().to_string(), i))
-            .collect();
+        let table = Table::new(resources);
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
@@ -128,9 +130,11 @@ impl Builder {
                 .pool_idle_timeout(Duration::from_secs(90))
                 .build(connector),
             clock,
-            resources,
-            index,
+            table: arc_swap::ArcSwap::from_pointee(table),
+            seed,
+            config: self.config,
             stop: tokio::sync::Notify::new(),
+            wake: tokio::sync::Notify::new(),
             task: parking_lot::Mutex::new(None),
         });
         let task = runtime.spawn(refresh_loop(inner.clone()));
@@ -177,15 +181,39 @@ enum Current {
     Leader(Target),
 }
 
+/// The resources leased, indexed by name (replaced whole when one is added).
+struct Table {
+    resources: Vec<Arc<ResourceClient>>,
+    index: HashMap<String, usize>,
+}
+
+impl Table {
+    fn new(resources: Vec<Arc<ResourceClient>>) -> Self {
+        let index = resources
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.name().to_string(), i))
+            .collect();
+        Self { resources, index }
+    }
+}
+
+/// Most resources one client leases (the server takes at most this many per call).
+pub const MAX_RESOURCES: usize = 1_000;
+
 struct Inner {
     client_id: String,
     targets: Vec<Target>,
     current: parking_lot::Mutex<Current>,
     http: Client<HttpConnector, Full<Bytes>>,
     clock: MonotonicClock,
-    resources: Vec<Arc<ResourceClient>>,
-    index: HashMap<String, usize>,
+    table: arc_swap::ArcSwap<Table>,
+    /// For resources added later.
+    seed: u64,
+    config: ClientConfig,
     stop: tokio::sync::Notify,
+    /// A resource was added: refresh now.
+    wake: tokio::sync::Notify,
     task: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -211,16 +239,47 @@ impl LeaseClient {
     /// Takes `n` units of `resource` now; `None` for a resource not declared.
     #[inline]
     pub fn acquire(&self, resource: &str, n: u64) -> Option<Decision> {
-        let i = *self.inner.index.get(resource)?;
-        Some(self.inner.resources[i].acquire(n, self.inner.clock.now()))
+        let table = self.inner.table.load();
+        let i = *table.index.get(resource)?;
+        Some(table.resources[i].acquire(n, self.inner.clock.now()))
     }
 
     /// The state of `resource` (rate in force, counters).
-    pub fn resource(&self, name: &str) -> Option<&ResourceClient> {
-        self.inner
-            .index
-            .get(name)
-            .map(|&i| &*self.inner.resources[i])
+    pub fn resource(&self, name: &str) -> Option<Arc<ResourceClient>> {
+        let table = self.inner.table.load();
+        table.index.get(name).map(|&i| table.resources[i].clone())
+    }
+
+    /// Leases `name` too (a reloaded configuration uses a new resource), enforcing `safe`
+    /// units/s until its first lease, which is asked for at once. Answers whether it was
+    /// added (`false`: already leased, or [`MAX_RESOURCES`] reached — then logged).
+    pub fn add_resource(&self, name: &str, safe: f64) -> bool {
+        let mut added = false;
+        self.inner.table.rcu(|t| {
+            added = false;
+            if t.index.contains_key(name) || t.resources.len() >= MAX_RESOURCES {
+                return Arc::clone(t);
+            }
+            added = true;
+            let mut resources = t.resources.clone();
+            resources.push(Arc::new(ResourceClient::new(
+                name,
+                self.inner.config,
+                safe,
+                self.inner.seed ^ resources.len() as u64,
+                self.inner.clock.now(),
+            )));
+            Arc::new(Table::new(resources))
+        });
+        if added {
+            tracing::info!(client = %self.inner.client_id, resource = name, "lease client: new resource");
+            self.inner.wake.notify_one();
+        } else if self.inner.table.load().resources.len() >= MAX_RESOURCES
+            && !self.inner.table.load().index.contains_key(name)
+        {
+            tracing::warn!(client = %self.inner.client_id, resource = name, "lease client: at most {MAX_RESOURCES} resources; this one keeps its safe capacity");
+        }
+        added
     }
 
     /// Stops refreshing and gives every lease back to the server (best effort, 2 s at most).
@@ -230,7 +289,8 @@ impl LeaseClient {
         if let Some(task) = task {
             let _ = task.await;
         }
-        let names: Vec<&str> = self.inner.resources.iter().map(|r| r.name()).collect();
+        let table = self.inner.table.load();
+        let names: Vec<&str> = table.resources.iter().map(|r| r.name()).collect();
         let body = serde_json::json!({"client": self.inner.client_id, "resources": names});
         let target = match self.inner.current.lock().clone() {
             Current::Listed(i) => self.inner.targets[i].clone(),
@@ -267,8 +327,12 @@ async fn post(inner: &Inner, uri: &http::Uri, body: String) -> Result<(u16, Byte
 }
 
 /// One refresh of every resource: their leases, in order, or why not.
-async fn refresh_all(inner: &Inner, now: Nanos) -> Result<Vec<Option<Lease>>, String> {
-    let asks: Vec<serde_json::Value> = inner
+async fn refresh_all(
+    inner: &Inner,
+    table: &Table,
+    now: Nanos,
+) -> Result<Vec<Option<Lease>>, String> {
+    let asks: Vec<serde_json::Value> = table
         .resources
         .iter()
         .map(|r| {
@@ -369,15 +433,17 @@ async fn refresh_loop(inner: Arc<Inner>) {
     let mut reachable: Option<bool> = None;
     loop {
         let now = inner.clock.now();
-        if inner.resources.iter().any(|r| r.due(now)) {
-            match refresh_all(&inner, now).await {
+        // The table as of this round: the answers come in its order.
+        let table = inner.table.load_full();
+        if table.resources.iter().any(|r| r.due(now)) {
+            match refresh_all(&inner, &table, now).await {
                 Ok(leases) => {
                     if reachable != Some(true) {
                         tracing::info!(client = %inner.client_id, "lease server reached");
                     }
                     reachable = Some(true);
                     let now = inner.clock.now();
-                    for (r, lease) in inner.resources.iter().zip(leases) {
+                    for (r, lease) in table.resources.iter().zip(leases) {
                         match lease {
                             Some(l) => r.on_lease(l, now),
                             None => r.on_failure(now),
@@ -390,14 +456,14 @@ async fn refresh_loop(inner: Arc<Inner>) {
                     }
                     reachable = Some(false);
                     let now = inner.clock.now();
-                    for r in &inner.resources {
+                    for r in &table.resources {
                         r.on_failure(now);
                     }
                 }
             }
         }
         let now = inner.clock.now();
-        for r in &inner.resources {
+        for r in &table.resources {
             let before = r.rate().1;
             if r.poll(now) == Source::Safe && before == Source::Granted {
                 tracing::warn!(
@@ -406,7 +472,7 @@ async fn refresh_loop(inner: Arc<Inner>) {
                 );
             }
         }
-        let next = inner
+        let next = table
             .resources
             .iter()
             .map(|r| r.next_refresh_at())
@@ -416,6 +482,7 @@ async fn refresh_loop(inner: Arc<Inner>) {
             .min(1_000_000_000);
         tokio::select! {
             () = inner.stop.notified() => return,
+            () = inner.wake.notified() => {}
             () = tokio::time::sleep(Duration::from_nanos(next.max(1_000_000))) => {}
         }
     }

@@ -275,8 +275,28 @@ impl<C: Clock> Drop for Guard<C> {
 /// (`weir_quota::net::LeaseClient`) or anything that leases shares of a global limit.
 pub trait ClusterQuota: Send + Sync + 'static {
     /// Takes `n` units of `resource` now; `None` when `resource` is not one it leases (the
-    /// rule is then not enforced, and counted as a pass).
+    /// rule then enforces its own safe capacity locally).
     fn acquire(&self, resource: &str, n: u64) -> Option<weir_core::Decision>;
+}
+
+/// A cluster rule's own limiter at its safe capacity (GCRA, precise to 1/1000 unit/s, a burst
+/// of 10 ms of the rate and at least two units), used while its resource is not leased.
+fn cluster_fallback<C: Clock + Clone>(
+    c: &crate::config::ClusterLimit,
+    clock: &C,
+) -> Option<SingleRate<C>> {
+    let per_1000s = (c.safe.min(1e9) * 1000.0).round();
+    if per_1000s.is_nan() || per_1000s < 1.0 {
+        return None;
+    }
+    let quota =
+        weir_core::Quota::new(per_1000s as u64, std::time::Duration::from_secs(1000)).ok()?;
+    let burst = (c.safe * 0.01).ceil().max(2.0) as u64;
+    let gcra = weir_core::gcra::Gcra::new(quota, burst).ok()?;
+    Some(SingleRate::Gcra(weir_core::Limiter::with_clock(
+        gcra,
+        clock.clone(),
+    )))
 }
 
 /// A [`ClusterQuota`] as stored by the rules.
@@ -337,7 +357,8 @@ impl<C: Clock + Clone> Rules<C> {
         })
     }
 
-    /// Where `cluster` flow rules get their decisions from now on (before: they pass).
+    /// Where `cluster` flow rules get their decisions from now on (before, and for resources
+    /// it does not lease: each rule's safe capacity, enforced locally).
     pub fn set_cluster(&self, quota: impl ClusterQuota) {
         self.shared
             .cluster
@@ -562,12 +583,15 @@ impl<C: Clock + Clone> Rules<C> {
                     .map(|q| (q, f.config.window.unwrap_or(ONE_SECOND))),
             };
             if let Some(c) = &f.config.cluster {
+                // Not leased (no quota client, or one that does not know the resource yet):
+                // the rule's own limiter at its safe capacity — never unlimited.
                 let d = self
                     .shared
                     .cluster
                     .load()
                     .as_ref()
-                    .and_then(|h| h.0.acquire(&c.resource, 1));
+                    .and_then(|h| h.0.acquire(&c.resource, 1))
+                    .or_else(|| f.state.single.as_ref().map(|s| s.acquire_at(1, now)));
                 let ok = d.is_none_or(|d| d.allowed());
                 verdict(ok, f.config.shadow, &f.state.stats, || {
                     block(d.and_then(|d| d.retry_after()))
@@ -815,7 +839,11 @@ fn compile<C: Clock + Clone>(
                     && f.relate.is_none()
             });
             let state = match (reused, spec, f.concurrency) {
-                _ if f.relate.is_some() || f.cluster.is_some() => Arc::new(FlowState::empty()),
+                _ if f.relate.is_some() => Arc::new(FlowState::empty()),
+                _ if f.cluster.is_some() => Arc::new(FlowState {
+                    single: f.cluster.as_ref().and_then(|c| cluster_fallback(c, clock)),
+                    ..FlowState::empty()
+                }),
                 (Some((c, s)), Some(spec), _) => {
                     if let Some(rate) = &s.rate {
                         spec.check().map_err(err(&f.id))?;

@@ -253,11 +253,21 @@ impl weir_rules::engine::ClusterQuota for Limiters {
 
 #[test]
 fn cluster_rules_decide_through_their_provider_and_are_validated() {
-    let yaml = "resources:\n  - name: api\n    flow:\n      - {id: global, cluster: {resource: search, safe: 5}}\n";
-    let (r, _) = rules(yaml);
-    assert_eq!(r.cluster_resources(), vec![("search".to_string(), 5.0)]);
-    // No provider yet: not enforced.
-    assert_eq!(passes(&r, "api", &CTX, 10), 10);
+    let yaml = "resources:\n  - name: api\n    flow:\n      - {id: global, cluster: {resource: search, safe: 5}}\n  - name: new\n    flow:\n      - {id: fresh, cluster: {resource: unleased, safe: 100}}\n";
+    let (r, clock) = rules(yaml);
+    assert_eq!(
+        r.cluster_resources(),
+        vec![("search".to_string(), 5.0), ("unleased".to_string(), 100.0)]
+    );
+    // No provider yet: each rule's safe capacity, enforced locally (a burst of two units,
+    // then 5/s) — never unlimited.
+    assert_eq!(passes(&r, "api", &CTX, 10), 2);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        passes(&r, "api", &CTX, 10),
+        2,
+        "5/s, at most the burst at once"
+    );
     let q = weir_core::Quota::new(3, Duration::from_secs(3600)).unwrap();
     let mut m = std::collections::HashMap::new();
     m.insert(
@@ -266,6 +276,16 @@ fn cluster_rules_decide_through_their_provider_and_are_validated() {
     );
     r.set_cluster(Limiters(m));
     assert_eq!(passes(&r, "api", &CTX, 10), 3);
+    // A resource the provider does not lease (added by a reload, say): its safe capacity.
+    assert_eq!(passes(&r, "new", &CTX, 10), 2);
+    // Offered 200/s for a second: 100 pass (its rate), plus at most the burst.
+    let passed: usize = (0..100)
+        .map(|_| {
+            clock.advance(Duration::from_millis(10));
+            passes(&r, "new", &CTX, 2)
+        })
+        .sum();
+    assert!((100..=102).contains(&passed), "{passed}");
     let b = r.entry("api", &CTX).err().unwrap();
     assert_eq!((b.kind, &*b.rule), (RuleKind::Flow, "global"));
     for (bad, needle) in [

@@ -484,8 +484,6 @@ fn a_proxy_with_a_cluster_rule_admits_its_leased_share() {
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    let _ = proxy.kill();
-    let _ = proxy.wait();
     assert!(limited > 0, "demand above the share was limited");
     assert!(
         (30..=46).contains(&ok),
@@ -493,5 +491,31 @@ fn a_proxy_with_a_cluster_rule_admits_its_leased_share() {
     );
     let (_, alloc) = http(server.1, "GET", "/quota/v1/allocations", "");
     assert!(alloc.contains("weir-proxy-"), "{alloc}");
+    // A reload adds a cluster rule on a new resource: the proxy leases it too.
+    std::fs::write(
+        &quota,
+        "resources:\n  - {name: search, capacity: 20/s, lease: 2s, refresh: 1s}\n  - {name: checkout, capacity: 7/s, lease: 2s, refresh: 1s}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &rules,
+        "resources:\n  - name: api\n    flow:\n      - {id: api-global, cluster: {resource: search, safe: 5}}\n  - name: pay\n    flow:\n      - {id: pay-global, cluster: {resource: checkout, safe: 1}}\nhttp:\n  routes:\n    - {resource: api, prefix: /api}\n    - {resource: pay, prefix: /pay}\n",
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let _ = http(port, "GET", "/pay/x", "");
+        let (_, alloc) = http(server.1, "GET", "/quota/v1/allocations", "");
+        if alloc.contains("\"resource\":\"checkout\"") && alloc.contains("weir-proxy-") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "checkout not leased: {alloc}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = proxy.kill();
+    let _ = proxy.wait();
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -484,13 +484,29 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
     };
     let stats = Arc::new(ProxyStats::default());
     let st = stats.clone();
+    let (reloaded, leases, file) = (rules.clone(), quota.clone(), s.rules.clone());
     let _watcher = Watcher::start(
         rules.clone(),
         s.rules.clone(),
         s.reload_interval,
         move |e| {
             match e {
-                Event::Applied => st.reloads_applied.fetch_add(1, Ordering::Relaxed),
+                Event::Applied => {
+                    // Cluster resources new in this file are leased too; without a quota
+                    // server their rules enforce their safe capacity.
+                    for (name, safe) in reloaded.cluster_resources() {
+                        match &leases {
+                            Some(q) => {
+                                q.add_resource(&name, safe);
+                            }
+                            None => eprintln!(
+                                "weir proxy: warning: {}: cluster resource {name:?} without --quota-server: enforcing its safe capacity ({safe}/s) locally",
+                                file.display()
+                            ),
+                        }
+                    }
+                    st.reloads_applied.fetch_add(1, Ordering::Relaxed)
+                }
                 // The watcher logged it (one warning line with file, line and column).
                 Event::Rejected(_) => st.reloads_rejected.fetch_add(1, Ordering::Relaxed),
             };
