@@ -24,6 +24,7 @@ use weir_rules::yaml::{self, LocatedErrors};
 
 use crate::allocate::Algorithm;
 use crate::lease::ResourceConfig;
+use crate::rlqs::{BucketRule, BucketTarget, RlqsConfig, ValuePattern};
 
 /// A whole quota configuration.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -32,6 +33,8 @@ pub struct QuotaConfig {
     pub resources: Vec<(String, ResourceConfig)>,
     /// Templates: a name with one `*`, matched against names no exact resource has.
     pub templates: Vec<(String, ResourceConfig)>,
+    /// Envoy's RLQS buckets and the resources they draw from (`None`: RLQS not served).
+    pub rlqs: Option<RlqsConfig>,
 }
 
 #[derive(Deserialize)]
@@ -39,6 +42,36 @@ pub struct QuotaConfig {
 struct RawConfig {
     #[serde(default)]
     resources: Vec<RawResource>,
+    #[serde(default)]
+    rlqs: Option<RawRlqs>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRlqs {
+    #[serde(default)]
+    domain: Option<String>,
+    #[serde(default)]
+    burst: Option<String>,
+    #[serde(default)]
+    idle: Option<String>,
+    #[serde(default)]
+    max_buckets_per_stream: Option<usize>,
+    #[serde(default)]
+    max_buckets: Option<usize>,
+    #[serde(default)]
+    buckets: Vec<RawBucket>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBucket {
+    #[serde(rename = "match")]
+    matches: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    resource: Option<String>,
+    #[serde(default)]
+    unlimited: bool,
 }
 
 #[derive(Deserialize)]
@@ -99,6 +132,96 @@ pub fn parse_rate(v: &serde_yaml_value::Value) -> Result<f64, String> {
     }
 }
 
+/// The `rlqs` section, checked against the resources already read.
+fn parse_rlqs(
+    r: &RawRlqs,
+    config: &QuotaConfig,
+    problems: &mut Vec<(String, String)>,
+) -> RlqsConfig {
+    let mut out = RlqsConfig {
+        domain: r.domain.clone(),
+        ..RlqsConfig::default()
+    };
+    let mut duration = |field: &str, v: &Option<String>, into: &mut Duration| {
+        if let Some(s) = v {
+            match weir_rules::config::parse_duration(s) {
+                Some(d) => *into = d,
+                None => problems.push((
+                    format!("rlqs.{field}"),
+                    format!("{s:?}: expected a positive duration like 1s or 1m"),
+                )),
+            }
+        }
+    };
+    duration("burst", &r.burst, &mut out.burst);
+    duration("idle", &r.idle, &mut out.idle);
+    for (field, v, into) in [
+        (
+            "max_buckets_per_stream",
+            r.max_buckets_per_stream,
+            &mut out.max_buckets_per_stream,
+        ),
+        ("max_buckets", r.max_buckets, &mut out.max_buckets),
+    ] {
+        match v {
+            Some(0) => problems.push((format!("rlqs.{field}"), "must be ≥ 1".into())),
+            Some(n) => *into = n,
+            None => {}
+        }
+    }
+    for (i, b) in r.buckets.iter().enumerate() {
+        let at = |field: &str| format!("rlqs.buckets[{i}].{field}");
+        if b.matches.is_empty() {
+            problems.push((at("match"), "give at least one key of the bucket id".into()));
+        }
+        let matches: Vec<(String, ValuePattern)> = b
+            .matches
+            .iter()
+            .map(|(k, v)| {
+                let p = if v == "*" {
+                    ValuePattern::Any
+                } else {
+                    ValuePattern::Exact(v.clone())
+                };
+                (k.clone(), p)
+            })
+            .collect();
+        let target = match (&b.resource, b.unlimited) {
+            (Some(_), true) | (None, false) => {
+                problems.push((
+                    at("resource"),
+                    "give exactly one of resource or unlimited: true".into(),
+                ));
+                BucketTarget::Unlimited
+            }
+            (None, true) => BucketTarget::Unlimited,
+            (Some(name), false) => {
+                // `{key}` takes the bucket's value of `key`, which must be matched by `*`.
+                let mut sample = name.clone();
+                for (k, p) in &matches {
+                    if *p == ValuePattern::Any {
+                        sample = sample.replace(&format!("{{{k}}}"), "x");
+                    }
+                }
+                if sample.contains('{') || sample.contains('}') {
+                    problems.push((
+                        at("resource"),
+                        format!("{name:?}: every {{key}} must be a key matched by \"*\""),
+                    ));
+                } else if config.resource(&sample).is_none() {
+                    problems.push((
+                        at("resource"),
+                        format!("{name:?}: no resource or template of this file covers it"),
+                    ));
+                }
+                BucketTarget::Resource(name.clone())
+            }
+        };
+        out.buckets.push(BucketRule { matches, target });
+    }
+    out
+}
+
 impl QuotaConfig {
     /// Parses and validates a quota file's text.
     pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedErrors> {
@@ -152,6 +275,9 @@ impl QuotaConfig {
                 out.resources.push((r.name.clone(), c));
             }
         }
+        if let Some(r) = &raw.rlqs {
+            out.rlqs = Some(parse_rlqs(r, &out, &mut problems));
+        }
         yaml::located(file, text, problems).map_or(Ok(out), Err)
     }
 
@@ -197,6 +323,34 @@ mod tests {
         );
         assert_eq!(c.resource("other"), None);
         assert_eq!(c.resource("tenant-"), Some(t));
+    }
+
+    #[test]
+    fn rlqs_buckets_map_to_resources_and_errors_are_located() {
+        let c = QuotaConfig::from_yaml(
+            Path::new("q.yaml"),
+            "resources:\n  - {name: search, capacity: 100}\n  - {name: 'user-*', capacity: 10}\nrlqs:\n  idle: 2m\n  buckets:\n    - {match: {name: per_user, user: '*'}, resource: 'user-{user}'}\n    - {match: {name: search}, resource: search}\n    - {match: {name: open}, unlimited: true}\n",
+        )
+        .unwrap();
+        let r = c.rlqs.unwrap();
+        assert_eq!(r.idle, Duration::from_secs(120));
+        assert_eq!(r.buckets.len(), 3);
+        assert_eq!(r.buckets[2].target, BucketTarget::Unlimited);
+        let e = QuotaConfig::from_yaml(
+            Path::new("q.yaml"),
+            "resources:\n  - {name: search, capacity: 100}\nrlqs:\n  max_buckets: 0\n  buckets:\n    - {match: {name: a, user: bob}, resource: 'user-{user}'}\n    - {match: {name: b}, resource: nope}\n    - {match: {}, unlimited: true, resource: search}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            "q.yaml:4:16: rlqs.max_buckets: must be ≥ 1",
+            "q.yaml:6:47: rlqs.buckets[0].resource: \"user-{user}\": every {key}",
+            "q.yaml:7:36: rlqs.buckets[1].resource: \"nope\": no resource",
+            "rlqs.buckets[2].match: give at least one key",
+            "rlqs.buckets[2].resource: give exactly one",
+        ] {
+            assert!(e.contains(needle), "{needle} in {e}");
+        }
     }
 
     #[test]

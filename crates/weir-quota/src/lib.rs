@@ -14,6 +14,8 @@
 //! - [`config`]: the quota file (resources and templates, located errors).
 //! - [`server`]: every resource's table behind the protocol front ends.
 //! - [`ha`]: failover — one leader among several servers, its fencing token and snapshot.
+//! - [`rlqs`]: Envoy's Rate Limit Quota Service on the lease server (buckets → resources,
+//!   shares sent as token buckets).
 //! - [`proto`]: the gRPC lease API's messages (`proto/weir/quota/v1/quota.proto`).
 //! - [`net`]: the lease client over the network (HTTP/JSON), refreshing every resource of a
 //!   process in one call.
@@ -26,6 +28,7 @@ pub mod ha;
 pub mod lease;
 pub mod net;
 pub mod proto;
+pub mod rlqs;
 pub mod server;
 pub mod sim;
 

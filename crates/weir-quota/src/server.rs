@@ -220,6 +220,13 @@ impl LeaseServer {
                         .resource(resource)
                         .ok_or_else(|| Refusal::UnknownResource(resource.clone()))?;
                     if tables.len() >= MAX_RESOURCES {
+                        // Make room: tables whose leases all lapsed.
+                        tables.retain(|_, t| {
+                            t.expire(now);
+                            !t.holders().is_empty() || t.learning(now)
+                        });
+                    }
+                    if tables.len() >= MAX_RESOURCES {
                         return Err(Refusal::BadAsk {
                             resource: resource.clone(),
                             reason: format!("more than {MAX_RESOURCES} resources in use"),
@@ -255,14 +262,24 @@ impl LeaseServer {
             .collect()
     }
 
-    /// `client` gives back its leases on `resources` (shutting down).
+    /// `client` gives back its leases on `resources` (shutting down). A table left without
+    /// holders (and not learning) is dropped: templates create one per name, and names come
+    /// and go (one per user, say).
     pub fn release(&self, client: &str, resources: &[String]) {
         let mut tables = self.tables.lock();
         for r in resources {
             if let Some(t) = tables.get_mut(r) {
                 t.release(client);
+                if t.holders().is_empty() && t.learning_until() == 0 {
+                    tables.remove(r);
+                }
             }
         }
+    }
+
+    /// The configured capacity of `resource` (units/s), if configured.
+    pub fn capacity(&self, resource: &str) -> Option<f64> {
+        self.config.lock().resource(resource).map(|c| c.capacity)
     }
 
     /// Every resource in use at `now` (expired leases dropped first), sorted by name.
@@ -327,7 +344,9 @@ mod tests {
         assert_eq!(all.len(), 2);
         assert_eq!((all[0].resource.as_str(), all[0].granted), ("a", 6.0));
         s.release("c1", &["a".into()]);
-        assert_eq!(s.allocations(31 * S)[0].granted, 0.0);
+        // Without holders the table is dropped (templates make one per name).
+        let all = s.allocations(31 * S);
+        assert_eq!((all.len(), all[0].resource.as_str()), (1, "t-x"));
     }
 
     #[test]
