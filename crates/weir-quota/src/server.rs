@@ -277,6 +277,11 @@ impl LeaseServer {
         }
     }
 
+    /// The `rlqs` section in force, if any.
+    pub fn rlqs_config(&self) -> Option<crate::rlqs::RlqsConfig> {
+        self.config.lock().rlqs.clone()
+    }
+
     /// The configured capacity of `resource` (units/s), if configured.
     pub fn capacity(&self, resource: &str) -> Option<f64> {
         self.config.lock().resource(resource).map(|c| c.capacity)

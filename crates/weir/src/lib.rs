@@ -15,5 +15,6 @@ pub mod quota_api;
 pub mod quota_grpc;
 pub mod quota_ha;
 pub mod reload;
+pub mod rlqs;
 pub mod rls;
 pub mod simulate;

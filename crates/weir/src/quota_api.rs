@@ -45,6 +45,8 @@ pub struct QuotaApi {
     path: PathBuf,
     /// Failover through Redis, when several servers share the quota.
     pub(crate) ha: Option<crate::quota_ha::Ha>,
+    /// Envoy's RLQS on this lease server (made on first use).
+    rlqs: std::sync::OnceLock<Arc<crate::rlqs::Rlqs>>,
 }
 
 impl QuotaApi {
@@ -57,6 +59,7 @@ impl QuotaApi {
             clock,
             path,
             ha: None,
+            rlqs: std::sync::OnceLock::new(),
         }))
     }
 
@@ -70,7 +73,28 @@ impl QuotaApi {
             clock,
             path,
             ha: Some(ha),
+            rlqs: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// The lease server.
+    pub fn lease_server(&self) -> &LeaseServer {
+        &self.server
+    }
+
+    /// Whether the quota file in force has an `rlqs` section.
+    pub fn serves_rlqs(&self) -> bool {
+        self.server.rlqs_config().is_some()
+    }
+
+    /// The `rlqs` section in force.
+    pub fn rlqs_config(&self) -> Option<weir_quota::rlqs::RlqsConfig> {
+        self.server.rlqs_config()
+    }
+
+    /// The RLQS service on this lease server.
+    pub fn rlqs(self: &Arc<Self>) -> Arc<crate::rlqs::Rlqs> {
+        self.rlqs.get_or_init(|| crate::rlqs::Rlqs::new(self)).clone()
     }
 
     /// The longest lease of the configuration (templates included).
@@ -205,6 +229,9 @@ impl QuotaApi {
         }
         if let Some(ha) = &self.ha {
             ha.render_metrics(now, out);
+        }
+        if let Some(r) = self.rlqs.get() {
+            r.render_metrics(out);
         }
     }
 }

@@ -68,14 +68,35 @@ impl GrpcService {
     }
 }
 
+/// A unary answer framed here, or the answer of tonic's RLQS stream.
+pub type AnyBody = http_body_util::Either<GrpcBody, tonic::body::Body>;
+
 impl hyper::service::Service<Request<Incoming>> for GrpcService {
-    type Response = Response<GrpcBody>;
+    type Response = Response<AnyBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<GrpcBody>, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<AnyBody>, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let (service, budget) = (self.service.clone(), self.budget.clone());
-        Box::pin(async move { Ok(handle(&service, &budget, req).await) })
+        if req.uri().path() == crate::rlqs::PATH {
+            if let Some(q) = service.quota().filter(|q| q.serves_rlqs()) {
+                // A long-lived stream: tonic reads it as it comes (bounded per message),
+                // not the unary path's whole-body read.
+                let mut rlqs = q.rlqs().server();
+                return Box::pin(async move {
+                    let r = tower::Service::call(&mut rlqs, req).await;
+                    Ok(match r {
+                        Ok(r) => r.map(http_body_util::Either::Right),
+                        Err(never) => match never {},
+                    })
+                });
+            }
+        }
+        Box::pin(async move {
+            Ok(handle(&service, &budget, req)
+                .await
+                .map(http_body_util::Either::Left))
+        })
     }
 }
 
@@ -89,7 +110,9 @@ where
     B::Error: std::fmt::Display,
 {
     let path = req.uri().path();
+    let health = path == crate::rlqs::HEALTH_PATH;
     let quota = match service.quota() {
+        _ if health => None,
         Some(q) if path == REFRESH_PATH || path == RELEASE_PATH => Some((q, path == REFRESH_PATH)),
         _ if path == PATH => None,
         _ => {
@@ -120,6 +143,17 @@ where
         Err(e @ BodyError::Timeout(_)) => return status(Code::DeadlineExceeded, &e.to_string()),
         Err(e @ BodyError::Read(_)) => return status(Code::Cancelled, &e.to_string()),
     };
+    if health {
+        return match unframe(&body.bytes)
+            .map_err(|(c, m)| (c, m.to_string()))
+            .and_then(|m| {
+                crate::rlqs::HealthCheckRequest::decode(m)
+                    .map_err(|e| (Code::InvalidArgument, format!("bad HealthCheckRequest: {e}")))
+            }) {
+            Ok(_) => ok(&crate::rlqs::health(service.quota().map(|q| &**q))),
+            Err((code, m)) => status(code, &m),
+        };
+    }
     if let Some((api, refresh)) = quota {
         return match unframe(&body.bytes) {
             Ok(m) => crate::quota_grpc::call(api, refresh, m),
