@@ -223,6 +223,7 @@ impl ResourceClient {
             0.0
         };
         Ask {
+            needs: None,
             wants,
             has,
             weight: self.config.weight,

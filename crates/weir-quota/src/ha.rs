@@ -249,6 +249,9 @@ pub struct SnapshotHolder {
     pub client: String,
     /// Its demand (units/s).
     pub wants: f64,
+    /// What it needs of it (absent: all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs: Option<f64>,
     /// Its weight.
     pub weight: f64,
     /// Its band.
@@ -282,6 +285,7 @@ impl Snapshot {
                         .map(|h| SnapshotHolder {
                             client: h.client,
                             wants: h.demand.wants,
+                            needs: (h.needs < h.demand.wants).then_some(h.needs),
                             weight: h.demand.weight,
                             priority: h.demand.priority.as_str().to_string(),
                             granted: h.granted,
@@ -306,7 +310,12 @@ impl Snapshot {
                             SnapshotError(format!("{}: {}: {e}", t.resource, h.client))
                         })?;
                         let ok = |v: f64| v.is_finite() && v >= 0.0;
-                        if !(ok(h.wants) && ok(h.granted) && h.weight.is_finite() && h.weight > 0.0)
+                        let needs = h.needs.unwrap_or(h.wants);
+                        if !(ok(h.wants)
+                            && ok(needs)
+                            && ok(h.granted)
+                            && h.weight.is_finite()
+                            && h.weight > 0.0)
                         {
                             return Err(SnapshotError(format!(
                                 "{}: {}: numbers out of range",
@@ -315,6 +324,7 @@ impl Snapshot {
                         }
                         Ok(Holder {
                             client: h.client,
+                            needs: needs.min(h.wants),
                             demand: Demand {
                                 wants: h.wants,
                                 weight: h.weight,
@@ -456,6 +466,7 @@ mod tests {
             learning_for: 2 * S,
             holders: vec![Holder {
                 client: "c".into(),
+                needs: 2.5,
                 demand: Demand {
                     wants: 3.5,
                     weight: 2.0,

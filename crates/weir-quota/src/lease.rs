@@ -64,8 +64,13 @@ impl Default for ResourceConfig {
 /// A client's refresh: its demand and what it believes it holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Ask {
-    /// Units per second it would use.
+    /// Units per second it would use (with headroom for growth).
     pub wants: f64,
+    /// Of `wants`, what it needs now (its measured rate, say): shares are divided on needs
+    /// first, and the headroom above (`wants − needs`) is granted only from capacity nobody
+    /// needs — so a light client's headroom never starves a heavy one. `None`: all of
+    /// `wants` is needed.
+    pub needs: Option<f64>,
     /// What it holds now (its last grant, if unexpired; 0 otherwise).
     pub has: f64,
     /// Its weight within its band (> 0).
@@ -79,6 +84,7 @@ impl Ask {
     pub fn wants(wants: f64) -> Self {
         Self {
             wants,
+            needs: None,
             has: 0.0,
             weight: 1.0,
             priority: Criticality::Critical,
@@ -109,6 +115,8 @@ pub struct Holder {
     pub client: String,
     /// Its last demand.
     pub demand: Demand,
+    /// Of `demand.wants`, what it needs ([`Ask::needs`]; equal when it gave none).
+    pub needs: f64,
     /// What it holds.
     pub granted: f64,
     /// Until when.
@@ -127,6 +135,8 @@ pub struct LeaseTable {
     /// `shares_at` (`None`: to recompute — a holder came or went since).
     demands: Vec<Demand>,
     shares: Vec<f64>,
+    /// The second pass (headroom from what nobody needs).
+    extra: Vec<f64>,
     shares_at: Option<Nanos>,
     /// Clients seen at the last refresh (for the default safe capacity).
     clients_seen: usize,
@@ -165,6 +175,7 @@ impl LeaseTable {
             index,
             demands: Vec::new(),
             shares: Vec::new(),
+            extra: Vec::new(),
             shares_at: None,
             hold: None,
             refreshes: 0,
@@ -290,6 +301,16 @@ impl LeaseTable {
                 value: ask.has,
             });
         }
+        let needs = match ask.needs {
+            Some(n) if n.is_finite() && n >= 0.0 => n.min(ask.wants),
+            Some(n) => {
+                return Err(QuotaError::Wants {
+                    client: 0,
+                    value: n,
+                })
+            }
+            None => ask.wants,
+        };
         self.expire(now);
         let learning = self.learning(now);
         let i = match self.index.get(client) {
@@ -298,6 +319,7 @@ impl LeaseTable {
                 self.holders.push(Holder {
                     client: client.to_string(),
                     demand,
+                    needs,
                     // Unknown to this table: while learning, what the client says it holds
                     // may still be out there; otherwise it holds nothing from us.
                     granted: if learning { ask.has } else { 0.0 },
@@ -310,6 +332,7 @@ impl LeaseTable {
             }
         };
         self.holders[i].demand = demand;
+        self.holders[i].needs = needs;
         // The fair shares are recomputed at most every `recompute` (and at once when a holder
         // came or went): O(n log n) per refresh would cost a resource with thousands of
         // clients more than the rest of the call. A share at most that old only delays a
@@ -319,14 +342,32 @@ impl LeaseTable {
             .shares_at
             .is_none_or(|at| now.saturating_sub(at) >= recompute);
         if stale {
+            // Needs first; then what nobody needs goes to the headroom above the needs.
             self.demands.clear();
-            self.demands.extend(self.holders.iter().map(|h| h.demand));
+            self.demands.extend(self.holders.iter().map(|h| Demand {
+                wants: h.needs,
+                ..h.demand
+            }));
             allocate(
                 self.config.capacity,
                 self.config.algorithm,
                 &self.demands,
                 &mut self.shares,
             )?;
+            let left = self.config.capacity - self.shares.iter().sum::<f64>();
+            if left > 1e-9 && self.holders.iter().any(|h| h.demand.wants > h.needs) {
+                for (d, (h, s)) in self
+                    .demands
+                    .iter_mut()
+                    .zip(self.holders.iter().zip(&self.shares))
+                {
+                    d.wants = (h.demand.wants - s).max(0.0);
+                }
+                allocate(left, self.config.algorithm, &self.demands, &mut self.extra)?;
+                for (s, e) in self.shares.iter_mut().zip(&self.extra) {
+                    *s += e;
+                }
+            }
             self.shares_at = Some(now);
         }
         let others: f64 = self
@@ -462,6 +503,30 @@ mod tests {
         assert_eq!(
             t.refresh("a", Ask::wants(1.0), 0).unwrap().safe_capacity,
             1.5
+        );
+    }
+
+    #[test]
+    fn headroom_comes_only_from_capacity_nobody_needs() {
+        let mut t = LeaseTable::resume(config(20.0), Vec::new());
+        let ask = |needs: f64| Ask {
+            needs: Some(needs),
+            ..Ask::wants(needs * 1.2 + 1.0)
+        };
+        // A light client (needs 8, wants 10.6) and a heavy one (needs 40): the heavy one gets
+        // all the light one does not need, not 20 − 10.6.
+        t.refresh("light", ask(8.0), 0).unwrap();
+        t.refresh("heavy", ask(40.0), 0).unwrap();
+        let light = t.refresh("light", ask(8.0), S).unwrap().granted;
+        let heavy = t.refresh("heavy", ask(40.0), S).unwrap().granted;
+        assert_eq!((light, heavy), (8.0, 12.0));
+        // Below capacity, the headroom is granted: 8 × 1.2 + 1 and 5 × 1.2 + 1.
+        t.refresh("heavy", ask(5.0), 2 * S).unwrap();
+        let light = t.refresh("light", ask(8.0), 3 * S).unwrap().granted;
+        let heavy = t.refresh("heavy", ask(5.0), 3 * S).unwrap().granted;
+        assert!(
+            (light - 10.6).abs() < 1e-9 && (heavy - 7.0).abs() < 1e-9,
+            "{light} {heavy}"
         );
     }
 

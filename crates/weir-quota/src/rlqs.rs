@@ -17,9 +17,12 @@
 //! - It never drops a bucket unless abandoned: idle buckets are abandoned
 //!   ([`RlqsConfig::idle`]), and buckets beyond the bounds are abandoned at once (counted).
 //!
-//! Demand per bucket: allowed + denied over the time since its last report, × 1.2 + 1 unit/s
-//! (as the lease client asks); a bucket's first report asks for the whole capacity (the grant is
-//! capped by what others hold, so that is safe) until its rate is known. Every second
+//! Demand per bucket: allowed + denied over the time since its last report (denied requests
+//! count, so a limited bucket's demand shows); it *needs* that rate and *wants* it × 1.2 + 1
+//! unit/s — the headroom is granted only from capacity no bucket needs ([`Ask::needs`]), so
+//! a light Envoy's headroom never starves a heavy one. A bucket's first report asks for the
+//! whole capacity (the grant is capped by what others hold, so that is safe) until its rate is
+//! known. Every second
 //! ([`Session::tick`]) each bucket is refreshed again and a changed assignment pushed, so a
 //! share moves within a second or two of a demand change, not at the next 5 s report.
 
@@ -295,10 +298,15 @@ struct Bucket {
     /// When it last had a request.
     last_active: Nanos,
     wants: f64,
+    /// Its measured demand (units/s): what it needs of `wants`.
+    needs: f64,
     /// Allowed units/s as last measured (what it uses of its assignment).
     used: f64,
     granted: f64,
     sent: Option<Assignment>,
+    /// When an assignment was last sent, and its TTL then.
+    sent_at: Nanos,
+    ttl: Nanos,
 }
 
 /// One Envoy's stream (see the module documentation).
@@ -392,9 +400,12 @@ impl Session {
                         last_report: None,
                         last_active: now,
                         wants: 0.0,
+                        needs: 0.0,
                         used: 0.0,
                         granted: 0.0,
                         sent: None,
+                        sent_at: 0,
+                        ttl: 0,
                     },
                 );
             }
@@ -427,7 +438,8 @@ impl Session {
             b.last_report = Some(now);
             match elapsed {
                 Some(e) if e >= 0.5 => {
-                    b.wants = count as f64 / e * 1.2 + 1.0;
+                    b.needs = count as f64 / e;
+                    b.wants = b.needs * 1.2 + 1.0;
                     b.used = usage.num_requests_allowed as f64 / e;
                 }
                 // Too soon to measure: keep the last estimate; none yet: ask for everything.
@@ -463,11 +475,16 @@ impl Session {
                 actions.push(abandon(b.id.clone()));
                 return false;
             }
-            let before = b.sent;
+            let (before, sent_at, ttl) = (b.sent, b.sent_at, b.ttl);
             if let Some(a) = assign(b, now, server, config) {
-                if b.sent != before {
+                // Changed, or half its TTL gone (reports may be further apart than it).
+                if b.sent != before || now.saturating_sub(sent_at) >= ttl / 2 {
                     totals.assignments.fetch_add(1, Ordering::Relaxed);
                     actions.push(a);
+                } else {
+                    // Not sent: Envoy's TTL still runs from the last send.
+                    b.sent_at = sent_at;
+                    b.ttl = ttl;
                 }
             }
             true
@@ -506,13 +523,15 @@ fn assign(
         Target::Unmatched => return None,
         Target::Unlimited => (Assignment::AllowAll, Duration::from_secs(60)),
         Target::Resource(resource) => {
-            let wants = if b.wants.is_finite() {
-                b.wants
+            let (wants, needs) = if b.wants.is_finite() {
+                (b.wants, b.needs)
             } else {
-                server.capacity(resource)?
+                let c = server.capacity(resource)?;
+                (c, c)
             };
             let ask = Ask {
                 wants,
+                needs: Some(needs),
                 has: b.used.max(b.granted),
                 weight: 1.0,
                 priority: Criticality::Critical,
@@ -536,6 +555,8 @@ fn assign(
     b.sent = Some(assignment);
     // Whole seconds, at least one (Envoy expires a shorter TTL at once), never past the lease.
     let ttl_secs = ttl.as_secs().max(1);
+    b.sent_at = now;
+    b.ttl = ttl_secs.saturating_mul(1_000_000_000);
     Some(BucketAction {
         bucket_id: Some(b.id.clone()),
         bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
@@ -666,16 +687,18 @@ mod tests {
         assert_eq!(strategy(&act[0]), Some(tb(5, 1, 5)));
         let act = b.tick(S, &server, &config, &totals);
         assert_eq!(strategy(&act[0]), Some(tb(5, 1, 5)));
-        // Nothing changed: nothing pushed.
+        // Nothing changed: nothing pushed — until half the TTL (30 s) has gone by.
         assert!(a.tick(2 * S, &server, &config, &totals).is_empty());
-        // Reports 5 s apart measure demand on the server's clock: a light a (1/s) keeps what it
-        // asks for (1 × 1.2 + 1), the heavy b gets the rest.
+        assert!(a.tick(4 * S, &server, &config, &totals).is_empty());
+        // Reports 5 s apart measure demand on the server's clock: a light a needs 1/s, the
+        // heavy b (65 requests, 40 of them denied, in 4.9 s) 13.3/s; capacity is short, so a's
+        // headroom goes to b: 1 and 9.
         a.on_report(report(&bob, 5, 0), 5 * S, &server, &config, &totals)
             .unwrap();
         let act = b
             .on_report(report(&bob, 25, 40), 5 * S, &server, &config, &totals)
             .unwrap();
-        assert_eq!(strategy(&act[0]), Some(tb(39, 5, 8)), "10 − 2.2 = 7.8/s");
+        assert_eq!(strategy(&act[0]), Some(tb(9, 1, 9)), "10 − 1 = 9/s");
         assert!(b.tick(6 * S, &server, &config, &totals).is_empty());
         // Another user has its own capacity; an unlimited bucket is never limited.
         let alice = id(&[("name", "per_user"), ("user", "alice")]);
@@ -744,6 +767,28 @@ mod tests {
             act[0].bucket_action,
             Some(bucket_action::BucketAction::AbandonAction(_))
         ));
+    }
+
+    #[test]
+    fn an_unchanged_assignment_is_sent_again_before_half_its_ttl_is_gone() {
+        let (server, config) = setup(&YAML.replace("idle: 10s", "idle: 60s"));
+        let totals = RlqsTotals::default();
+        let bob = id(&[("name", "per_user"), ("user", "bob")]);
+        let mut s = Session::new("e");
+        assert_eq!(
+            s.on_report(report(&bob, 1, 0), 0, &server, &config, &totals)
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(s.tick(14 * S, &server, &config, &totals).is_empty());
+        let again = s.tick(15 * S, &server, &config, &totals);
+        assert_eq!(
+            strategy(&again[0]),
+            Some(tb(10, 1, 10)),
+            "TTL 30 s, half gone"
+        );
+        assert!(s.tick(16 * S, &server, &config, &totals).is_empty());
     }
 
     #[test]

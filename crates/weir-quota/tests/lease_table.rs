@@ -50,7 +50,7 @@ proptest! {
                 Op::Refresh { client, wants, has_factor } => {
                     // A client may over-claim after a restart (has > what it was granted).
                     let has = held[client] * f64::from(has_factor);
-                    let ask = Ask { wants: f64::from(wants) / 10.0, has, weight: 1.0 + (client % 3) as f64, priority: Criticality::ALL[client % 4] };
+                    let ask = Ask { needs: None, wants: f64::from(wants) / 10.0, has, weight: 1.0 + (client % 3) as f64, priority: Criticality::ALL[client % 4] };
                     let lease = t.refresh(&format!("c{client}"), ask, now).unwrap();
                     prop_assert!(lease.granted <= ask.wants + 1e-9);
                     prop_assert!(lease.granted >= 0.0);

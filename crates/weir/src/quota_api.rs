@@ -94,7 +94,9 @@ impl QuotaApi {
 
     /// The RLQS service on this lease server.
     pub fn rlqs(self: &Arc<Self>) -> Arc<crate::rlqs::Rlqs> {
-        self.rlqs.get_or_init(|| crate::rlqs::Rlqs::new(self)).clone()
+        self.rlqs
+            .get_or_init(|| crate::rlqs::Rlqs::new(self))
+            .clone()
     }
 
     /// The longest lease of the configuration (templates included).
@@ -317,6 +319,7 @@ async fn refresh(
         asks.push((
             r.resource.clone(),
             Ask {
+                needs: None,
                 wants: r.wants,
                 has: r.has,
                 weight: r.weight,

@@ -62,6 +62,7 @@ pub fn call(api: &QuotaApi, refresh: bool, message: Bytes) -> Response<GrpcBody>
         asks.push((
             r.resource.clone(),
             Ask {
+                needs: None,
                 wants: r.wants,
                 has: r.has,
                 weight: if r.weight == 0.0 { 1.0 } else { r.weight },

@@ -94,15 +94,53 @@ impl Rlqs {
         use std::fmt::Write;
         let t = &self.totals;
         for (name, kind, help, v) in [
-            ("weir_rlqs_streams", "gauge", "RLQS streams open.", t.streams.load(Ordering::Relaxed) as u64),
-            ("weir_rlqs_buckets", "gauge", "RLQS buckets tracked.", t.buckets.load(Ordering::Relaxed) as u64),
-            ("weir_rlqs_reports_total", "counter", "Bucket usage reports received.", t.reports.load(Ordering::Relaxed)),
-            ("weir_rlqs_assignments_total", "counter", "Quota assignments sent.", t.assignments.load(Ordering::Relaxed)),
-            ("weir_rlqs_abandoned_idle_total", "counter", "Buckets abandoned after their idle time.", t.abandoned_idle.load(Ordering::Relaxed)),
-            ("weir_rlqs_refused_total", "counter", "Buckets refused (abandoned at once): a bound reached, or an id too long.", t.refused.load(Ordering::Relaxed)),
-            ("weir_rlqs_unmatched_total", "counter", "Buckets no rule matches (no assignment sent).", t.unmatched.load(Ordering::Relaxed)),
+            (
+                "weir_rlqs_streams",
+                "gauge",
+                "RLQS streams open.",
+                t.streams.load(Ordering::Relaxed) as u64,
+            ),
+            (
+                "weir_rlqs_buckets",
+                "gauge",
+                "RLQS buckets tracked.",
+                t.buckets.load(Ordering::Relaxed) as u64,
+            ),
+            (
+                "weir_rlqs_reports_total",
+                "counter",
+                "Bucket usage reports received.",
+                t.reports.load(Ordering::Relaxed),
+            ),
+            (
+                "weir_rlqs_assignments_total",
+                "counter",
+                "Quota assignments sent.",
+                t.assignments.load(Ordering::Relaxed),
+            ),
+            (
+                "weir_rlqs_abandoned_idle_total",
+                "counter",
+                "Buckets abandoned after their idle time.",
+                t.abandoned_idle.load(Ordering::Relaxed),
+            ),
+            (
+                "weir_rlqs_refused_total",
+                "counter",
+                "Buckets refused (abandoned at once): a bound reached, or an id too long.",
+                t.refused.load(Ordering::Relaxed),
+            ),
+            (
+                "weir_rlqs_unmatched_total",
+                "counter",
+                "Buckets no rule matches (no assignment sent).",
+                t.unmatched.load(Ordering::Relaxed),
+            ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
         }
     }
 }

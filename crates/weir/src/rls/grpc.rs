@@ -147,8 +147,12 @@ where
         return match unframe(&body.bytes)
             .map_err(|(c, m)| (c, m.to_string()))
             .and_then(|m| {
-                crate::rlqs::HealthCheckRequest::decode(m)
-                    .map_err(|e| (Code::InvalidArgument, format!("bad HealthCheckRequest: {e}")))
+                crate::rlqs::HealthCheckRequest::decode(m).map_err(|e| {
+                    (
+                        Code::InvalidArgument,
+                        format!("bad HealthCheckRequest: {e}"),
+                    )
+                })
             }) {
             Ok(_) => ok(&crate::rlqs::health(service.quota().map(|q| &**q))),
             Err((code, m)) => status(code, &m),
