@@ -228,6 +228,9 @@ async fn run(
             }
             () = tx.closed() => break None,
         };
+        if !actions.is_empty() {
+            tracing::debug!(client = %client, actions = ?actions, "RLQS assignments");
+        }
         if !actions.is_empty()
             && tx
                 .send(Ok(RateLimitQuotaResponse {

@@ -28,22 +28,6 @@ descriptors:
     rate_limit: {window: 30s, requests_per_unit: 2}
 ";
 
-fn envoy_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("WEIR_ENVOY") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var_os("WEIR_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/weir"));
-    let p = cache.join("envoy-venv/bin/envoy");
-    assert!(
-        p.exists(),
-        "envoy not found at {}: run scripts/test, which installs it",
-        p.display()
-    );
-    p
-}
-
 fn temp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("weir-e2e-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -164,7 +148,7 @@ static_resources:
     );
     let file = dir.join(format!("envoy-{port}.yaml"));
     std::fs::write(&file, yaml).unwrap();
-    let child = Command::new(envoy_bin())
+    let child = Command::new(common::envoy_bin())
         .args([
             "-c",
             file.to_str().unwrap(),
@@ -181,7 +165,7 @@ static_resources:
     let mut e = Envoy { child, port };
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        if ready(admin) {
+        if common::envoy_ready(admin) {
             return e;
         }
         if let Ok(Some(status)) = e.child.try_wait() {
@@ -190,22 +174,6 @@ static_resources:
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("envoy did not become ready");
-}
-
-/// Envoy's admin `/ready` answers LIVE.
-fn ready(admin: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", admin)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"GET /ready HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.contains("LIVE")
 }
 
 /// One GET through Envoy: (status, headers in lower case, latency).

@@ -131,3 +131,38 @@ where
     )
     .await
 }
+
+/// The Envoy binary: `$WEIR_ENVOY`, else the one scripts/test installs in the cache.
+pub fn envoy_bin() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("WEIR_ENVOY") {
+        return std::path::PathBuf::from(p);
+    }
+    let cache = std::env::var_os("WEIR_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/weir")
+        });
+    let p = cache.join("envoy-venv/bin/envoy");
+    assert!(
+        p.exists(),
+        "envoy not found at {}: run scripts/test, which installs it",
+        p.display()
+    );
+    p
+}
+
+/// Envoy's admin `/ready` answers LIVE.
+pub fn envoy_ready(admin: u16) -> bool {
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", admin)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+    if s.write_all(b"GET /ready HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.contains("LIVE")
+}

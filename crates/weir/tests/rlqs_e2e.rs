@@ -1,0 +1,304 @@
+//! Envoy's RLQS end to end: two real Envoys (configured from `deploy/envoy/rlqs.yaml`, ports
+//! replaced) in front of one upstream, one `weir serve --quota` dividing each user's capacity
+//! between them. Each Envoy is driven at its own rate; the upstream counts what it receives.
+//! Windows are seconds long, as for every end-to-end test.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Each user's capacity (units/s).
+const R: f64 = 20.0;
+
+const QUOTA: &str = "resources:
+  - {name: 'user-*', capacity: 20/s, lease: 10s}
+  - {name: closed, capacity: 0, lease: 10s}
+rlqs:
+  domain: envoy
+  idle: 20s
+  buckets:
+    - {match: {name: per_user, user: '*'}, resource: 'user-{user}'}
+    - {match: {name: closed}, resource: closed}
+    - {match: {name: open}, unlimited: true}
+";
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn weir(quota: &Path, http: u16, grpc: u16) -> Proc {
+    let (child, line) = common::start(&[
+        "serve",
+        "--quota",
+        quota.to_str().unwrap(),
+        "--http-addr",
+        &format!("127.0.0.1:{http}"),
+        "--grpc-addr",
+        &format!("127.0.0.1:{grpc}"),
+    ]);
+    assert!(line.contains("gRPC RLS v3"), "{line}");
+    Proc(child)
+}
+
+/// An Envoy from the documented configuration: (process, listener port).
+fn envoy(dir: &Path, id: &str, upstream: u16, grpc: u16) -> (Proc, u16) {
+    let (port, admin) = (common::free_port(), common::free_port());
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy/rlqs.yaml");
+    let yaml = std::fs::read_to_string(doc).unwrap();
+    let mut replaced = yaml.clone();
+    for (from, to) in [
+        ("port_value: 9901}", format!("port_value: {admin}}}")),
+        ("port_value: 10000}", format!("port_value: {port}}}")),
+        ("port_value: 8000}", format!("port_value: {upstream}}}")),
+        ("port_value: 8081}", format!("port_value: {grpc}}}")),
+        ("value: envoy-1}", format!("value: {id}}}")),
+    ] {
+        assert!(replaced.contains(from), "{from} in deploy/envoy/rlqs.yaml");
+        replaced = replaced.replace(from, &to);
+    }
+    let file = dir.join(format!("envoy-{id}.yaml"));
+    std::fs::write(&file, replaced).unwrap();
+    let child = Command::new(common::envoy_bin())
+        .args([
+            "-c",
+            file.to_str().unwrap(),
+            "--concurrency",
+            "1",
+            "-l",
+            "error",
+        ])
+        .args(["--base-id", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start envoy");
+    let mut p = Proc(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !common::envoy_ready(admin) {
+        assert!(Instant::now() < deadline, "envoy did not become ready");
+        if let Ok(Some(status)) = p.0.try_wait() {
+            panic!("envoy exited: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (p, port)
+}
+
+/// One GET through Envoy: (status, body). Reads exactly the answer (its Content-Length),
+/// not to the connection's close, which Envoy may delay after a local reply.
+fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    use std::io::BufRead;
+    let Ok(s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    let mut w = &s;
+    if w.write_all(req.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut r = std::io::BufReader::new(&s);
+    let (mut status, mut len) = (String::new(), 0usize);
+    if r.read_line(&mut status).is_err() {
+        return (0, String::new());
+    }
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; len];
+    let _ = r.read_exact(&mut body);
+    let code = status.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Sends `rate` requests/s for `user` through the Envoy on `port` (path `/{tag}`) until
+/// `until`.
+fn drive(
+    port: u16,
+    tag: &'static str,
+    user: &'static str,
+    rate: f64,
+    until: Instant,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut k = 0u32;
+        while Instant::now() < until {
+            let at = start + Duration::from_secs_f64(f64::from(k) / rate);
+            if let Some(d) = at.checked_duration_since(Instant::now()) {
+                std::thread::sleep(d);
+            }
+            let _ = get(port, &format!("/{tag}"), &[("x-user", user)]);
+            k += 1;
+        }
+    })
+}
+
+/// What the upstream received: (time, request path).
+type Log = Arc<Mutex<Vec<(Instant, String)>>>;
+
+/// Units/s the upstream received on `path` between `from` and `to`.
+fn rate(log: &Log, path: &str, from: Instant, to: Instant) -> f64 {
+    let n = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, p)| *t >= from && *t < to && p == path)
+        .count();
+    n as f64 / (to - from).as_secs_f64()
+}
+
+fn sleep_until(t: Instant) {
+    if let Some(d) = t.checked_duration_since(Instant::now()) {
+        std::thread::sleep(d);
+    }
+}
+
+#[test]
+fn two_envoys_share_each_users_capacity_max_min_fair() {
+    let dir = std::env::temp_dir().join(format!("weir-rlqs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let quota = dir.join("quota.yaml");
+    std::fs::write(&quota, QUOTA).unwrap();
+    let log: Log = Arc::default();
+    let sink = log.clone();
+    let upstream = common::http1_upstream(move |line, _| {
+        let path = line.split(' ').nth(1).unwrap_or("").to_string();
+        sink.lock().unwrap().push((Instant::now(), path));
+        "ok".to_string()
+    });
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let started = Instant::now();
+    let mut server = weir(&quota, http, grpc);
+    let (_a, port_a) = envoy(&dir, "envoy-a", upstream, grpc);
+    let (_b, port_b) = envoy(&dir, "envoy-b", upstream, grpc);
+    // The server learns for one lease (10 s) after its start: nothing is assigned meanwhile.
+    sleep_until(started + Duration::from_secs(11));
+
+    // bob: a light client on Envoy A (8/s) and a heavy one on Envoy B (40/s); alice: 30/s on B.
+    let t0 = Instant::now();
+    let until = t0 + Duration::from_secs(30);
+    let load = [
+        drive(port_a, "a/bob", "bob", 8.0, until),
+        drive(port_b, "b/bob", "bob", 40.0, until),
+        drive(port_b, "b/alice", "alice", 30.0, until),
+    ];
+    // An unlimited bucket never blocks; a zero-capacity one gets the configured deny answer.
+    let open: Vec<u16> = (0..30)
+        .map(|_| get(port_a, "/open", &[("x-bucket", "open")]).0)
+        .collect();
+    assert!(open.iter().all(|c| *c == 200), "{open:?}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, body) = get(port_a, "/closed", &[("x-bucket", "closed")]);
+        if code == 429 {
+            assert_eq!(body, "closed for now\n");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed bucket was never denied"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for h in load {
+        h.join().unwrap();
+    }
+    // Measured over the last 20 s (after two report intervals to converge).
+    let (from, to) = (t0 + Duration::from_secs(10), until);
+    let a_bob = rate(&log, "/a/bob", from, to);
+    let b_bob = rate(&log, "/b/bob", from, to);
+    let alice = rate(&log, "/b/alice", from, to);
+    eprintln!(
+        "bob: {a_bob:.2}/s via A (offered 8), {b_bob:.2}/s via B (offered 40), total {:.2}/s of {R}; alice {alice:.2}/s of {R}",
+        a_bob + b_bob
+    );
+    assert!(
+        a_bob >= 0.95 * 8.0,
+        "the light client gets all it asks: {a_bob}"
+    );
+    assert!(
+        a_bob + b_bob <= R * 1.05,
+        "bob over his capacity: {}",
+        a_bob + b_bob
+    );
+    assert!(
+        a_bob + b_bob >= 0.95 * R,
+        "bob under his capacity: {}",
+        a_bob + b_bob
+    );
+    assert!(alice <= R * 1.05 && alice >= 0.95 * R, "alice: {alice}");
+
+    // weir stops: Envoy B keeps its last assignment until its TTL (the 10 s lease, re-sent at
+    // least every 5 s), then its fallback (10/s, its local share); weir back: it learns for one
+    // lease, confirming what each bucket uses, then assigns full shares again.
+    let start = Instant::now();
+    let until = start + Duration::from_secs(50);
+    let heavy = drive(port_b, "b2/carol", "carol", 40.0, until);
+    let t1 = start + Duration::from_secs(12);
+    sleep_until(t1);
+    drop(server);
+    sleep_until(t1 + Duration::from_secs(4));
+    let kept = rate(&log, "/b2/carol", t1, t1 + Duration::from_secs(4));
+    sleep_until(t1 + Duration::from_secs(16));
+    let fallback = rate(
+        &log,
+        "/b2/carol",
+        t1 + Duration::from_secs(11),
+        t1 + Duration::from_secs(16),
+    );
+    let t3 = t1 + Duration::from_secs(17);
+    sleep_until(t3);
+    server = weir(&quota, http, grpc);
+    heavy.join().unwrap();
+    let per_second: Vec<String> = (0..50)
+        .map(|i| {
+            let f = start + Duration::from_secs(i);
+            format!(
+                "{:.0}",
+                rate(&log, "/b2/carol", f, f + Duration::from_secs(1))
+            )
+        })
+        .collect();
+    eprintln!(
+        "carol, per second from the start (weir stopped at 12 s, back at 29 s): {}",
+        per_second.join(" ")
+    );
+    let learning = rate(&log, "/b2/carol", t3, t3 + Duration::from_secs(10));
+    let resumed = rate(&log, "/b2/carol", t3 + Duration::from_secs(13), until);
+    eprintln!(
+        "weir stopped: {kept:.2}/s while the assignment lasts, {fallback:.2}/s on the fallback; restarted: {learning:.2}/s while it learns, then {resumed:.2}/s"
+    );
+    assert!(kept >= 0.9 * R && kept <= 1.05 * R, "kept {kept}");
+    assert!((9.0..=10.5).contains(&fallback), "fallback {fallback}");
+    assert!(
+        learning >= 9.0,
+        "no drop while the restarted server learns: {learning}"
+    );
+    assert!(
+        resumed >= 0.9 * R && resumed <= 1.05 * R,
+        "resumed {resumed}"
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
