@@ -247,7 +247,7 @@ fn two_envoys_share_each_users_capacity_max_min_fair() {
         "bob under his capacity: {}",
         a_bob + b_bob
     );
-    assert!(alice <= R * 1.05 && alice >= 0.95 * R, "alice: {alice}");
+    assert!((0.95 * R..=R * 1.05).contains(&alice), "alice: {alice}");
 
     // weir stops: Envoy B keeps its last assignment until its TTL (the 10 s lease, re-sent at
     // least every 5 s), then its fallback (10/s, its local share); weir back: it learns for one
@@ -289,7 +289,7 @@ fn two_envoys_share_each_users_capacity_max_min_fair() {
     eprintln!(
         "weir stopped: {kept:.2}/s while the assignment lasts, {fallback:.2}/s on the fallback; restarted: {learning:.2}/s while it learns, then {resumed:.2}/s"
     );
-    assert!(kept >= 0.9 * R && kept <= 1.05 * R, "kept {kept}");
+    assert!((0.9 * R..=1.05 * R).contains(&kept), "kept {kept}");
     assert!((9.0..=10.5).contains(&fallback), "fallback {fallback}");
     assert!(
         learning >= 9.0,
