@@ -295,10 +295,7 @@ fn two_envoys_share_each_users_capacity_max_min_fair() {
         learning >= 9.0,
         "no drop while the restarted server learns: {learning}"
     );
-    assert!(
-        resumed >= 0.9 * R && resumed <= 1.05 * R,
-        "resumed {resumed}"
-    );
+    assert!((0.9 * R..=1.05 * R).contains(&resumed), "resumed {resumed}");
     drop(server);
     let _ = std::fs::remove_dir_all(dir);
 }
