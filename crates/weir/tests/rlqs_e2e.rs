@@ -3,6 +3,9 @@
 //! between them. Each Envoy is driven at its own rate; the upstream counts what it receives.
 //! Windows are seconds long, as for every end-to-end test.
 
+#[path = "../../weir-redis/tests/support/mod.rs"]
+mod support;
+
 mod common;
 
 use std::io::{Read, Write};
@@ -52,6 +55,11 @@ fn weir(quota: &Path, http: u16, grpc: u16) -> Proc {
 
 /// An Envoy from the documented configuration: (process, listener port).
 fn envoy(dir: &Path, id: &str, upstream: u16, grpc: u16) -> (Proc, u16) {
+    envoy_to(dir, id, upstream, &[grpc])
+}
+
+/// The same with several weir servers in its RLQS cluster.
+fn envoy_to(dir: &Path, id: &str, upstream: u16, grpc: &[u16]) -> (Proc, u16) {
     let (port, admin) = (common::free_port(), common::free_port());
     let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy/rlqs.yaml");
     let yaml = std::fs::read_to_string(doc).unwrap();
@@ -60,7 +68,12 @@ fn envoy(dir: &Path, id: &str, upstream: u16, grpc: u16) -> (Proc, u16) {
         ("port_value: 9901}", format!("port_value: {admin}}}")),
         ("port_value: 10000}", format!("port_value: {port}}}")),
         ("port_value: 8000}", format!("port_value: {upstream}}}")),
-        ("port_value: 8081}", format!("port_value: {grpc}}}")),
+        (
+            "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8081}}}\n",
+            grpc.iter()
+                .map(|p| format!("        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}\n"))
+                .collect(),
+        ),
         ("value: envoy-1}", format!("value: {id}}}")),
     ] {
         assert!(replaced.contains(from), "{from} in deploy/envoy/rlqs.yaml");
@@ -297,5 +310,110 @@ fn two_envoys_share_each_users_capacity_max_min_fair() {
     );
     assert!((0.9 * R..=1.05 * R).contains(&resumed), "resumed {resumed}");
     drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `weir serve --quota` sharing the quota through Redis (leader key TTL 1 s).
+fn weir_ha(quota: &Path, redis: &str, http: u16, grpc: u16) -> Proc {
+    let (child, line) = common::start(&[
+        "serve",
+        "--quota",
+        quota.to_str().unwrap(),
+        "--store",
+        redis,
+        "--quota-leader-ttl",
+        "1s",
+        "--http-addr",
+        &format!("127.0.0.1:{http}"),
+        "--grpc-addr",
+        &format!("127.0.0.1:{grpc}"),
+    ]);
+    assert!(line.contains("gRPC RLS v3"), "{line}");
+    Proc(child)
+}
+
+/// The failover role `GET /quota/v1/allocations` reports.
+fn role(http: u16) -> String {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", http)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ =
+        s.write_all(b"GET /quota/v1/allocations HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let body = out.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["failover"]["role"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+#[test]
+fn envoy_follows_the_quota_leader_through_a_failover() {
+    let redis = support::Redis::start();
+    let dir = std::env::temp_dir().join(format!("weir-rlqs-ha-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let quota = dir.join("quota.yaml");
+    std::fs::write(&quota, QUOTA).unwrap();
+    let log: Log = Arc::default();
+    let sink = log.clone();
+    let upstream = common::http1_upstream(move |line, _| {
+        let path = line.split(' ').nth(1).unwrap_or("").to_string();
+        sink.lock().unwrap().push((Instant::now(), path));
+        "ok".to_string()
+    });
+    let ports: Vec<(u16, u16)> = (0..2)
+        .map(|_| (common::free_port(), common::free_port()))
+        .collect();
+    let started = Instant::now();
+    let leader = weir_ha(&quota, &redis.url(), ports[0].0, ports[0].1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while role(ports[0].0) != "leader" {
+        assert!(Instant::now() < deadline, "no leader");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let follower = weir_ha(&quota, &redis.url(), ports[1].0, ports[1].1);
+    let (_e, port) = envoy_to(&dir, "envoy-a", upstream, &[ports[0].1, ports[1].1]);
+    // The first leader learns for one lease (10 s).
+    sleep_until(started + Duration::from_secs(12));
+    let start = Instant::now();
+    let until = start + Duration::from_secs(40);
+    let load = drive(port, "zed", "zed", 40.0, until);
+    let t1 = start + Duration::from_secs(15);
+    sleep_until(t1);
+    let steady = rate(&log, "/zed", start + Duration::from_secs(8), t1);
+    drop(leader);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while role(ports[1].0) != "leader" {
+        assert!(Instant::now() < deadline, "no new leader");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let elected = t1.elapsed();
+    load.join().unwrap();
+    let per_second: Vec<f64> = (0..40)
+        .map(|i| {
+            let f = start + Duration::from_secs(i);
+            rate(&log, "/zed", f, f + Duration::from_secs(1))
+        })
+        .collect();
+    let after = rate(&log, "/zed", t1, until);
+    let settled = rate(&log, "/zed", t1 + Duration::from_secs(15), until);
+    eprintln!(
+        "steady {steady:.2}/s; leader killed at 15 s, new leader after {elected:?}; {after:.2}/s over the 25 s after, {settled:.2}/s from 15 s on; per second: {per_second:?}"
+    );
+    assert!((0.95 * R..=1.05 * R).contains(&steady), "steady {steady}");
+    // The Envoy keeps its assignment (TTL 10 s) through the switch and never exceeds it;
+    // the new leader resumes from the snapshot (the Envoy's weir-client-id names its rows).
+    assert!(
+        per_second[15..].iter().all(|r| *r <= R + 2.0),
+        "a second above the capacity: {per_second:?}"
+    );
+    assert!((0.9 * R..=1.05 * R).contains(&after), "after {after}");
+    assert!(
+        (0.95 * R..=1.05 * R).contains(&settled),
+        "settled {settled}"
+    );
+    drop(follower);
     let _ = std::fs::remove_dir_all(dir);
 }
