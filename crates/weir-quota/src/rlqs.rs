@@ -178,6 +178,14 @@ impl Assignment {
                 Self::DenyAll
             };
         }
+        // The previous token bucket is kept while it is within 2 % under the share: shares
+        // wobble by a fraction of a unit between reports and ticks, and each new assignment
+        // replaces Envoy's bucket (a fresh one, full) — keeping it is both steadier and safer.
+        if let Some(p @ Self::TokenBucket { .. }) = prev {
+            if p.rate() <= share && p.rate() >= 0.98 * share {
+                return p;
+            }
+        }
         let share = share.min(f64::from(u32::MAX) / 60.0);
         let tokens = |secs: u64| (share * secs as f64 + 1e-9).floor();
         let secs = FILL_SECS
@@ -607,6 +615,12 @@ mod tests {
             Assignment::for_share(27.0, b, Some(tb(27, 10, 3))),
             tb(270, 10, 27)
         );
+        // A share that wobbles (7.99 ↔ 8.0) keeps the assignment in force while it is within
+        // 2 % under the share; above the share it never stays.
+        assert_eq!(Assignment::for_share(7.99, b, None), tb(159, 20, 8));
+        assert_eq!(Assignment::for_share(8.0, b, Some(tb(159, 20, 8))), tb(159, 20, 8));
+        assert_eq!(Assignment::for_share(7.9, b, Some(tb(8, 1, 8))), tb(79, 10, 8));
+        assert_eq!(Assignment::for_share(9.0, b, Some(tb(8, 1, 8))), tb(9, 1, 9));
         for share in [0.3, 1.0, 1.7, 3.33, 12.5, 999.9, 1e6] {
             let a = Assignment::for_share(share, b, None);
             assert!(
