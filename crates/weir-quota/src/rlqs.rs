@@ -618,9 +618,18 @@ mod tests {
         // A share that wobbles (7.99 ↔ 8.0) keeps the assignment in force while it is within
         // 2 % under the share; above the share it never stays.
         assert_eq!(Assignment::for_share(7.99, b, None), tb(159, 20, 8));
-        assert_eq!(Assignment::for_share(8.0, b, Some(tb(159, 20, 8))), tb(159, 20, 8));
-        assert_eq!(Assignment::for_share(7.9, b, Some(tb(8, 1, 8))), tb(79, 10, 8));
-        assert_eq!(Assignment::for_share(9.0, b, Some(tb(8, 1, 8))), tb(9, 1, 9));
+        assert_eq!(
+            Assignment::for_share(8.0, b, Some(tb(159, 20, 8))),
+            tb(159, 20, 8)
+        );
+        assert_eq!(
+            Assignment::for_share(7.9, b, Some(tb(8, 1, 8))),
+            tb(79, 10, 8)
+        );
+        assert_eq!(
+            Assignment::for_share(9.0, b, Some(tb(8, 1, 8))),
+            tb(9, 1, 9)
+        );
         for share in [0.3, 1.0, 1.7, 3.33, 12.5, 999.9, 1e6] {
             let a = Assignment::for_share(share, b, None);
             assert!(

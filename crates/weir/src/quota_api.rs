@@ -52,27 +52,23 @@ pub struct QuotaApi {
 impl QuotaApi {
     /// Loads `path` and starts the lease server (learning for one lease length).
     pub fn load(path: PathBuf) -> Result<Arc<Self>, String> {
-        let config = QuotaConfig::load(&path).map_err(|e| e.to_string())?;
-        let clock = MonotonicClock::new();
-        Ok(Arc::new(Self {
-            server: LeaseServer::new(config, clock.now()),
-            clock,
-            path,
-            ha: None,
-            rlqs: std::sync::OnceLock::new(),
-        }))
+        Self::open(path, None)
     }
 
     /// Loads `path` for one of several servers sharing the quota through Redis: only the
     /// elected leader allocates ([`crate::quota_ha`]); the others name it.
     pub fn load_with_failover(path: PathBuf, ha: crate::quota_ha::Ha) -> Result<Arc<Self>, String> {
+        Self::open(path, Some(ha))
+    }
+
+    fn open(path: PathBuf, ha: Option<crate::quota_ha::Ha>) -> Result<Arc<Self>, String> {
         let config = QuotaConfig::load(&path).map_err(|e| e.to_string())?;
         let clock = MonotonicClock::new();
         Ok(Arc::new(Self {
             server: LeaseServer::new(config, clock.now()),
             clock,
             path,
-            ha: Some(ha),
+            ha,
             rlqs: std::sync::OnceLock::new(),
         }))
     }

@@ -148,32 +148,8 @@ static_resources:
     );
     let file = dir.join(format!("envoy-{port}.yaml"));
     std::fs::write(&file, yaml).unwrap();
-    let child = Command::new(common::envoy_bin())
-        .args([
-            "-c",
-            file.to_str().unwrap(),
-            "--concurrency",
-            "1",
-            "-l",
-            "error",
-        ])
-        .args(["--base-id", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start envoy");
-    let mut e = Envoy { child, port };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if common::envoy_ready(admin) {
-            return e;
-        }
-        if let Ok(Some(status)) = e.child.try_wait() {
-            panic!("envoy exited: {status} (config {})", file.display());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("envoy did not become ready");
+    let child = common::start_envoy(&file, admin, port);
+    Envoy { child, port }
 }
 
 /// One GET through Envoy: (status, headers in lower case, latency).

@@ -11,7 +11,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -81,29 +81,7 @@ fn envoy_to(dir: &Path, id: &str, upstream: u16, grpc: &[u16]) -> (Proc, u16) {
     }
     let file = dir.join(format!("envoy-{id}.yaml"));
     std::fs::write(&file, replaced).unwrap();
-    let child = Command::new(common::envoy_bin())
-        .args([
-            "-c",
-            file.to_str().unwrap(),
-            "--concurrency",
-            "1",
-            "-l",
-            "error",
-        ])
-        .args(["--base-id", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start envoy");
-    let mut p = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !common::envoy_ready(admin) {
-        assert!(Instant::now() < deadline, "envoy did not become ready");
-        if let Ok(Some(status)) = p.0.try_wait() {
-            panic!("envoy exited: {status}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let p = Proc(common::start_envoy(&file, admin, port));
     (p, port)
 }
 
@@ -181,15 +159,9 @@ fn rate(log: &Log, path: &str, from: Instant, to: Instant) -> f64 {
     n as f64 / (to - from).as_secs_f64()
 }
 
-fn sleep_until(t: Instant) {
-    if let Some(d) = t.checked_duration_since(Instant::now()) {
-        std::thread::sleep(d);
-    }
-}
-
-#[test]
-fn two_envoys_share_each_users_capacity_max_min_fair() {
-    let dir = std::env::temp_dir().join(format!("weir-rlqs-{}", std::process::id()));
+/// A directory with the quota file, and an upstream logging what it receives.
+fn setup(name: &str) -> (std::path::PathBuf, std::path::PathBuf, Log, u16) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let quota = dir.join("quota.yaml");
     std::fs::write(&quota, QUOTA).unwrap();
@@ -200,6 +172,18 @@ fn two_envoys_share_each_users_capacity_max_min_fair() {
         sink.lock().unwrap().push((Instant::now(), path));
         "ok".to_string()
     });
+    (dir, quota, log, upstream)
+}
+
+fn sleep_until(t: Instant) {
+    if let Some(d) = t.checked_duration_since(Instant::now()) {
+        std::thread::sleep(d);
+    }
+}
+
+#[test]
+fn two_envoys_share_each_users_capacity_max_min_fair() {
+    let (dir, quota, log, upstream) = setup("weir-rlqs");
     let (http, grpc) = (common::free_port(), common::free_port());
     let started = Instant::now();
     let mut server = weir(&quota, http, grpc);
@@ -352,17 +336,7 @@ fn role(http: u16) -> String {
 #[test]
 fn envoy_follows_the_quota_leader_through_a_failover() {
     let redis = support::Redis::start();
-    let dir = std::env::temp_dir().join(format!("weir-rlqs-ha-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let quota = dir.join("quota.yaml");
-    std::fs::write(&quota, QUOTA).unwrap();
-    let log: Log = Arc::default();
-    let sink = log.clone();
-    let upstream = common::http1_upstream(move |line, _| {
-        let path = line.split(' ').nth(1).unwrap_or("").to_string();
-        sink.lock().unwrap().push((Instant::now(), path));
-        "ok".to_string()
-    });
+    let (dir, quota, log, upstream) = setup("weir-rlqs-ha");
     let ports: Vec<(u16, u16)> = (0..2)
         .map(|_| (common::free_port(), common::free_port()))
         .collect();

@@ -166,3 +166,36 @@ pub fn envoy_ready(admin: u16) -> bool {
     let _ = s.read_to_string(&mut out);
     out.contains("LIVE")
 }
+
+/// Starts Envoy on `config` (one worker, errors on stderr, `--base-id` from `port` so that
+/// several run at once) and waits until its admin port says LIVE (30 s at most).
+pub fn start_envoy(config: &std::path::Path, admin: u16, port: u16) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(envoy_bin())
+        .args([
+            "-c",
+            config.to_str().unwrap(),
+            "--concurrency",
+            "1",
+            "-l",
+            "error",
+        ])
+        .args(["--base-id", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start envoy");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !envoy_ready(admin) {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("envoy exited: {status} (config {})", config.display());
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("envoy did not become ready (config {})", config.display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child
+}
