@@ -391,3 +391,107 @@ fn envoy_follows_the_quota_leader_through_a_failover() {
     drop(follower);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `name`'s value in Prometheus text (the first series of that name).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The body of `GET path` on a local port.
+fn fetch(port: u16, path: &str) -> String {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    );
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default()
+}
+
+/// Resident memory of a process, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn random_users_are_abandoned_when_idle_and_memory_stays_flat() {
+    let (dir, quota, _log, upstream) = setup("weir-rlqs-random");
+    std::fs::write(&quota, QUOTA.replace("idle: 20s", "idle: 3s")).unwrap();
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let server = weir(&quota, http, grpc);
+    let (port, admin) = (common::free_port(), common::free_port());
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy/rlqs.yaml");
+    let yaml = std::fs::read_to_string(doc)
+        .unwrap()
+        .replace("port_value: 9901}", &format!("port_value: {admin}}}"))
+        .replace("port_value: 10000}", &format!("port_value: {port}}}"))
+        .replace("port_value: 8000}", &format!("port_value: {upstream}}}"))
+        .replace("port_value: 8081}", &format!("port_value: {grpc}}}"));
+    let file = dir.join("envoy-random.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let envoy = Proc(common::start_envoy(&file, admin, port));
+    // A new user id on every request, 100/s for 45 s: 4 500 buckets offered.
+    let start = Instant::now();
+    let until = start + Duration::from_secs(45);
+    let driver = std::thread::spawn(move || {
+        let mut n = 0u64;
+        while Instant::now() < until {
+            let at = start + Duration::from_millis(n * 10);
+            if let Some(d) = at.checked_duration_since(Instant::now()) {
+                std::thread::sleep(d);
+            }
+            let user = format!("user-{:016x}", n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let _ = get(port, "/r", &[("x-user", user.as_str())]);
+            n += 1;
+        }
+        n
+    });
+    let mut samples = Vec::new();
+    for at in [15u64, 30, 45] {
+        sleep_until(start + Duration::from_secs(at));
+        let m = fetch(http, "/metrics");
+        let envoy_mem = fetch(admin, "/memory");
+        // `"allocated": "N"` (the answer may be chunked: read the field, not the JSON).
+        let allocated: f64 = envoy_mem
+            .split("\"allocated\": \"")
+            .nth(1)
+            .and_then(|r| r.split('"').next()?.parse().ok())
+            .unwrap_or(0.0);
+        samples.push((
+            metric(&m, "weir_rlqs_buckets"),
+            metric(&m, "weir_rlqs_abandoned_idle_total"),
+            rss_kib(server.0.id()),
+            allocated / 1024.0,
+        ));
+    }
+    let sent = driver.join().unwrap();
+    eprintln!(
+        "{sent} requests, one new user each; at 15/30/45 s (buckets tracked, abandoned so far, weir RSS KiB, Envoy allocated KiB): {samples:?}"
+    );
+    for (buckets, _, _, _) in &samples {
+        // 100 new buckets/s live at most a report interval (5 s) + the idle time (3 s) + a
+        // tick or two before they are abandoned.
+        assert!(*buckets <= 1_200.0, "buckets tracked: {samples:?}");
+    }
+    assert!(samples[2].1 >= 2_000.0, "abandoned: {samples:?}");
+    let (w15, w45) = (samples[0].2 as f64, samples[2].2 as f64);
+    let (e15, e45) = (samples[0].3, samples[2].3);
+    assert!(w45 <= w15 * 1.25 + 2048.0, "weir memory grew: {samples:?}");
+    assert!(e45 <= e15 * 1.25 + 2048.0, "Envoy memory grew: {samples:?}");
+    drop(envoy);
+    let _ = std::fs::remove_dir_all(dir);
+}
