@@ -815,6 +815,38 @@ mod tests {
     }
 
     #[test]
+    fn a_reload_moves_a_bucket_to_its_new_resource_and_frees_the_old() {
+        let yaml = "resources:\n  - {name: 'user-*', capacity: 10}\n  - {name: shared, capacity: 4}\nrlqs:\n  buckets:\n    - {match: {name: per_user, user: '*'}, resource: 'user-{user}'}\n";
+        let (server, config) = setup(yaml);
+        let totals = RlqsTotals::default();
+        let bob = id(&[("name", "per_user"), ("user", "bob")]);
+        let mut s = Session::new("e");
+        let act = s
+            .on_report(report(&bob, 1, 0), 0, &server, &config, &totals)
+            .unwrap();
+        assert_eq!(strategy(&act[0]), Some(tb(10, 1, 10)));
+        // The file now sends every user to one shared resource of 4/s.
+        let moved = QuotaConfig::from_yaml(
+            Path::new("q.yaml"),
+            &yaml.replace("resource: 'user-{user}'", "resource: shared"),
+        )
+        .unwrap();
+        server.reload(moved.clone());
+        let config = moved.rlqs.unwrap();
+        let act = s
+            .on_report(report(&bob, 30, 20), 5 * S, &server, &config, &totals)
+            .unwrap();
+        assert_eq!(strategy(&act[0]), Some(tb(4, 1, 4)), "10/s asked, 4 there");
+        let all = server.allocations(5 * S);
+        assert_eq!(
+            all.len(),
+            1,
+            "user-bob's table went with its lease: {all:?}"
+        );
+        assert_eq!(all[0].resource, "shared");
+    }
+
+    #[test]
     fn a_stream_of_another_domain_is_refused() {
         let yaml = YAML.replace("idle: 10s", "idle: 10s\n  domain: edge");
         let (server, config) = setup(&yaml);
