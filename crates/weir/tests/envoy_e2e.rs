@@ -14,18 +14,21 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const CONFIG: &str = "domain: shop
+/// For the descriptors of `deploy/envoy/ratelimit.yaml`: (path, user), (path, tenant).
+const CONFIG: &str = "domain: example
 descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 3}
   - key: path
     value: '/cart*'
     descriptors:
       - key: user
         rate_limit: {unit: minute, requests_per_unit: 2, name: cart}
-  - key: shadowed
-    shadow_mode: true
-    rate_limit: {window: 30s, requests_per_unit: 2}
+  - key: path
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 3}
+      - key: tenant
+        shadow_mode: true
+        rate_limit: {window: 30s, requests_per_unit: 2}
 ";
 
 fn temp(name: &str) -> PathBuf {
@@ -80,72 +83,27 @@ impl Drop for Envoy {
     }
 }
 
+/// An Envoy from the shipped `deploy/envoy/ratelimit.yaml`, its ports replaced.
 fn envoy(upstream: u16, grpc_ports: &[u16], dir: &std::path::Path) -> Envoy {
     let (port, admin) = (support::free_port(), support::free_port());
-    let endpoints: Vec<String> = grpc_ports
-        .iter()
-        .map(|p| format!("{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}}}"))
-        .collect();
-    let yaml = format!(
-        r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: main
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ingress
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route:
-                  cluster: upstream
-                  rate_limits:
-                  - actions:
-                    - request_headers: {{header_name: x-user, descriptor_key: user}}
-                  - actions:
-                    - request_headers: {{header_name: x-path, descriptor_key: path}}
-                    - request_headers: {{header_name: x-user, descriptor_key: user}}
-                  - actions:
-                    - request_headers: {{header_name: x-shadow, descriptor_key: shadowed}}
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: shop
-              failure_mode_deny: false
-              timeout: 0.5s
-              enable_x_ratelimit_headers: DRAFT_VERSION_03
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service: {{envoy_grpc: {{cluster_name: ratelimit}}}}
-          - name: envoy.filters.http.router
-            typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
-  clusters:
-  - name: upstream
-    type: STATIC
-    load_assignment:
-      cluster_name: upstream
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]
-  - name: ratelimit
-    type: STATIC
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: ratelimit
-      endpoints: [{{lb_endpoints: [{}]}}]
-"#,
-        endpoints.join(", ")
-    );
+    let doc =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy/ratelimit.yaml");
+    let mut yaml = std::fs::read_to_string(doc).unwrap();
+    let endpoint = |p: u16| {
+        format!("        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}\n")
+    };
+    for (from, to) in [
+        ("port_value: 9901}", format!("port_value: {admin}}}")),
+        ("port_value: 10000}", format!("port_value: {port}}}")),
+        ("port_value: 8000}", format!("port_value: {upstream}}}")),
+        (
+            endpoint(8081).as_str(),
+            grpc_ports.iter().map(|p| endpoint(*p)).collect(),
+        ),
+    ] {
+        assert!(yaml.contains(from), "{from} in deploy/envoy/ratelimit.yaml");
+        yaml = yaml.replace(from, &to);
+    }
     let file = dir.join(format!("envoy-{port}.yaml"));
     std::fs::write(&file, yaml).unwrap();
     let child = common::start_envoy(&file, admin, port);
@@ -157,8 +115,13 @@ fn get(port: u16, headers: &[(&str, &str)]) -> (u16, String, Duration) {
     let start = Instant::now();
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req = String::from("GET /x HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
-    for (k, v) in headers {
+    // ("x-path", P) is the request's path (Envoy's `:path` descriptor), not a header.
+    let path = headers
+        .iter()
+        .find(|(k, _)| *k == "x-path")
+        .map_or("/x", |(_, v)| *v);
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
+    for (k, v) in headers.iter().filter(|(k, _)| *k != "x-path") {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
@@ -211,10 +174,10 @@ fn envoy_limits_exactly_with_headers_nested_wildcards_and_shadow() {
         [200, 200, 200, 429]
     );
     // shadow mode never blocks
-    assert_eq!(codes(e.port, &[("x-shadow", "s")], 4), [200; 4]);
+    assert_eq!(codes(e.port, &[("x-tenant", "s")], 4), [200; 4]);
     // A 30 s window reaches Envoy as what it enforces in a unit Envoy knows: 2 per 30 s is
     // 4 per minute (never "2;w=1", 30 × too generous).
-    let (_, head, _) = get(e.port, &[("x-shadow", "t")]);
+    let (_, head, _) = get(e.port, &[("x-tenant", "t")]);
     assert!(head.contains("x-ratelimit-limit: 4, 4;w=60\r\n"), "{head}");
     // weir stopped: Envoy fails open
     drop(w);
