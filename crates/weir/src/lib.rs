@@ -18,3 +18,9 @@ pub mod reload;
 pub mod rlqs;
 pub mod rls;
 pub mod simulate;
+
+/// The README's Rust snippets, compiled (and run, unless marked `no_run`) by `cargo test` as
+/// doctests, so the quick starts stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
