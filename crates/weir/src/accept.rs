@@ -81,17 +81,17 @@ pub async fn run_until_stopped(
         () = &mut servers => return,
         () = stop_signal() => {}
     }
-    eprintln!(
+    tracing::info!(
         "{what}: stopping: finishing the requests in flight (at most {grace:?}; a second signal stops at once)"
     );
     trigger.stop();
     tokio::select! {
         r = tokio::time::timeout(grace, servers) => {
             if r.is_err() {
-                eprintln!("{what}: connections still open after {grace:?}, closing them");
+                tracing::warn!("{what}: connections still open after {grace:?}, closing them");
             }
         }
-        () = stop_signal() => eprintln!("{what}: second stop signal, closing the connections"),
+        () = stop_signal() => tracing::warn!("{what}: second stop signal, closing the connections"),
     }
 }
 

@@ -5,7 +5,7 @@
 //! the owner's `reload` runs. Both run on the blocking pool, never on a runtime worker, so a
 //! large or pathological file does not hold up requests. Comparing contents, not modification
 //! times, sees changes that `cp -p` or `touch -r` leave with an old time. Each outcome is one
-//! line on stderr per error and a `result="applied"|"rejected"` count on `metric`.
+//! log event (`tracing`) per error and a `result="applied"|"rejected"` count on `metric`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,12 +46,12 @@ pub fn watch<S: Send + Sync + 'static>(
                 None => {}
                 Some(Ok(())) => {
                     metrics::counter!(metric, "result" => "applied").increment(1);
-                    eprintln!("weir: reloaded {}", path.display());
+                    tracing::info!(file = %path.display(), "reloaded the {what}");
                 }
                 Some(Err(errors)) => {
                     metrics::counter!(metric, "result" => "rejected").increment(1);
                     for e in errors {
-                        eprintln!("weir: error: reload kept the previous {what}: {e}");
+                        tracing::error!("reload kept the previous {what}: {e}");
                     }
                 }
             }

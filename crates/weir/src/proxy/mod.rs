@@ -452,9 +452,9 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
     }
     let set = weir_rules::watch::load(&s.rules).map_err(|e| (2, e.to_string()))?;
     if set.http.as_ref().is_none_or(|h| h.routes.is_empty()) {
-        eprintln!(
-            "weir proxy: warning: {} has no http.routes: every request passes unlimited",
-            s.rules.display()
+        tracing::warn!(
+            file = %s.rules.display(),
+            "the rule file has no http.routes: every request passes unlimited"
         );
     }
     let rules = Arc::new(Rules::new(&set).map_err(|e| (2, format!("{}: {e}", s.rules.display())))?);
@@ -499,9 +499,9 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
                             Some(q) => {
                                 q.add_resource(&name, safe);
                             }
-                            None => eprintln!(
-                                "weir proxy: warning: {}: cluster resource {name:?} without --quota-server: enforcing its safe capacity ({safe}/s) locally",
-                                file.display()
+                            None => tracing::warn!(
+                                file = %file.display(),
+                                "cluster resource {name:?} without --quota-server: enforcing its safe capacity ({safe}/s) locally"
                             ),
                         }
                     }
