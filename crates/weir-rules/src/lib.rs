@@ -8,6 +8,32 @@
 //! - [`engine`]: [`engine::Rules::entry`] admits a call to a resource or says which rule
 //!   blocked it; [`engine::Rules::apply`] swaps a rule set in atomically, keeping the state of
 //!   unchanged rules and the counters of rules whose threshold changed.
+//! - [`watch`]: a file watcher applying edits as they come (a bad edit is reported, the rules
+//!   in force stay).
+//!
+//! ```
+//! use std::path::Path;
+//! use weir_core::stats::Outcome;
+//! use weir_rules::{config::RuleSet, engine::{Context, Rules}};
+//!
+//! let yaml = "resources:
+//!   - name: search
+//!     flow:
+//!       - {id: search-qps, qps: 2}
+//!     hot_params:
+//!       - {id: per-user, param: 0, threshold: 1}
+//! ";
+//! let rules = Rules::new(&RuleSet::from_yaml(Path::new("rules.yaml"), yaml).unwrap()).unwrap();
+//! let ann = Context { params: &["ann"], ..Context::default() };
+//! let call = rules.entry("search", &ann).unwrap(); // admitted
+//! call.complete(Outcome::Success); // its outcome feeds breakers and statistics
+//! // ann's one per second is used:
+//! let Err(block) = rules.entry("search", &ann) else { panic!("admitted") };
+//! assert_eq!(&*block.rule, "per-user");
+//! // A bad file is refused with every error located.
+//! let e = RuleSet::from_yaml(Path::new("rules.yaml"), "resources: [{name: x, flow: [{id: f, qps: 0}]}]");
+//! assert!(e.unwrap_err().to_string().contains("rules.yaml:1:"));
+//! ```
 
 pub mod cidr;
 pub mod config;

@@ -14,6 +14,30 @@
 //!   backoff and budget.
 //! - [`concurrency`]: at most N in flight, permits released when the response body ends or is
 //!   dropped; 503 when full.
+//!
+//! A rule file on an axum router (examples/axum_rules.rs is the runnable version, with a
+//! watcher that reloads the file):
+//!
+//! ```
+//! use std::path::Path;
+//! use std::sync::Arc;
+//! use weir_rules::{config::RuleSet, engine::Rules};
+//! use weir_tower::rules::RulesLayer;
+//!
+//! let yaml = "resources:
+//!   - name: hello
+//!     flow:
+//!       - {id: hello-qps, qps: 5}
+//! http:
+//!   routes:
+//!     - {resource: hello, prefix: /hello, params: [{header: x-user}]}
+//! ";
+//! let set = RuleSet::from_yaml(Path::new("rules.yaml"), yaml).unwrap();
+//! let rules = Arc::new(Rules::new(&set).unwrap());
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/hello", axum::routing::get(|| async { "hello" }))
+//!     .layer(RulesLayer::new(rules.clone())); // 429 past 5/s, with Retry-After
+//! ```
 
 pub mod body;
 pub mod client;
