@@ -143,6 +143,31 @@ fn main() {
         ));
     }
     {
+        // The same GCRA reading a coarse clock (one atomic load, updated every 1 ms).
+        let coarse = Arc::new(Limiter::with_clock(
+            Gcra::from_quota(fast).unwrap(),
+            weir_core::CoarseClock::new(std::time::Duration::from_millis(1)).unwrap(),
+        ));
+        let (w, g) = (coarse.clone(), gov.clone());
+        rows.push((
+            "GCRA, 1 thread, weir on CoarseClock (1 ms)".into(),
+            duel(
+                one_thread(move || w.acquire(1).allowed()),
+                one_thread(move || g.check().is_ok()),
+                200_000,
+            ),
+        ));
+        let (w, g) = (coarse, gov.clone());
+        rows.push((
+            "GCRA, 2 threads on one limiter, weir on CoarseClock (1 ms)".into(),
+            duel(
+                two_threads(Arc::new(move || w.acquire(1).allowed())),
+                two_threads(Arc::new(move || g.check().is_ok())),
+                400_000,
+            ),
+        ));
+    }
+    {
         let (w, g) = (weir.clone(), gov.clone());
         rows.push((
             "GCRA, 2 threads on one limiter".into(),

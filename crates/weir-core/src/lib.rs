@@ -33,6 +33,7 @@ pub mod algorithm;
 pub mod breaker;
 pub mod cell;
 pub mod clock;
+pub mod coarse_clock;
 pub mod concurrency;
 pub mod criticality;
 pub mod decision;
@@ -56,6 +57,7 @@ pub mod warmup;
 
 pub use algorithm::{Algorithm, Quota, Reserving};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, SystemClock};
+pub use coarse_clock::CoarseClock;
 pub use concurrency::{ConcurrencyConfig, ConcurrencyLimiter, Permit, QueueOrder};
 pub use criticality::Criticality;
 pub use decision::Decision;
