@@ -84,23 +84,6 @@ pub struct Counters {
     pub expirations: AtomicU64,
 }
 
-/// Fastest rate enforced (units/s): a grant above it is enforced at it (one unit per ns).
-const MAX_RATE: f64 = 1e9;
-
-/// A GCRA at `rate` units/s (precise to 1/1000 unit/s, at most [`MAX_RATE`]), letting `burst`
-/// of the rate through at once (at least two units); `None` only for a rate too small to admit
-/// anything (below 1/1000 unit/s, or not a number).
-fn gcra_for(rate: f64, burst: Duration) -> Option<Gcra> {
-    let rate = rate.min(MAX_RATE);
-    let per_1000s = (rate * 1000.0).round();
-    if per_1000s.is_nan() || per_1000s < 1.0 {
-        return None;
-    }
-    let quota = Quota::new(per_1000s as u64, Duration::from_secs(1000)).ok()?;
-    let units = (rate * burst.as_secs_f64()).ceil().max(2.0) as u64;
-    Gcra::new(quota, units).ok()
-}
-
 /// The refresh schedule and what was last granted.
 struct Control {
     granted: f64,
@@ -136,8 +119,8 @@ impl ResourceClient {
     /// (the operator's fallback when the server has never been reached); the first refresh is
     /// due at once. `seed` varies the jitter between clients.
     pub fn new(name: &str, config: ClientConfig, safe: f64, seed: u64, now: Nanos) -> Self {
-        let gcra = gcra_for(safe, config.burst);
-        let placeholder = gcra_for(1.0, config.burst);
+        let gcra = Gcra::per_second(safe, config.burst);
+        let placeholder = Gcra::per_second(1.0, config.burst);
         Self {
             name: name.to_string(),
             config,
@@ -334,7 +317,7 @@ impl ResourceClient {
         if (current - rate).abs() <= f64::EPSILON * rate.abs().max(1.0) {
             return;
         }
-        match gcra_for(rate, self.config.burst) {
+        match Gcra::per_second(rate, self.config.burst) {
             Some(g) => {
                 self.limiter.retune(g);
                 self.rate.store(rate.to_bits(), Ordering::Release);

@@ -34,7 +34,7 @@ pub struct QuotaConfig {
     /// Templates: a name with one `*`, matched against names no exact resource has.
     pub templates: Vec<(String, ResourceConfig)>,
     /// Envoy's RLQS buckets and the resources they draw from (`None`: RLQS not served).
-    pub rlqs: Option<RlqsConfig>,
+    pub rlqs: Option<std::sync::Arc<RlqsConfig>>,
 }
 
 #[derive(Deserialize)]
@@ -276,7 +276,7 @@ impl QuotaConfig {
             }
         }
         if let Some(r) = &raw.rlqs {
-            out.rlqs = Some(parse_rlqs(r, &out, &mut problems));
+            out.rlqs = Some(std::sync::Arc::new(parse_rlqs(r, &out, &mut problems)));
         }
         yaml::located(file, text, problems).map_or(Ok(out), Err)
     }

@@ -28,6 +28,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::r#type::v3::{rate_limit_strategy, RateLimitStrategy, TokenBucket};
@@ -322,6 +323,9 @@ pub struct Session {
     prefix: String,
     domain: Option<String>,
     buckets: HashMap<String, Bucket>,
+    /// The configuration the buckets' targets were resolved with: a reload (a new `Arc`)
+    /// resolves them again, once, instead of at every report.
+    resolved: Option<Arc<RlqsConfig>>,
 }
 
 /// `bucket`'s map as one string, keys sorted, each key and value length-prefixed.
@@ -347,6 +351,7 @@ impl Session {
             prefix: client.to_string(),
             domain: None,
             buckets: HashMap::new(),
+            resolved: None,
         }
     }
 
@@ -367,9 +372,10 @@ impl Session {
         reports: RateLimitQuotaUsageReports,
         now: Nanos,
         server: &LeaseServer,
-        config: &RlqsConfig,
+        config: &Arc<RlqsConfig>,
         totals: &RlqsTotals,
     ) -> Result<Vec<BucketAction>, StreamError> {
+        self.resolve(config, server);
         if self.domain.is_none() {
             if let Some(want) = &config.domain {
                 if *want != reports.domain {
@@ -420,15 +426,6 @@ impl Session {
             let Some(b) = self.buckets.get_mut(&key) else {
                 continue;
             };
-            // A reload may have changed where the bucket draws from.
-            let target = config.target(&b.id);
-            if target != b.target {
-                if let Target::Resource(r) = &b.target {
-                    server.release(&b.client, std::slice::from_ref(r));
-                }
-                b.target = target;
-                b.sent = None;
-            }
             let count = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
@@ -462,15 +459,39 @@ impl Session {
         Ok(actions)
     }
 
+    /// After a reload (a configuration not seen yet): every bucket's target resolved again; a
+    /// bucket that moved gives its old lease back.
+    fn resolve(&mut self, config: &Arc<RlqsConfig>, server: &LeaseServer) {
+        if self
+            .resolved
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(r, config))
+        {
+            return;
+        }
+        for b in self.buckets.values_mut() {
+            let target = config.target(&b.id);
+            if target != b.target {
+                if let Target::Resource(r) = &b.target {
+                    server.release(&b.client, std::slice::from_ref(r));
+                }
+                b.target = target;
+                b.sent = None;
+            }
+        }
+        self.resolved = Some(config.clone());
+    }
+
     /// Every second: each bucket refreshed again (shares move with the others' demand), a
     /// changed assignment pushed, idle buckets abandoned.
     pub fn tick(
         &mut self,
         now: Nanos,
         server: &LeaseServer,
-        config: &RlqsConfig,
+        config: &Arc<RlqsConfig>,
         totals: &RlqsTotals,
     ) -> Vec<BucketAction> {
+        self.resolve(config, server);
         let mut actions = Vec::new();
         let idle = nanos(config.idle);
         self.buckets.retain(|_, b| {
@@ -639,7 +660,7 @@ mod tests {
         }
     }
 
-    fn setup(yaml: &str) -> (LeaseServer, RlqsConfig) {
+    fn setup(yaml: &str) -> (LeaseServer, Arc<RlqsConfig>) {
         let c = QuotaConfig::from_yaml(Path::new("q.yaml"), yaml).unwrap();
         let rlqs = c.rlqs.clone().unwrap();
         let server = LeaseServer::new(c, 0);

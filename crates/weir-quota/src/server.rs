@@ -278,7 +278,7 @@ impl LeaseServer {
     }
 
     /// The `rlqs` section in force, if any.
-    pub fn rlqs_config(&self) -> Option<crate::rlqs::RlqsConfig> {
+    pub fn rlqs_config(&self) -> Option<std::sync::Arc<crate::rlqs::RlqsConfig>> {
         self.config.lock().rlqs.clone()
     }
 

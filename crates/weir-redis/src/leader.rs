@@ -21,7 +21,8 @@ use crate::{scripts, StoreError};
 /// Largest snapshot stored (a larger one is not written; the next leader learns instead).
 pub const MAX_SNAPSHOT: usize = 16 << 20;
 
-/// The answer to a campaign.
+/// The answer to a campaign. weir-quota's `ha::Campaign` is the same answer as its sans-I/O
+/// failover logic takes it: the two crates do not depend on each other, and `weir` converts.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Term {
     /// This server leads with `token`. `elected`: it did not hold the key before this call;

@@ -279,20 +279,13 @@ pub trait ClusterQuota: Send + Sync + 'static {
     fn acquire(&self, resource: &str, n: u64) -> Option<weir_core::Decision>;
 }
 
-/// A cluster rule's own limiter at its safe capacity (GCRA, precise to 1/1000 unit/s, a burst
-/// of 10 ms of the rate and at least two units), used while its resource is not leased.
+/// A cluster rule's own limiter at its safe capacity (weir-core's [`Gcra::per_second`] with a
+/// burst of 10 ms of the rate, as the lease client's), used while its resource is not leased.
 fn cluster_fallback<C: Clock + Clone>(
     c: &crate::config::ClusterLimit,
     clock: &C,
 ) -> Option<SingleRate<C>> {
-    let per_1000s = (c.safe.min(1e9) * 1000.0).round();
-    if per_1000s.is_nan() || per_1000s < 1.0 {
-        return None;
-    }
-    let quota =
-        weir_core::Quota::new(per_1000s as u64, std::time::Duration::from_secs(1000)).ok()?;
-    let burst = (c.safe * 0.01).ceil().max(2.0) as u64;
-    let gcra = weir_core::gcra::Gcra::new(quota, burst).ok()?;
+    let gcra = weir_core::gcra::Gcra::per_second(c.safe, std::time::Duration::from_millis(10))?;
     Some(SingleRate::Gcra(weir_core::Limiter::with_clock(
         gcra,
         clock.clone(),

@@ -84,7 +84,7 @@ impl QuotaApi {
     }
 
     /// The `rlqs` section in force.
-    pub fn rlqs_config(&self) -> Option<weir_quota::rlqs::RlqsConfig> {
+    pub fn rlqs_config(&self) -> Option<Arc<weir_quota::rlqs::RlqsConfig>> {
         self.server.rlqs_config()
     }
 

@@ -53,8 +53,18 @@ pub fn call(api: &QuotaApi, refresh: bool, message: Bytes) -> Response<GrpcBody>
         Ok(r) => r,
         Err(e) => return status(Code::InvalidArgument, &format!("bad RefreshRequest: {e}")),
     };
-    let mut asks = Vec::with_capacity(request.resources.len().min(1_000));
-    for (i, r) in request.resources.iter().enumerate().take(1_000) {
+    let mut asks = Vec::with_capacity(
+        request
+            .resources
+            .len()
+            .min(crate::quota_api::MAX_RESOURCES_PER_CALL),
+    );
+    for (i, r) in request
+        .resources
+        .iter()
+        .enumerate()
+        .take(crate::quota_api::MAX_RESOURCES_PER_CALL)
+    {
         let Ok(priority) = Priority::try_from(r.priority) else {
             let m = format!("resources[{i}].priority: unknown value {}", r.priority);
             return status(Code::InvalidArgument, &m);

@@ -42,21 +42,7 @@ struct Server {
 
 impl Server {
     fn start(quota: &std::path::Path, redis: &str, http: u16, grpc: u16) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-            .args(["serve", "--quota"])
-            .arg(quota)
-            .args(["--store", redis, "--quota-leader-ttl", "1s"])
-            .args(["--http-addr", &format!("127.0.0.1:{http}")])
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("weir serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.contains("HTTP on"), "{line}");
+        let child = common::serve_quota(quota, Some(redis), http, grpc);
         Self { child, http }
     }
 
@@ -67,21 +53,21 @@ impl Server {
 
     /// This server's failover role ("leader", "holding", "follower"), if it answers.
     fn role(&self) -> Option<String> {
-        let body = get(self.http, "/quota/v1/allocations")?;
-        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-        v["failover"]["role"].as_str().map(str::to_string)
+        common::failover(self.http)?["role"]
+            .as_str()
+            .map(str::to_string)
     }
 
     /// The leader this server names, if any.
     fn leader(&self) -> Option<String> {
-        let body = get(self.http, "/quota/v1/allocations")?;
-        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-        v["failover"]["leader"].as_str().map(str::to_string)
+        common::failover(self.http)?["leader"]
+            .as_str()
+            .map(str::to_string)
     }
 
     /// Refreshes this server answered for `search` (0 when it has no table).
     fn refreshes(&self) -> u64 {
-        get(self.http, "/quota/v1/allocations")
+        common::get_body(self.http, "/quota/v1/allocations")
             .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
             .and_then(|v| v["resources"][0]["refreshes"].as_u64())
             .unwrap_or(0)
@@ -92,20 +78,6 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// The body of `GET path`, if the server answers.
-fn get(port: u16, path: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
 }
 
 /// One line of the clients' output: when it was read, the admitted rate, clients on a

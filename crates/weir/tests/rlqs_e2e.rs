@@ -40,17 +40,7 @@ impl Drop for Proc {
 }
 
 fn weir(quota: &Path, http: u16, grpc: u16) -> Proc {
-    let (child, line) = common::start(&[
-        "serve",
-        "--quota",
-        quota.to_str().unwrap(),
-        "--http-addr",
-        &format!("127.0.0.1:{http}"),
-        "--grpc-addr",
-        &format!("127.0.0.1:{grpc}"),
-    ]);
-    assert!(line.contains("gRPC RLS v3"), "{line}");
-    Proc(child)
+    Proc(common::serve_quota(quota, None, http, grpc))
 }
 
 /// An Envoy from the documented configuration: (process, listener port).
@@ -299,37 +289,13 @@ fn two_envoys_share_each_users_capacity_max_min_fair() {
 
 /// `weir serve --quota` sharing the quota through Redis (leader key TTL 1 s).
 fn weir_ha(quota: &Path, redis: &str, http: u16, grpc: u16) -> Proc {
-    let (child, line) = common::start(&[
-        "serve",
-        "--quota",
-        quota.to_str().unwrap(),
-        "--store",
-        redis,
-        "--quota-leader-ttl",
-        "1s",
-        "--http-addr",
-        &format!("127.0.0.1:{http}"),
-        "--grpc-addr",
-        &format!("127.0.0.1:{grpc}"),
-    ]);
-    assert!(line.contains("gRPC RLS v3"), "{line}");
-    Proc(child)
+    Proc(common::serve_quota(quota, Some(redis), http, grpc))
 }
 
 /// The failover role `GET /quota/v1/allocations` reports.
 fn role(http: u16) -> String {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", http)) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ =
-        s.write_all(b"GET /quota/v1/allocations HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let body = out.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
-    serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v["failover"]["role"].as_str().map(str::to_string))
+    common::failover(http)
+        .and_then(|f| f["role"].as_str().map(str::to_string))
         .unwrap_or_default()
 }
 
@@ -400,23 +366,6 @@ fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The body of `GET path` on a local port.
-fn fetch(port: u16, path: &str) -> String {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    );
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.split_once("\r\n\r\n")
-        .map(|x| x.1.to_string())
-        .unwrap_or_default()
-}
-
 /// Resident memory of a process, KiB.
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -463,8 +412,8 @@ fn random_users_are_abandoned_when_idle_and_memory_stays_flat() {
     let mut samples = Vec::new();
     for at in [15u64, 30, 45] {
         sleep_until(start + Duration::from_secs(at));
-        let m = fetch(http, "/metrics");
-        let envoy_mem = fetch(admin, "/memory");
+        let m = common::get_body(http, "/metrics").unwrap_or_default();
+        let envoy_mem = common::get_body(admin, "/memory").unwrap_or_default();
         // `"allocated": "N"` (the answer may be chunked: read the field, not the JSON).
         let allocated: f64 = envoy_mem
             .split("\"allocated\": \"")

@@ -202,3 +202,45 @@ pub fn start_envoy(config: &std::path::Path, admin: u16, port: u16) -> std::proc
     }
     child
 }
+
+/// The body of `GET path` on a loopback port (read to the connection's close), if it answers.
+pub fn get_body(port: u16, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+        .ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+/// `weir serve --quota FILE` on the given ports, sharing the quota through the Redis at
+/// `redis` (leader key TTL 1 s) when one is given: the process, once it printed where it
+/// listens.
+pub fn serve_quota(
+    quota: &std::path::Path,
+    redis: Option<&str>,
+    http: u16,
+    grpc: u16,
+) -> std::process::Child {
+    let (http, grpc) = (format!("127.0.0.1:{http}"), format!("127.0.0.1:{grpc}"));
+    let mut args = vec!["serve", "--quota", quota.to_str().unwrap()];
+    args.extend(["--http-addr", &http, "--grpc-addr", &grpc]);
+    if let Some(url) = redis {
+        args.extend(["--store", url, "--quota-leader-ttl", "1s"]);
+    }
+    let (child, line) = start(&args);
+    assert!(line.contains("HTTP on"), "{line}");
+    child
+}
+
+/// A quota server's failover status (`GET /quota/v1/allocations` → `failover`).
+pub fn failover(http: u16) -> Option<serde_json::Value> {
+    let body = get_body(http, "/quota/v1/allocations")?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    Some(v["failover"].clone())
+}
