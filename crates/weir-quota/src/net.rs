@@ -184,7 +184,9 @@ enum Current {
 /// The resources leased, indexed by name (replaced whole when one is added).
 struct Table {
     resources: Vec<Arc<ResourceClient>>,
-    index: HashMap<String, usize>,
+    /// By name, with foldhash (names come from the configuration, and SipHash was most of
+    /// the cost of a decision by name).
+    index: HashMap<String, usize, foldhash::fast::RandomState>,
 }
 
 impl Table {
