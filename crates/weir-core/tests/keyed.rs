@@ -177,3 +177,28 @@ fn acquire_if_room_never_evicts_a_busy_key_but_reuses_idle_slots() {
     assert!(keyed.acquire_if_room(&9, 1).unwrap().allowed());
     assert_eq!(keyed.len(), 4);
 }
+
+/// Churn through evictions (each moves the last entry of a shard into the freed place) and
+/// check the index still finds exactly the keys held: every held key is exhausted (remaining 0
+/// on a peek), every other key peeks fresh, and the two agree with `len()`.
+#[test]
+fn index_stays_consistent_through_churn() {
+    let clock = ManualClock::new(0);
+    for cap in [16usize, 200, 5000] {
+        let keyed = KeyedLimiter::<String, _, _>::with_clock(gcra(1), cap, &clock).unwrap();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let universe = cap as u64 * 3;
+        for _ in 0..cap * 40 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let _ = keyed.acquire(format!("user-{}", x % universe).as_str(), 1);
+        }
+        let held = (0..universe)
+            .filter(|k| keyed.acquire(format!("user-{k}").as_str(), 0).remaining() == 0)
+            .count();
+        assert_eq!(held, keyed.len(), "cap {cap}");
+        assert!(keyed.len() <= keyed.capacity(), "cap {cap}");
+        assert!(keyed.evictions() > 0, "cap {cap}");
+    }
+}
