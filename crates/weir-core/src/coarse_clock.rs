@@ -71,9 +71,95 @@ impl Clock for CoarseClock {
     }
 }
 
+/// Which clock a server's limiters read, as a setting (`Copy`, comparable, cheap to pass in
+/// option structs). [`ClockKind::build`] makes the clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ClockKind {
+    /// [`MonotonicClock`]: exact to the nanosecond (the default).
+    #[default]
+    Exact,
+    /// [`CoarseClock`] at this resolution: one atomic load per reading, decisions up to one
+    /// resolution conservative (module documentation).
+    Coarse(Duration),
+}
+
+impl ClockKind {
+    /// The clock. Coarse clocks of one resolution are shared process-wide (one updater thread
+    /// per resolution, kept for the life of the process), so every limiter built from the same
+    /// setting reads the same clock.
+    pub fn build(self) -> Result<AnyClock, ConfigError> {
+        Ok(match self {
+            ClockKind::Exact => AnyClock::Exact(MonotonicClock::new()),
+            ClockKind::Coarse(resolution) => AnyClock::Coarse(shared(resolution)?),
+        })
+    }
+}
+
+impl std::fmt::Display for ClockKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClockKind::Exact => f.write_str("exact"),
+            ClockKind::Coarse(r) => write!(f, "coarse ({r:?})"),
+        }
+    }
+}
+
+/// The process-wide coarse clock of `resolution`.
+fn shared(resolution: Duration) -> Result<CoarseClock, ConfigError> {
+    static CLOCKS: std::sync::Mutex<Vec<CoarseClock>> = std::sync::Mutex::new(Vec::new());
+    let mut clocks = CLOCKS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = clocks.iter().find(|c| c.resolution == resolution) {
+        return Ok(c.clone());
+    }
+    let clock = CoarseClock::new(resolution)?;
+    clocks.push(clock.clone());
+    Ok(clock)
+}
+
+/// A clock chosen at run time ([`ClockKind::build`]): one predictable branch more per reading
+/// than the clock itself.
+#[derive(Debug, Clone)]
+pub enum AnyClock {
+    /// Exact.
+    Exact(MonotonicClock),
+    /// Coarse.
+    Coarse(CoarseClock),
+}
+
+impl Default for AnyClock {
+    fn default() -> Self {
+        AnyClock::Exact(MonotonicClock::new())
+    }
+}
+
+impl Clock for AnyClock {
+    #[inline]
+    fn now(&self) -> Nanos {
+        match self {
+            AnyClock::Exact(c) => c.now(),
+            AnyClock::Coarse(c) => c.now(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_resolution_shares_one_clock() {
+        let a = ClockKind::Coarse(Duration::from_millis(3)).build().unwrap();
+        let b = ClockKind::Coarse(Duration::from_millis(3)).build().unwrap();
+        match (&a, &b) {
+            (AnyClock::Coarse(a), AnyClock::Coarse(b)) => assert!(Arc::ptr_eq(&a.now, &b.now)),
+            _ => panic!("coarse expected"),
+        }
+        assert!(matches!(ClockKind::Exact.build().unwrap(), AnyClock::Exact(_)));
+        assert!(ClockKind::Coarse(Duration::from_secs(5)).build().is_err());
+        let exact = MonotonicClock::new();
+        let t = a.now();
+        assert!(t <= exact.now() && exact.now() - t < 1_000_000_000);
+    }
 
     #[test]
     fn it_follows_the_monotonic_clock_within_its_resolution() {

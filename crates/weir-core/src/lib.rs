@@ -57,7 +57,7 @@ pub mod warmup;
 
 pub use algorithm::{Algorithm, Quota, Reserving};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, SystemClock};
-pub use coarse_clock::CoarseClock;
+pub use coarse_clock::{AnyClock, ClockKind, CoarseClock};
 pub use concurrency::{ConcurrencyConfig, ConcurrencyLimiter, Permit, QueueOrder};
 pub use criticality::Criticality;
 pub use decision::Decision;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use weir_core::{ConfigError, Decision, MonotonicClock, Quota};
+use weir_core::{AnyClock, ClockKind, ConfigError, Decision, Quota};
 use weir_rules::rate::{KeyedRate, RateAlgorithm, RateSpec};
 
 use crate::scripts;
@@ -69,14 +69,14 @@ pub struct RedisRule {
     batch: u64,
     /// The per-instance stand-in used during a fallback (shared with the rules retuned from
     /// this one, so that a new limit keeps the counters).
-    local: Arc<KeyedRate<MonotonicClock>>,
+    local: Arc<KeyedRate<AnyClock>>,
 }
 
 /// The local state of a rule taking the parameters of its retuned successor: applied once the
 /// whole configuration the successor belongs to is valid (see [`RedisRule::retuned`]).
 #[must_use = "the local state keeps the old parameters until the retune is applied"]
 pub struct Retune {
-    local: Arc<KeyedRate<MonotonicClock>>,
+    local: Arc<KeyedRate<AnyClock>>,
     spec: RateSpec,
 }
 
@@ -103,6 +103,8 @@ pub struct RuleOptions {
     /// default). Over-admission bound: `instances × (batch − 1)` units in any window-length
     /// span; see `docs/redis.md`. Not for concurrency rules.
     pub batch: u64,
+    /// The clock of the in-memory limiter (memory store and fallback): exact by default.
+    pub clock: ClockKind,
 }
 
 impl Default for RuleOptions {
@@ -112,6 +114,7 @@ impl Default for RuleOptions {
             instances: 1,
             local_keys: 100_000,
             batch: 1,
+            clock: ClockKind::Exact,
         }
     }
 }
@@ -132,7 +135,7 @@ impl RedisRule {
     ) -> Result<Self, ConfigError> {
         let name = name.into();
         let (quota, params, local) = Self::checked(algorithm, limit, window, options)?;
-        let local = KeyedRate::new(&local, options.local_keys.max(1), MonotonicClock::new())?;
+        let local = KeyedRate::new(&local, options.local_keys.max(1), options.clock.build()?)?;
         Ok(Self {
             name,
             algorithm,

@@ -47,10 +47,19 @@ where
 
 /// One flow rule (GCRA, a limit never reached) on resource `api`, routed from `/api`.
 pub fn rules() -> Arc<Rules> {
-    let set = RuleSet::from_yaml(
+    Arc::new(Rules::new(&rule_set()).expect("rules"))
+}
+
+/// [`rules`] reading `clock`.
+#[allow(dead_code)]
+pub fn rules_on<C: weir_core::Clock + Clone + Send + Sync + 'static>(clock: C) -> Arc<Rules<C>> {
+    Arc::new(Rules::with_clock(&rule_set(), clock).expect("rules"))
+}
+
+fn rule_set() -> RuleSet {
+    RuleSet::from_yaml(
         Path::new("bench.yaml"),
         "resources:\n  - name: api\n    flow:\n      - {id: api-qps, qps: 1000000000, algorithm: gcra}\nhttp:\n  routes:\n    - {resource: api, prefix: /api}\n",
     )
-    .expect("rules");
-    Arc::new(Rules::new(&set).expect("rules"))
+    .expect("rules")
 }

@@ -7,6 +7,7 @@
 //! - `handler`: the handler alone (the baseline to subtract);
 //! - `weir_rules_route`: `RulesLayer` with one flow rule (GCRA) on a route of the rule file;
 //! - `weir_rules_closure`: the same rule, the resource chosen by a closure;
+//! - `weir_rules_route_coarse`: `weir_rules_route` on a `CoarseClock` (1 ms);
 //! - `weir_rate_limit`: `RateLimitLayer` (GCRA, one global key), `RateLimit-Policy` and
 //!   `RateLimit` headers on every response; `…_no_success_headers`: only on refusals;
 //! - `tower_governor`: `GovernorLayer` with its global key extractor (governor's GCRA);
@@ -49,6 +50,11 @@ fn layers(c: &mut Criterion) {
     )
     .layer(handler());
     g.bench_function("weir_rules_closure", |b| b.iter(|| once(&mut closure)));
+    let coarse = weir_core::CoarseClock::new(Duration::from_millis(1)).expect("clock");
+    let mut routed_coarse = RulesLayer::new(fixture::rules_on(coarse)).layer(handler());
+    g.bench_function("weir_rules_route_coarse", |b| {
+        b.iter(|| once(&mut routed_coarse))
+    });
     let limiter = KeyedLimiter::new(
         Gcra::from_quota(Quota::per_second(1_000_000_000).expect("quota")).expect("gcra"),
         16,

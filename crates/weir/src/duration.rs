@@ -133,3 +133,20 @@ mod tests {
         assert_eq!(scaled_decimal("", 1_000_000), None);
     }
 }
+
+/// Parses `--clock`: `exact` (the default), `coarse` (updated every millisecond) or
+/// `coarse:DUR` (100us to 1s).
+pub fn parse_clock(text: &str) -> Result<weir_core::ClockKind, String> {
+    let t = text.trim();
+    let resolution = match t.split_once(':') {
+        None if t == "exact" => return Ok(weir_core::ClockKind::Exact),
+        None if t == "coarse" => Duration::from_millis(1),
+        Some(("coarse", d)) => parse_duration(d)?,
+        _ => return Err(format!("clock '{text}': expected exact, coarse or coarse:DUR (e.g. coarse:1ms)")),
+    };
+    let (min, max) = (weir_core::coarse_clock::MIN_RESOLUTION, weir_core::coarse_clock::MAX_RESOLUTION);
+    if !(min..=max).contains(&resolution) {
+        return Err(format!("clock '{text}': the resolution must be from {min:?} to {max:?}"));
+    }
+    Ok(weir_core::ClockKind::Coarse(resolution))
+}

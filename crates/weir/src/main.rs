@@ -110,6 +110,10 @@ struct ProxyArgs {
     /// http1 or h2c.
     #[arg(long, value_name = "P", default_value = "auto")]
     upstream_protocol: proxy::UpstreamProtocol,
+    /// The clock limiters read: exact (default), coarse (one atomic load per decision, updated
+    /// every 1 ms; decisions up to one tick conservative) or coarse:DUR (100us..1s).
+    #[arg(long, value_name = "CLOCK", value_parser = duration::parse_clock, default_value = "exact")]
+    clock: weir_core::ClockKind,
 }
 
 #[derive(clap::Args)]
@@ -169,6 +173,10 @@ struct ServeArgs {
     /// On SIGTERM or Ctrl-C, how long the calls in flight get to finish before exit.
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
     drain_timeout: Duration,
+    /// The clock limiters read: exact (default), coarse (one atomic load per decision, updated
+    /// every 1 ms; decisions up to one tick conservative) or coarse:DUR (100us..1s).
+    #[arg(long, value_name = "CLOCK", value_parser = duration::parse_clock, default_value = "exact")]
+    clock: weir_core::ClockKind,
 }
 
 /// Connection bounds shared by `serve` and `proxy` (see docs/limits.md).
@@ -393,6 +401,7 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
         quota_server: args.quota_server,
         upstream_protocol: args.upstream_protocol,
         drain_timeout: args.drain_timeout,
+        clock: args.clock,
     };
     match runtime.block_on(proxy::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -680,6 +689,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let options = rls::engine::EngineOptions {
         instances: args.instances,
         shadow: args.shadow,
+        clock: args.clock,
         ..Default::default()
     };
     let style = match args.response_headers.as_str() {

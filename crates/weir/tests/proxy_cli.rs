@@ -473,6 +473,36 @@ fn bad_usage_is_one_line_and_exit_2() {
     ]);
     assert_eq!((code, err.lines().count()), (2, 1), "{err}");
     assert!(err.contains("expected http://HOST:PORT"), "{err}");
+    for clock in ["fast", "coarse:10us", "coarse:2s", "coarse:x"] {
+        let (code, _, err) = weir(&[
+            "proxy",
+            "--rules",
+            file.to_str().unwrap(),
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--clock",
+            clock,
+        ]);
+        assert_eq!(code, 2, "{clock}: {err}");
+        assert!(err.contains("--clock"), "{clock}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn a_coarse_clock_limits_the_same() {
+    let up = upstream().await;
+    let file = rules_file("coarse", RULES);
+    let p = Proxy::start(
+        &file,
+        &format!("http://127.0.0.1:{up}"),
+        &["--clock", "coarse:2ms"],
+    );
+    assert_eq!(get_url(p.port, "/api/a", false, &[]).await.0, 200);
+    assert_eq!(get_url(p.port, "/api/b", false, &[]).await.0, 200);
+    let (code, h, _) = get_url(p.port, "/api/c", false, &[]).await;
+    assert_eq!(code, 429);
+    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((3000..=3600).contains(&retry), "{retry}");
 }
 
 #[test]

@@ -735,6 +735,15 @@ fn overrides_without_a_rule_count_per_key_and_value() {
 }
 
 #[test]
+fn a_coarse_clock_limits_the_same() {
+    let s = Serve::start(&["--clock", "coarse"]);
+    let one = r#"{"domain":"example","descriptors":[{"entries":[{"key":"user","value":"bob"}],"limit":{"requestsPerUnit":2,"unit":"MINUTE"}}]}"#;
+    assert_eq!(s.json(one).0, 200);
+    assert_eq!(s.json(one).0, 200);
+    assert_eq!(s.json(one).0, 429);
+}
+
+#[test]
 fn two_processes_on_one_redis_share_one_limit() {
     let redis = support::Redis::start();
     let dir = temp_dir("redis");

@@ -61,6 +61,8 @@ pub struct Settings {
     pub upstream_protocol: UpstreamProtocol,
     /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish.
     pub drain_timeout: Duration,
+    /// The clock the rules read.
+    pub clock: weir_core::ClockKind,
 }
 
 /// The protocol spoken to the upstream.
@@ -457,7 +459,10 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
             "the rule file has no http.routes: every request passes unlimited"
         );
     }
-    let rules = Arc::new(Rules::new(&set).map_err(|e| (2, format!("{}: {e}", s.rules.display())))?);
+    let clock = s.clock.build().map_err(|e| (2, format!("--clock: {e}")))?;
+    let rules = Arc::new(
+        Rules::with_clock(&set, clock).map_err(|e| (2, format!("{}: {e}", s.rules.display())))?,
+    );
     let cluster = rules.cluster_resources();
     let quota = match (&s.quota_server, cluster.is_empty()) {
         (_, true) => None,
@@ -629,7 +634,7 @@ pub const ADMIN_CONNECTIONS: usize = 64;
 
 async fn serve_admin(
     listener: tokio::net::TcpListener,
-    rules: Arc<Rules>,
+    rules: Arc<Rules<weir_core::AnyClock>>,
     stats: Arc<ProxyStats>,
     timeouts: crate::conn::Timeouts,
     shutdown: crate::accept::Shutdown,

@@ -154,8 +154,8 @@ pub struct Engine {
     domains: HashMap<String, Vec<Node>>,
     rules: Vec<Arc<Rule>>,
     overrides: Mutex<HashMap<(String, u32, Unit), Arc<RedisRule>>>,
-    instances: u64,
-    local_keys: usize,
+    /// For rules made from a request's limit override (never in shadow mode).
+    options: EngineOptions,
 }
 
 /// Options for building rules.
@@ -167,6 +167,8 @@ pub struct EngineOptions {
     pub local_keys: usize,
     /// Force shadow mode on every rule (`--shadow`).
     pub shadow: bool,
+    /// The clock of the in-memory limiters (`--clock`).
+    pub clock: weir_core::ClockKind,
 }
 
 impl Default for EngineOptions {
@@ -175,6 +177,7 @@ impl Default for EngineOptions {
             instances: 1,
             local_keys: 100_000,
             shadow: false,
+            clock: weir_core::ClockKind::Exact,
         }
     }
 }
@@ -183,6 +186,7 @@ fn rule_options(options: EngineOptions) -> RuleOptions {
     RuleOptions {
         instances: options.instances,
         local_keys: options.local_keys,
+        clock: options.clock,
         ..RuleOptions::default()
     }
 }
@@ -277,8 +281,10 @@ impl Engine {
             domains: tree,
             rules: built.rules,
             overrides: Mutex::new(overrides),
-            instances: options.instances,
-            local_keys: options.local_keys,
+            options: EngineOptions {
+                shadow: false,
+                ..options
+            },
         })
     }
 
@@ -383,15 +389,10 @@ impl Engine {
             algorithm: Algorithm::FixedWindow,
             burst: None,
         };
-        let options = EngineOptions {
-            instances: self.instances,
-            local_keys: self.local_keys,
-            shadow: false,
-        };
         let rule = store_rule(
             &format!("{id}~{rpu}/{}", unit.proto_name()),
             &limit,
-            options,
+            self.options,
         )
         .map_err(BadRequest)?
         .ok_or_else(|| BadRequest("override without limit".into()))?;
