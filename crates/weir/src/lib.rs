@@ -14,6 +14,7 @@ pub mod quota;
 pub mod quota_api;
 pub mod quota_grpc;
 pub mod quota_ha;
+pub mod reflection;
 pub mod reload;
 pub mod rlqs;
 pub mod rls;

@@ -981,3 +981,109 @@ fn sigterm_stops_cleanly_and_an_idle_connection_cannot_hold_it_past_the_drain_ti
     assert!(err.contains("weir serve: stopping"), "{err}");
     drop(grpc_idle);
 }
+
+/// The README's grpcurl line, done the way grpcurl does it: the service found and the request's
+/// schema fetched over gRPC reflection (no `.proto` file at hand), the JSON body parsed against
+/// that schema, the call made. The example's login limit (5 a minute per user) answers OK five
+/// times, then OVER_LIMIT.
+#[test]
+fn the_readme_grpcurl_call_works_through_reflection() {
+    use prost::Message;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .unwrap();
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("grpcurl -plaintext -d '"))
+        .expect("a grpcurl line in README.md");
+    let rest = &line["grpcurl -plaintext -d '".len()..];
+    let (json, rest) = rest.split_once('\'').unwrap();
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    assert_eq!(words.len(), 2, "{line}");
+    assert_eq!(words[0], "127.0.0.1:8081", "the default gRPC address");
+    let (service, method) = words[1].split_once('/').unwrap();
+
+    let s = Serve::start(&[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", s.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = ServerReflectionClient::new(channel);
+        let mut ask = async |request: MessageRequest| {
+            let request = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(request),
+            };
+            let mut answers = client
+                .server_reflection_info(futures_util::stream::iter([request]))
+                .await
+                .unwrap()
+                .into_inner();
+            answers.message().await.unwrap().unwrap().message_response.unwrap()
+        };
+        // `grpcurl list`.
+        let MessageResponse::ListServicesResponse(list) =
+            ask(MessageRequest::ListServices(String::new())).await
+        else {
+            panic!("not a service list");
+        };
+        let names: Vec<&str> = list.service.iter().map(|s| s.name.as_str()).collect();
+        for want in [
+            service,
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+            "weir.quota.v1.QuotaService",
+        ] {
+            assert!(names.contains(&want), "{want} not in {names:?}");
+        }
+        // The file declaring the service, then every file it imports, by name.
+        let mut files: Vec<prost_types::FileDescriptorProto> = Vec::new();
+        let mut wanted = vec![MessageRequest::FileContainingSymbol(service.into())];
+        while let Some(request) = wanted.pop() {
+            let MessageResponse::FileDescriptorResponse(r) = ask(request).await else {
+                panic!("not a file descriptor");
+            };
+            for bytes in r.file_descriptor_proto {
+                let file = prost_types::FileDescriptorProto::decode(bytes.as_slice()).unwrap();
+                if files.iter().all(|f| f.name != file.name) {
+                    files.push(file);
+                }
+            }
+            for f in &files {
+                for dep in &f.dependency {
+                    if files.iter().all(|g| g.name.as_deref() != Some(dep.as_str())) {
+                        wanted.push(MessageRequest::FileByFilename(dep.clone()));
+                    }
+                }
+            }
+        }
+        let set = prost_types::FileDescriptorSet { file: files };
+        let pool = prost_reflect::DescriptorPool::decode(set.encode_to_vec().as_slice())
+            .expect("the reflected files make a complete schema");
+        let method = pool
+            .get_service_by_name(service)
+            .unwrap()
+            .methods()
+            .find(|m| m.name() == method)
+            .unwrap();
+        let mut de = serde_json::Deserializer::from_str(json);
+        let message = prost_reflect::DynamicMessage::deserialize(method.input(), &mut de)
+            .expect("the README's JSON fits the reflected request type");
+        let request = RateLimitRequest::decode(message.encode_to_vec().as_slice()).unwrap();
+        let mut rls = RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", s.grpc))
+            .await
+            .unwrap();
+        let mut codes = Vec::new();
+        for _ in 0..6 {
+            let r = rls.should_rate_limit(request.clone()).await.unwrap();
+            codes.push(r.into_inner().overall_code);
+        }
+        assert_eq!(codes, [1, 1, 1, 1, 1, 2], "OK five times, then OVER_LIMIT");
+    });
+}

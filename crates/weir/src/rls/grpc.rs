@@ -78,6 +78,15 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let (service, budget) = (self.service.clone(), self.budget.clone());
+        if let Some(mut reflection) = crate::reflection::server_for(req.uri().path()) {
+            return Box::pin(async move {
+                let r = tower::Service::call(&mut reflection, req).await;
+                Ok(match r {
+                    Ok(r) => r.map(http_body_util::Either::Right),
+                    Err(never) => match never {},
+                })
+            });
+        }
         if req.uri().path() == crate::rlqs::PATH {
             if let Some(q) = service.quota().filter(|q| q.serves_rlqs()) {
                 // A long-lived stream: tonic reads it as it comes (bounded per message),
