@@ -23,11 +23,17 @@ fn main() {
         Ok(dir) => dir,
         Err(e) => fail(&format!("cannot find the envoy-types crate's protos: {e}")),
     };
-    let includes: Vec<PathBuf> = ["data-plane-api", "xds", "protoc-gen-validate", "googleapis", "cel-spec/proto"]
-        .iter()
-        .map(|d| envoy.join(d))
-        .chain([ours])
-        .collect();
+    let includes: Vec<PathBuf> = [
+        "data-plane-api",
+        "xds",
+        "protoc-gen-validate",
+        "googleapis",
+        "cel-spec/proto",
+    ]
+    .iter()
+    .map(|d| envoy.join(d))
+    .chain([ours])
+    .collect();
     let set = match protox::compile(ROOTS, &includes) {
         Ok(set) => set,
         Err(e) => fail(&format!("compiling the service descriptors: {e}")),
@@ -43,12 +49,21 @@ fn main() {
 fn envoy_types_protos(manifest_dir: &Path) -> Result<PathBuf, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline", "--manifest-path"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--manifest-path",
+        ])
         .arg(manifest_dir.join("Cargo.toml"))
         .output()
         .map_err(|e| format!("cargo metadata: {e}"))?;
     if !out.status.success() {
-        return Err(format!("cargo metadata: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "cargo metadata: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
     let meta: serde_json::Value =
         serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo metadata: {e}"))?;

@@ -154,7 +154,10 @@ mod tests {
             (AnyClock::Coarse(a), AnyClock::Coarse(b)) => assert!(Arc::ptr_eq(&a.now, &b.now)),
             _ => panic!("coarse expected"),
         }
-        assert!(matches!(ClockKind::Exact.build().unwrap(), AnyClock::Exact(_)));
+        assert!(matches!(
+            ClockKind::Exact.build().unwrap(),
+            AnyClock::Exact(_)
+        ));
         assert!(ClockKind::Coarse(Duration::from_secs(5)).build().is_err());
         let exact = MonotonicClock::new();
         let t = a.now();

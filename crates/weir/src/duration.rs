@@ -96,9 +96,59 @@ pub fn format_duration(d: Duration) -> String {
     format!("{ms}ms")
 }
 
+/// Parses `--clock`: `exact` (the default), `coarse` (updated every millisecond) or
+/// `coarse:DUR` (100us to 1s).
+pub fn parse_clock(text: &str) -> Result<weir_core::ClockKind, String> {
+    let t = text.trim();
+    let resolution = match t.split_once(':') {
+        None if t == "exact" => return Ok(weir_core::ClockKind::Exact),
+        None if t == "coarse" => Duration::from_millis(1),
+        Some(("coarse", d)) => parse_duration(d)?,
+        _ => {
+            return Err(format!(
+                "clock '{text}': expected exact, coarse or coarse:DUR (e.g. coarse:1ms)"
+            ))
+        }
+    };
+    let (min, max) = (
+        weir_core::coarse_clock::MIN_RESOLUTION,
+        weir_core::coarse_clock::MAX_RESOLUTION,
+    );
+    if !(min..=max).contains(&resolution) {
+        return Err(format!(
+            "clock '{text}': the resolution must be from {min:?} to {max:?}"
+        ));
+    }
+    Ok(weir_core::ClockKind::Coarse(resolution))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clocks() {
+        use weir_core::ClockKind;
+        assert_eq!(parse_clock("exact"), Ok(ClockKind::Exact));
+        assert_eq!(
+            parse_clock("coarse"),
+            Ok(ClockKind::Coarse(Duration::from_millis(1)))
+        );
+        assert_eq!(
+            parse_clock("coarse:250us"),
+            Ok(ClockKind::Coarse(Duration::from_micros(250)))
+        );
+        for bad in [
+            "",
+            "fast",
+            "coarse:",
+            "coarse:10us",
+            "coarse:2s",
+            "exact:1ms",
+        ] {
+            assert!(parse_clock(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn durations() {
@@ -132,21 +182,4 @@ mod tests {
         assert_eq!(scaled_decimal(".5", 1_000_000), Some(500_000));
         assert_eq!(scaled_decimal("", 1_000_000), None);
     }
-}
-
-/// Parses `--clock`: `exact` (the default), `coarse` (updated every millisecond) or
-/// `coarse:DUR` (100us to 1s).
-pub fn parse_clock(text: &str) -> Result<weir_core::ClockKind, String> {
-    let t = text.trim();
-    let resolution = match t.split_once(':') {
-        None if t == "exact" => return Ok(weir_core::ClockKind::Exact),
-        None if t == "coarse" => Duration::from_millis(1),
-        Some(("coarse", d)) => parse_duration(d)?,
-        _ => return Err(format!("clock '{text}': expected exact, coarse or coarse:DUR (e.g. coarse:1ms)")),
-    };
-    let (min, max) = (weir_core::coarse_clock::MIN_RESOLUTION, weir_core::coarse_clock::MAX_RESOLUTION);
-    if !(min..=max).contains(&resolution) {
-        return Err(format!("clock '{text}': the resolution must be from {min:?} to {max:?}"));
-    }
-    Ok(weir_core::ClockKind::Coarse(resolution))
 }

@@ -19,8 +19,7 @@ const V1: &str = "/grpc.reflection.v1.ServerReflection/";
 const V1ALPHA: &str = "/grpc.reflection.v1alpha.ServerReflection/";
 
 /// A reflection server, boxed (the builder's type cannot be named).
-pub type Server =
-    BoxCloneSyncService<Request<Incoming>, Response<tonic::body::Body>, Infallible>;
+pub type Server = BoxCloneSyncService<Request<Incoming>, Response<tonic::body::Body>, Infallible>;
 
 /// The reflection server for `path`, when `path` is a reflection call. Built once per process
 /// (parsing the descriptor set takes a few milliseconds) and cloned per call.

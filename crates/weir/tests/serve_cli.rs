@@ -994,8 +994,8 @@ fn the_readme_grpcurl_call_works_through_reflection() {
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
     use tonic_reflection::pb::v1::ServerReflectionRequest;
 
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-        .unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
     let line = readme
         .lines()
         .find(|l| l.starts_with("grpcurl -plaintext -d '"))
@@ -1010,11 +1010,12 @@ fn the_readme_grpcurl_call_works_through_reflection() {
     let s = Serve::start(&[]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", s.grpc))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", s.grpc))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
         let mut client = ServerReflectionClient::new(channel);
         let mut ask = async |request: MessageRequest| {
             let request = ServerReflectionRequest {
@@ -1026,7 +1027,13 @@ fn the_readme_grpcurl_call_works_through_reflection() {
                 .await
                 .unwrap()
                 .into_inner();
-            answers.message().await.unwrap().unwrap().message_response.unwrap()
+            answers
+                .message()
+                .await
+                .unwrap()
+                .unwrap()
+                .message_response
+                .unwrap()
         };
         // `grpcurl list`.
         let MessageResponse::ListServicesResponse(list) =
@@ -1057,7 +1064,10 @@ fn the_readme_grpcurl_call_works_through_reflection() {
             }
             for f in &files {
                 for dep in &f.dependency {
-                    if files.iter().all(|g| g.name.as_deref() != Some(dep.as_str())) {
+                    if files
+                        .iter()
+                        .all(|g| g.name.as_deref() != Some(dep.as_str()))
+                    {
                         wanted.push(MessageRequest::FileByFilename(dep.clone()));
                     }
                 }
