@@ -53,6 +53,7 @@ pub mod stats;
 mod sync;
 pub mod throttle;
 pub mod token_bucket;
+pub mod top_k;
 pub mod warmup;
 
 pub use algorithm::{Algorithm, Quota, Reserving};
@@ -71,4 +72,5 @@ pub use sliding_counter::SlidingCounter;
 pub use sliding_log::SlidingLog;
 pub use sliding_window::SlidingWindow;
 pub use token_bucket::TokenBucket;
+pub use top_k::TopK;
 pub use warmup::WarmupTokenBucket;

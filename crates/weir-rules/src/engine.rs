@@ -31,7 +31,9 @@ use crate::config::{
 use crate::keys::KeyShortener;
 pub use crate::keys::MAX_KEY_LEN;
 pub use crate::metrics::RuleKind;
-use crate::metrics::{ResourceStats, RuleSnapshot, RuleStats, Snapshot};
+use crate::metrics::{
+    BreakerSnapshot, HeavySnapshot, ResourceStats, RuleSnapshot, RuleStats, Snapshot,
+};
 use crate::rate::{KeyedRate, RateSpec, SingleRate};
 use crate::system::{Inbound, Part, System, SystemPermits};
 
@@ -120,7 +122,12 @@ struct Flow<C: Clock> {
 struct HotState<C: Clock> {
     rate: KeyedRate<C>,
     stats: RuleStats,
+    /// The values it blocked most (recorded on the block path only, skipped when contended).
+    top: parking_lot::Mutex<weir_core::TopK>,
 }
+
+/// Blocked values kept per hot-parameter rule.
+pub const TOP_VALUES: usize = 10;
 
 struct BreakerState {
     breaker: Breaker,
@@ -540,6 +547,11 @@ impl<C: Clock + Clone> Rules<C> {
                     }
                 },
             };
+            if !d.allowed() {
+                if let Some(mut top) = h.top.try_lock() {
+                    top.record(value);
+                }
+            }
             verdict(d.allowed(), config.shadow, &h.stats, || Block {
                 rule: id.clone(),
                 kind: RuleKind::HotParam,
@@ -667,6 +679,11 @@ impl<C: Clock + Clone> Rules<C> {
                 let ev = h.rate.evictions();
                 out.rules
                     .push(rule(&config.id, RuleKind::HotParam, name, &h.stats, ev));
+                out.heavy.push(HeavySnapshot {
+                    rule: config.id.clone(),
+                    resource: name.to_string(),
+                    top: h.top.lock().top(),
+                });
             }
             for f in &r.flows {
                 let ev = f.state.rate.as_ref().map_or(0, |r| r.evictions());
@@ -676,6 +693,11 @@ impl<C: Clock + Clone> Rules<C> {
             if let Some((config, b, _)) = &r.breaker {
                 out.rules
                     .push(rule(&config.id, RuleKind::Breaker, name, &b.stats, 0));
+                out.breakers.push(BreakerSnapshot {
+                    rule: config.id.clone(),
+                    resource: name.to_string(),
+                    state: b.breaker.state(),
+                });
             }
         }
         if let Some(system) = &c.system {
@@ -685,6 +707,15 @@ impl<C: Clock + Clone> Rules<C> {
                     out.rules.push(rule(part.id(), RuleKind::System, "", s, 0));
                 }
             }
+            out.system = Some(system.snapshot(&self.shared.inbound, self.shared.clock.now()));
+        }
+        for r in &mut out.resources {
+            r.shadow_blocks = out
+                .rules
+                .iter()
+                .filter(|x| x.resource == r.name)
+                .map(|x| x.shadow_blocks)
+                .sum();
         }
         out
     }
@@ -693,7 +724,7 @@ impl<C: Clock + Clone> Rules<C> {
 /// Counts a block on the resource and traces it.
 fn blocked<C: Clock>(res: Option<&Resource<C>>, resource: &str, block: Block) -> Block {
     if let Some(r) = res {
-        r.stats.block();
+        r.stats.block(block.kind);
     }
     tracing::debug!(
         resource,
@@ -956,6 +987,7 @@ fn compile<C: Clock + Clone>(
                     Arc::new(HotState {
                         rate,
                         stats: RuleStats::default(),
+                        top: parking_lot::Mutex::new(weir_core::TopK::new(TOP_VALUES)),
                     })
                 }
             };

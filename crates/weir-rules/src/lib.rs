@@ -37,7 +37,9 @@
 
 pub mod cidr;
 pub mod config;
+pub mod describe;
 pub mod engine;
+pub mod history;
 pub mod keys;
 pub mod metrics;
 pub mod path;

@@ -84,7 +84,8 @@ pub struct ResourceStats {
     pub(crate) window: StatsWindow,
     pub(crate) related: std::sync::atomic::AtomicBool,
     passes: AtomicU64,
-    blocks: AtomicU64,
+    /// Blocks by [`RuleKind`] (its discriminant).
+    blocks: [AtomicU64; RuleKind::COUNT],
     errors: AtomicU64,
     rt: RtHistogram,
 }
@@ -95,7 +96,7 @@ impl ResourceStats {
             window: second_window(),
             related: std::sync::atomic::AtomicBool::new(false),
             passes: AtomicU64::new(0),
-            blocks: AtomicU64::new(0),
+            blocks: Default::default(),
             errors: AtomicU64::new(0),
             rt: RtHistogram::default(),
         }
@@ -110,8 +111,8 @@ impl ResourceStats {
     }
 
     #[inline]
-    pub(crate) fn block(&self) {
-        self.blocks.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn block(&self, kind: RuleKind) {
+        self.blocks[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The call ended (`outcome` None: dropped unreported, counted without an error).
@@ -130,10 +131,13 @@ impl ResourceStats {
         let completed = rt_buckets.last().map_or(0, |b| b.1);
         let passes = self.passes.load(Ordering::Acquire).max(completed);
         let in_flight = passes - completed;
+        let blocked_by = self.blocks.each_ref().map(|b| b.load(Ordering::Relaxed));
         ResourceSnapshot {
             name: name.to_string(),
             passes,
-            blocks: self.blocks.load(Ordering::Relaxed),
+            blocks: blocked_by.iter().sum(),
+            blocked_by,
+            shadow_blocks: 0,
             in_flight,
             completed,
             errors: self.errors.load(Ordering::Relaxed),
@@ -152,6 +156,7 @@ pub(crate) fn second_window() -> StatsWindow {
 
 /// The kind of a rule, as blocks and snapshots name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum RuleKind {
     /// A flow rule (rate or concurrency).
     Flow,
@@ -166,6 +171,17 @@ pub enum RuleKind {
 }
 
 impl RuleKind {
+    /// How many kinds there are.
+    pub const COUNT: usize = 5;
+    /// Every kind, in the order of [`ResourceSnapshot::blocked_by`].
+    pub const ALL: [RuleKind; Self::COUNT] = [
+        RuleKind::Flow,
+        RuleKind::HotParam,
+        RuleKind::Authority,
+        RuleKind::Breaker,
+        RuleKind::System,
+    ];
+
     /// Lower-case name (`flow`, `hot_param`, `authority`, `breaker`, `system`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -208,6 +224,10 @@ pub struct ResourceSnapshot {
     pub passes: u64,
     /// Calls blocked by any rule.
     pub blocks: u64,
+    /// Calls blocked, per kind of the rule that blocked them ([`RuleKind::ALL`] order).
+    pub blocked_by: [u64; RuleKind::COUNT],
+    /// Calls the resource's shadow rules would have blocked (they passed).
+    pub shadow_blocks: u64,
     /// Calls admitted and not ended.
     pub in_flight: u64,
     /// Calls ended.
@@ -220,6 +240,47 @@ pub struct ResourceSnapshot {
     pub rt_sum: Duration,
 }
 
+/// A circuit breaker's state at one time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerSnapshot {
+    /// The breaker rule's id.
+    pub rule: String,
+    /// Its resource.
+    pub resource: String,
+    /// Its state.
+    pub state: weir_core::breaker::BreakerState,
+}
+
+/// The values a hot-parameter rule blocked most (a fixed-size sketch: see weir-core's `TopK`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeavySnapshot {
+    /// The hot-parameter rule's id.
+    pub rule: String,
+    /// Its resource.
+    pub resource: String,
+    /// Blocked values, most blocked first.
+    pub top: Vec<weir_core::top_k::Heavy>,
+}
+
+/// The system rule's protection at one time.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SystemSnapshot {
+    /// CPU usage, 0..1 (when a part reads it: `max_cpu` or `bbr`).
+    pub cpu: Option<f64>,
+    /// Inbound calls in flight (every resource).
+    pub in_flight: u64,
+    /// `max_in_flight`, if set.
+    pub max_in_flight: Option<u64>,
+    /// `max_cpu`, if set.
+    pub max_cpu: Option<f64>,
+    /// BBR's current limit on calls in flight (its estimate of max pass × min RT).
+    pub bbr_limit: Option<u64>,
+    /// The adaptive limiter's current limit.
+    pub adaptive_limit: Option<u64>,
+    /// Calls in flight under the adaptive limiter.
+    pub adaptive_in_flight: Option<u64>,
+}
+
 /// Every counter of a rule set.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Snapshot {
@@ -227,6 +288,12 @@ pub struct Snapshot {
     pub resources: Vec<ResourceSnapshot>,
     /// Per rule, by resource then id.
     pub rules: Vec<RuleSnapshot>,
+    /// Per circuit breaker, by resource.
+    pub breakers: Vec<BreakerSnapshot>,
+    /// Per hot-parameter rule, by resource.
+    pub heavy: Vec<HeavySnapshot>,
+    /// The system rule, if one is set.
+    pub system: Option<SystemSnapshot>,
 }
 
 impl Snapshot {

@@ -154,6 +154,19 @@ impl<C: Clock + Clone> System<C> {
         })
     }
 
+    /// What the rule protects with at `now`, for dashboards.
+    pub(crate) fn snapshot(&self, inbound: &Inbound, now: Nanos) -> crate::metrics::SystemSnapshot {
+        crate::metrics::SystemSnapshot {
+            cpu: self.cpu.as_ref().map(|c| c.usage()),
+            in_flight: inbound.window.in_flight(),
+            max_in_flight: self.rule.max_in_flight,
+            max_cpu: self.rule.max_cpu,
+            bbr_limit: self.bbr.as_ref().map(|b| b.max_in_flight(now)),
+            adaptive_limit: self.adaptive.as_ref().map(|a| a.limit()),
+            adaptive_in_flight: self.adaptive.as_ref().map(|a| a.in_flight()),
+        }
+    }
+
     /// Whether the rule has `part`.
     pub(crate) fn has(&self, part: Part) -> bool {
         match part {

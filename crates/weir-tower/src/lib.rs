@@ -43,6 +43,8 @@ pub mod body;
 pub mod client;
 pub mod concurrency;
 pub mod criticality;
+#[cfg(feature = "dashboard")]
+pub mod dashboard;
 pub mod key;
 pub mod limit;
 /// Path normal form (shared with the rule files' route prefixes).

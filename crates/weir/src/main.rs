@@ -82,9 +82,19 @@ struct ProxyArgs {
     /// The upstream, http://HOST:PORT.
     #[arg(long, value_name = "URL")]
     upstream: String,
-    /// Serve /metrics (Prometheus) and /healthz on this address.
+    /// Serve the dashboard (/), its JSON API (/api/v1/dashboard), /metrics (Prometheus) and
+    /// /healthz on this address.
     #[arg(long, value_name = "ADDR")]
     admin: Option<std::net::SocketAddr>,
+    /// With it, the admin listener answers 401 to requests for the dashboard's data and
+    /// /metrics without `Authorization: Bearer TOKEN` (/healthz and the page stay open).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "WEIR_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    admin_token: Option<String>,
     /// Longest wait for the upstream's response head (then 504).
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "30s")]
     upstream_timeout: Duration,
@@ -388,6 +398,7 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
         listen: args.listen,
         upstream: args.upstream,
         admin: args.admin,
+        admin_token: args.admin_token.filter(|t| !t.is_empty()),
         upstream_timeout: args.upstream_timeout,
         reload_interval: args.reload_interval,
         limits: args.connections.limits(),

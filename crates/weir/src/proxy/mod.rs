@@ -6,7 +6,8 @@
 //! rest to `--upstream` over pooled HTTP/1.1 connections. The rule file is re-read when it
 //! changes (state kept; an invalid file is reported and the old rules stay). An unreachable
 //! upstream gets 502, a slow one 504 after `--upstream-timeout`: never a hang. `--admin`
-//! serves `/metrics` (Prometheus text) and `/healthz`.
+//! serves the live dashboard (weir-tower's `dashboard`), `/metrics` (Prometheus text) and
+//! `/healthz`; `--admin-token` puts the dashboard's data and `/metrics` behind a bearer token.
 
 mod prom;
 
@@ -43,8 +44,10 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// `http://HOST:PORT` of the upstream.
     pub upstream: String,
-    /// Where to serve `/metrics` and `/healthz` (none: not served).
+    /// Where to serve the dashboard, `/metrics` and `/healthz` (none: not served).
     pub admin: Option<SocketAddr>,
+    /// The bearer token the dashboard's data and `/metrics` require (none: open).
+    pub admin_token: Option<String>,
     /// Longest wait for the upstream's response head.
     pub upstream_timeout: Duration,
     /// How often the rule file is checked for changes.
@@ -489,6 +492,12 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
     };
     let stats = Arc::new(ProxyStats::default());
     let st = stats.clone();
+    let dashboard = weir_tower::dashboard::Dashboard::for_rules(
+        "weir proxy",
+        rules.clone(),
+        Some(s.rules.clone()),
+    );
+    let dash = dashboard.clone();
     let (reloaded, leases, file) = (rules.clone(), quota.clone(), s.rules.clone());
     let _watcher = Watcher::start(
         rules.clone(),
@@ -510,10 +519,14 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
                             ),
                         }
                     }
+                    dash.note_reload(Ok(()));
                     st.reloads_applied.fetch_add(1, Ordering::Relaxed)
                 }
                 // The watcher logged it (one warning line with file, line and column).
-                Event::Rejected(_) => st.reloads_rejected.fetch_add(1, Ordering::Relaxed),
+                Event::Rejected(e) => {
+                    dash.note_reload(Err(e.to_string()));
+                    st.reloads_rejected.fetch_add(1, Ordering::Relaxed)
+                }
             };
         },
     )
@@ -521,6 +534,13 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
     let listener = tokio::net::TcpListener::bind(s.listen)
         .await
         .map_err(|e| (2, format!("cannot listen on {}: {e}", s.listen)))?;
+    if let Some(addr) = s.admin.filter(|a| !a.ip().is_loopback()) {
+        if s.admin_token.is_none() {
+            tracing::warn!(
+                "--admin {addr} is reachable from other hosts and has no --admin-token: anyone who can connect reads the dashboard and /metrics"
+            );
+        }
+    }
     let admin = match s.admin {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -560,15 +580,20 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         admin
             .as_ref()
             .and_then(|a| a.local_addr().ok())
-            .map(|a| format!(", metrics: http://{a}/metrics"))
+            .map(|a| format!(", dashboard: http://{a}/, metrics: http://{a}/metrics"))
             .unwrap_or_default()
     );
     let (trigger, shutdown) = crate::accept::shutdown();
     if let Some(admin) = admin {
+        dashboard.spawn_sampler();
         tokio::spawn(serve_admin(
             admin,
-            rules.clone(),
-            stats.clone(),
+            Admin {
+                rules: rules.clone(),
+                stats: stats.clone(),
+                dashboard,
+                token: s.admin_token.clone(),
+            },
             s.limits.timeouts,
             shutdown.clone(),
         ));
@@ -632,15 +657,29 @@ fn points_at(upstream: &Uri, listen: SocketAddr) -> bool {
 /// Most connections to the admin listener at once.
 pub const ADMIN_CONNECTIONS: usize = 64;
 
-async fn serve_admin(
-    listener: tokio::net::TcpListener,
+/// What the admin listener serves.
+struct Admin {
     rules: Arc<Rules<weir_core::AnyClock>>,
     stats: Arc<ProxyStats>,
+    dashboard: Arc<weir_tower::dashboard::Dashboard>,
+    token: Option<String>,
+}
+
+async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    admin: Admin,
     timeouts: crate::conn::Timeouts,
     shutdown: crate::accept::Shutdown,
 ) {
     use axum::routing::get;
-    let app = axum::Router::new()
+    use weir_tower::dashboard;
+    let Admin {
+        rules,
+        stats,
+        dashboard: dash,
+        token,
+    } = admin;
+    let data = axum::Router::new()
         .route(
             "/metrics",
             get(move || {
@@ -648,6 +687,9 @@ async fn serve_admin(
                 async move { ([(header::CONTENT_TYPE, prom::CONTENT_TYPE)], text) }
             }),
         )
+        .merge(dash.api_router());
+    let app = dashboard::require_bearer(data, token.as_deref())
+        .merge(dashboard::page_router())
         .route("/healthz", get(|| async { "ok\n" }));
     // A handful of scrapers and probes at most: a small cap keeps a connection flood off the
     // proxy; at the cap the connection idle the longest makes room, so health checks get in.

@@ -201,6 +201,8 @@ mod tests {
                 name: "a\"b".into(),
                 passes: 3,
                 blocks: 1,
+                blocked_by: [1, 0, 0, 0, 0],
+                shadow_blocks: 0,
                 in_flight: 1,
                 completed: 2,
                 errors: 0,
@@ -217,6 +219,7 @@ mod tests {
                 evictions: 0,
                 full: 0,
             }],
+            ..Snapshot::default()
         };
         let text = render(snap, &ProxyStats::default());
         for line in [

@@ -1,0 +1,218 @@
+//! A rule set as rows for people: one line per rule with what it does, for dashboards and
+//! listings. The wording follows the rule file's field names.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use crate::config::{AdaptiveAlgorithm, BreakerPreset, RuleSet};
+
+/// One rule, readable.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RuleRow {
+    /// The rule's id (`system` for the system rule).
+    pub id: String,
+    /// `flow`, `hot_param`, `authority`, `breaker` or `system`.
+    pub kind: &'static str,
+    /// The resource (empty for the system rule).
+    pub resource: String,
+    /// Its settings as `field value` pairs, e.g. `qps 100 · algorithm gcra · burst 10`.
+    pub detail: String,
+    /// Counted but never blocking.
+    pub shadow: bool,
+}
+
+/// A duration as the rule files write it: `30s`, `5m`, `250ms`.
+pub fn duration_text(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, len) in [("h", 3_600_000u128), ("m", 60_000), ("s", 1_000)] {
+        if ms >= len && ms % len == 0 {
+            return format!("{}{unit}", ms / len);
+        }
+    }
+    if ms > 0 && d.subsec_nanos() % 1_000_000 == 0 {
+        format!("{ms}ms")
+    } else {
+        format!("{}us", d.as_micros())
+    }
+}
+
+/// Accumulates `field value` pairs.
+#[derive(Default)]
+struct Detail(String);
+
+impl Detail {
+    fn add(&mut self, field: &str, value: impl std::fmt::Display) -> &mut Self {
+        if !self.0.is_empty() {
+            self.0.push_str(" · ");
+        }
+        let _ = write!(self.0, "{field} {value}");
+        self
+    }
+
+    fn opt<T: std::fmt::Display>(&mut self, field: &str, value: Option<T>) -> &mut Self {
+        if let Some(v) = value {
+            self.add(field, v);
+        }
+        self
+    }
+
+    fn dur(&mut self, field: &str, value: Option<Duration>) -> &mut Self {
+        self.opt(field, value.map(duration_text))
+    }
+}
+
+/// Every rule of `set`, resource by resource in file order, the system rule last.
+pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
+    let mut out = Vec::new();
+    for r in &set.resources {
+        let row = |id: &str, kind, detail: Detail, shadow| RuleRow {
+            id: id.to_string(),
+            kind,
+            resource: r.name.clone(),
+            detail: detail.0,
+            shadow,
+        };
+        for f in &r.flow {
+            let mut d = Detail::default();
+            d.opt("qps", f.qps)
+                .opt("concurrency", f.concurrency)
+                .dur("window", f.window)
+                .opt("algorithm", f.algorithm.map(|a| a.as_str()))
+                .opt("burst", f.burst);
+            if f.behavior != Default::default() {
+                d.add("behavior", f.behavior.as_str());
+            }
+            d.dur("max_wait", f.max_wait)
+                .dur("warmup", f.warmup)
+                .opt("origin", f.origin.as_deref())
+                .opt("relate", f.relate.as_deref());
+            if let Some(c) = &f.cluster {
+                d.add("cluster", format!("{} (safe {}/s)", c.resource, c.safe));
+            }
+            out.push(row(&f.id, "flow", d, f.shadow));
+        }
+        for h in &r.hot_params {
+            let mut d = Detail::default();
+            d.add("param", h.param)
+                .add("threshold", h.threshold)
+                .dur("window", h.window)
+                .add("algorithm", h.algorithm.as_str())
+                .opt("burst", h.burst)
+                .add("max_values", h.max_values);
+            if !h.exceptions.is_empty() {
+                d.add("exceptions", h.exceptions.len());
+            }
+            out.push(row(&h.id, "hot_param", d, h.shadow));
+        }
+        if let Some(a) = &r.authority {
+            let mut d = Detail::default();
+            if !a.allow.is_empty() {
+                d.add("allow", a.allow.join(", "));
+            }
+            if !a.deny.is_empty() {
+                d.add("deny", a.deny.join(", "));
+            }
+            out.push(row(&a.id, "authority", d, a.shadow));
+        }
+        if let Some(b) = &r.breaker {
+            let mut d = Detail::default();
+            d.opt(
+                "preset",
+                b.preset.map(|p| match p {
+                    BreakerPreset::Hystrix => "hystrix",
+                    BreakerPreset::Sentinel => "sentinel",
+                    BreakerPreset::Resilience4j => "resilience4j",
+                }),
+            )
+            .opt("error_ratio", b.error_ratio)
+            .opt("error_count", b.error_count)
+            .opt("slow_ratio", b.slow_ratio)
+            .dur("slow_call", b.slow_call)
+            .opt("window_calls", b.window_calls)
+            .dur("window", b.window)
+            .opt("min_calls", b.min_calls)
+            .dur("open_for", b.open_for)
+            .opt("max_probes", b.max_probes);
+            out.push(row(&b.id, "breaker", d, b.shadow));
+        }
+    }
+    if let Some(s) = &set.system {
+        let mut d = Detail::default();
+        d.opt("max_qps", s.max_qps)
+            .opt("max_in_flight", s.max_in_flight)
+            .dur("max_avg_rt", s.max_avg_rt)
+            .opt("max_cpu", s.max_cpu);
+        if let Some(b) = &s.bbr {
+            d.add(
+                "bbr",
+                format!("cpu_threshold {}", b.cpu_threshold.unwrap_or(0.8)),
+            );
+        }
+        if let Some(a) = &s.adaptive {
+            d.add(
+                "adaptive",
+                match a.algorithm {
+                    AdaptiveAlgorithm::Gradient2 => "gradient2",
+                    AdaptiveAlgorithm::Vegas => "vegas",
+                    AdaptiveAlgorithm::Aimd => "aimd",
+                },
+            );
+        }
+        out.push(RuleRow {
+            id: "system".into(),
+            kind: "system",
+            resource: String::new(),
+            detail: d.0,
+            shadow: s.shadow,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_name_every_rule_with_its_fields() {
+        let set = RuleSet::from_yaml(
+            std::path::Path::new("r.yaml"),
+            "resources:
+  - name: api
+    flow:
+      - {id: q, qps: 100, algorithm: gcra, burst: 10}
+    hot_params:
+      - {id: u, param: 0, threshold: 5, window: 1m}
+    breaker: {id: b, error_ratio: 0.5, open_for: 30s}
+system: {max_in_flight: 500}
+",
+        )
+        .unwrap();
+        let rows = rows(&set);
+        let brief: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|r| (r.id.as_str(), r.kind, r.resource.as_str()))
+            .collect();
+        assert_eq!(
+            brief,
+            [
+                ("q", "flow", "api"),
+                ("u", "hot_param", "api"),
+                ("b", "breaker", "api"),
+                ("system", "system", "")
+            ]
+        );
+        assert_eq!(rows[0].detail, "qps 100 · algorithm gcra · burst 10");
+        assert!(
+            rows[1]
+                .detail
+                .starts_with("param 0 · threshold 5 · window 1m"),
+            "{}",
+            rows[1].detail
+        );
+        assert_eq!(rows[2].detail, "error_ratio 0.5 · open_for 30s");
+        assert_eq!(rows[3].detail, "max_in_flight 500");
+        assert_eq!(duration_text(Duration::from_micros(1500)), "1500us");
+        assert_eq!(duration_text(Duration::from_millis(250)), "250ms");
+    }
+}

@@ -1,0 +1,431 @@
+//! A live dashboard: what is passed, blocked, shed and broken, second by second, on a page
+//! every Weir process can serve itself.
+//!
+//! A [`Dashboard`] samples a [`Source`] once a second (a rule set, or anything that can state
+//! per-resource counters in weir-rules' [`ResourceSnapshot`] shape: `weir serve` does so per
+//! descriptor rule), keeps the last five minutes in a [`History`] ring, and serves
+//!
+//! - `GET /` — the page: plain HTML, CSS and JavaScript embedded in the binary, with
+//!   self-drawn SVG charts, polling the API once a second; no build step, no CDN.
+//! - `GET /api/v1/dashboard?since=T` — everything the page shows as JSON; with `since`, only
+//!   the seconds after `T` (Unix seconds), so a poll costs a few hundred bytes.
+//!
+//! Read-only. [`Dashboard::router`] takes an optional token: with one, the API answers 401
+//! unless the request carries `Authorization: Bearer TOKEN` (the page itself holds no data
+//! and asks for the token). The sampler reads the same atomics as `/metrics`; the decision
+//! path does no extra work for the dashboard.
+//!
+//! ```no_run
+//! # async fn run() {
+//! use std::sync::Arc;
+//! use weir_rules::config::RuleSet;
+//! use weir_rules::engine::Rules;
+//! use weir_tower::dashboard::Dashboard;
+//!
+//! let set = RuleSet::from_yaml(std::path::Path::new("rules.yaml"),
+//!     "resources:\n  - name: api\n    flow:\n      - {id: api-qps, qps: 100}\n").unwrap();
+//! let rules = Arc::new(Rules::new(&set).unwrap());
+//! let dashboard = Dashboard::for_rules("my service", rules.clone(), None);
+//! dashboard.spawn_sampler();
+//! let admin: axum::Router = dashboard.router(None);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:9901").await.unwrap();
+//! axum::serve(listener, admin).await.unwrap();
+//! # }
+//! ```
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+use weir_core::clock::Clock;
+use weir_rules::engine::Rules;
+use weir_rules::history::{History, DEFAULT_SECONDS};
+use weir_rules::metrics::{BreakerSnapshot, HeavySnapshot, ResourceSnapshot, SystemSnapshot};
+
+/// Where the JSON API is served.
+pub const API_PATH: &str = "/api/v1/dashboard";
+
+/// The page (HTML with its CSS and JavaScript inline).
+pub const PAGE: &str = include_str!("dashboard.html");
+
+/// What a [`Source`] reports each second.
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    /// Cumulative counters per resource (or per rule: whatever the page's rows are).
+    pub resources: Vec<ResourceSnapshot>,
+    /// Circuit breakers and their states.
+    pub breakers: Vec<BreakerSnapshot>,
+    /// Heavy hitters: the values blocked most, per rule.
+    pub heavy: Vec<HeavySnapshot>,
+    /// System protection, if any.
+    pub system: Option<SystemSnapshot>,
+    /// Anything else the page shows as tables or facts: `config` (`file`, `rules`: rows),
+    /// `store` (facts and `transitions`), `quota` (`resources`: rows). Kept as given.
+    pub info: Map<String, Value>,
+}
+
+/// Whatever the dashboard shows: called once a second by the sampler.
+pub trait Source: Send + Sync + 'static {
+    /// The counters now.
+    fn sample(&self) -> Sample;
+}
+
+impl<F: Fn() -> Sample + Send + Sync + 'static> Source for F {
+    fn sample(&self) -> Sample {
+        self()
+    }
+}
+
+/// A rule set as a [`Source`]: its snapshot, and its rules as the `config` table (rebuilt only
+/// when the rule set changes).
+pub struct RulesSource<C: Clock + Clone> {
+    rules: Arc<Rules<C>>,
+    file: Option<PathBuf>,
+    rows: Mutex<(u64, Value)>,
+}
+
+impl<C: Clock + Clone> RulesSource<C> {
+    /// Reports `rules`, loaded from `file` if given.
+    pub fn new(rules: Arc<Rules<C>>, file: Option<PathBuf>) -> Self {
+        Self {
+            rules,
+            file,
+            rows: Mutex::new((u64::MAX, Value::Null)),
+        }
+    }
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> Source for RulesSource<C> {
+    fn sample(&self) -> Sample {
+        let snap = self.rules.snapshot();
+        let generation = self.rules.generation();
+        let rows = {
+            let mut cached = self.rows.lock();
+            if cached.0 != generation {
+                let rows = weir_rules::describe::rows(&self.rules.rule_set());
+                *cached = (generation, serde_json::to_value(rows).unwrap_or_default());
+            }
+            cached.1.clone()
+        };
+        let mut config = Map::new();
+        if let Some(f) = &self.file {
+            config.insert("file".into(), json!(f.display().to_string()));
+        }
+        config.insert("rules".into(), rows);
+        let mut info = Map::new();
+        info.insert("config".into(), Value::Object(config));
+        Sample {
+            resources: snap.resources,
+            breakers: snap.breakers,
+            heavy: snap.heavy,
+            system: snap.system,
+            info,
+        }
+    }
+}
+
+/// The system protection during one second.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SystemPoint {
+    /// The second (Unix time).
+    pub t: u64,
+    /// CPU usage 0..1, if read.
+    pub cpu: Option<f64>,
+    /// Inbound calls in flight.
+    pub in_flight: u64,
+    /// BBR's limit on calls in flight.
+    pub bbr_limit: Option<u64>,
+    /// The adaptive limiter's limit.
+    pub adaptive_limit: Option<u64>,
+}
+
+/// The last reload of the configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Reload {
+    /// When (Unix seconds).
+    pub t: u64,
+    /// Whether the new configuration was applied.
+    pub ok: bool,
+    /// Why not (with file, line and column), when rejected.
+    pub error: Option<String>,
+}
+
+struct State {
+    history: History,
+    system: VecDeque<SystemPoint>,
+    latest: Sample,
+    reload: Option<Reload>,
+}
+
+/// A live dashboard over one [`Source`] (see the module documentation).
+pub struct Dashboard {
+    title: String,
+    label: String,
+    started: u64,
+    source: Box<dyn Source>,
+    state: Mutex<State>,
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Dashboard {
+    /// A dashboard titled `title` whose rows are called `label` (e.g. "resources", "rules"),
+    /// keeping five minutes.
+    pub fn new(title: &str, label: &str, source: impl Source) -> Arc<Self> {
+        Arc::new(Self {
+            title: title.to_string(),
+            label: label.to_string(),
+            started: unix_now(),
+            source: Box::new(source),
+            state: Mutex::new(State {
+                history: History::new(DEFAULT_SECONDS),
+                system: VecDeque::new(),
+                latest: Sample::default(),
+                reload: None,
+            }),
+        })
+    }
+
+    /// A dashboard of a rule set loaded from `file`.
+    pub fn for_rules<C: Clock + Clone + Send + Sync + 'static>(
+        title: &str,
+        rules: Arc<Rules<C>>,
+        file: Option<PathBuf>,
+    ) -> Arc<Self> {
+        Self::new(title, "resources", RulesSource::new(rules, file))
+    }
+
+    /// Samples the source as the second ending at `t` (Unix seconds). The sampler calls this
+    /// once a second; tests may call it with their own seconds.
+    pub fn sample_at(&self, t: u64) {
+        let mut sample = self.source.sample();
+        let resources = std::mem::take(&mut sample.resources);
+        let mut st = self.state.lock();
+        let first = st.history.last_second().is_none();
+        st.history.record(t, resources, &sample.breakers);
+        if let Some(s) = &sample.system {
+            if !first && st.system.back().is_none_or(|p| p.t < t) {
+                if st.system.len() == st.history.seconds() {
+                    st.system.pop_front();
+                }
+                st.system.push_back(SystemPoint {
+                    t,
+                    cpu: s.cpu,
+                    in_flight: s.in_flight,
+                    bbr_limit: s.bbr_limit,
+                    adaptive_limit: s.adaptive_limit,
+                });
+            }
+        } else {
+            st.system.clear();
+        }
+        st.latest = sample;
+    }
+
+    /// Records the result of a configuration reload (shown until the next one).
+    pub fn note_reload(&self, result: Result<(), String>) {
+        self.state.lock().reload = Some(Reload {
+            t: unix_now(),
+            ok: result.is_ok(),
+            error: result.err(),
+        });
+    }
+
+    /// Starts sampling once a second, just after each whole second, on the current tokio
+    /// runtime; the task ends when the dashboard is dropped.
+    pub fn spawn_sampler(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let weak: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                let to_next = Duration::from_secs(1)
+                    .saturating_sub(Duration::from_nanos(u64::from(now.subsec_nanos())));
+                tokio::time::sleep(to_next + Duration::from_millis(5)).await;
+                let Some(me) = weak.upgrade() else { return };
+                me.sample_at(unix_now());
+            }
+        })
+    }
+
+    /// Everything the page shows, with the seconds after `since` (all with 0).
+    pub fn json(&self, since: u64) -> Value {
+        let st = self.state.lock();
+        let resources: Vec<Value> = st
+            .history
+            .resources()
+            .map(|(name, ring)| {
+                let points: Vec<_> = ring.iter().filter(|p| p.t > since).collect();
+                json!({"name": name, "points": points})
+            })
+            .collect();
+        let breakers: Vec<_> = st.history.breakers().collect();
+        let heavy: Vec<Value> = st
+            .latest
+            .heavy
+            .iter()
+            .map(|h| {
+                let top: Vec<Value> = h
+                    .top
+                    .iter()
+                    .map(|e| json!({"value": e.value, "count": e.count, "error": e.error}))
+                    .collect();
+                json!({"rule": h.rule, "resource": h.resource, "top": top})
+            })
+            .collect();
+        let system = st.latest.system.as_ref().map(|s| {
+            let points: Vec<_> = st.system.iter().filter(|p| p.t > since).collect();
+            json!({
+                "now": {
+                    "cpu": s.cpu, "in_flight": s.in_flight, "max_in_flight": s.max_in_flight,
+                    "max_cpu": s.max_cpu, "bbr_limit": s.bbr_limit,
+                    "adaptive_limit": s.adaptive_limit, "adaptive_in_flight": s.adaptive_in_flight,
+                },
+                "points": points,
+            })
+        });
+        json!({
+            "version": 1,
+            "title": self.title,
+            "label": self.label,
+            "now": st.history.last_second().unwrap_or_else(unix_now),
+            "started": self.started,
+            "seconds": st.history.seconds(),
+            "resources": resources,
+            "breakers": breakers,
+            "heavy": heavy,
+            "system": system,
+            "reload": st.reload,
+            "info": st.latest.info,
+        })
+    }
+
+    /// `GET /api/v1/dashboard` alone (to mount beside other admin routes behind the same
+    /// token, see [`require_bearer`]).
+    pub fn api_router(self: &Arc<Self>) -> Router {
+        let me = self.clone();
+        Router::new().route(
+            API_PATH,
+            get(move |req: Request| {
+                let since = since(req.uri().query());
+                let body = serde_json::to_vec(&me.json(since)).unwrap_or_default();
+                async move {
+                    (
+                        [
+                            (header::CONTENT_TYPE, "application/json"),
+                            (header::CACHE_CONTROL, "no-store"),
+                        ],
+                        body,
+                    )
+                }
+            }),
+        )
+    }
+
+    /// The page and the API, the API behind `token` when given.
+    pub fn router(self: &Arc<Self>, token: Option<&str>) -> Router {
+        require_bearer(self.api_router(), token).merge(page_router())
+    }
+}
+
+/// `GET /`: the page (static: it holds no data, so it is served without the token).
+pub fn page_router() -> Router {
+    Router::new().route(
+        "/",
+        get(|| async {
+            (
+                [
+                    (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+                    (header::CACHE_CONTROL, "no-cache"),
+                ],
+                PAGE,
+            )
+        }),
+    )
+}
+
+/// The `since` query parameter (0 when absent or not a number).
+fn since(query: Option<&str>) -> u64 {
+    query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("since="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every route of `router` answers 401 unless the request carries
+/// `Authorization: Bearer TOKEN` (compared in constant time); no token: unchanged.
+pub fn require_bearer(router: Router, token: Option<&str>) -> Router {
+    let Some(token) = token else { return router };
+    let expected: Arc<[u8]> = Arc::from(format!("Bearer {token}").into_bytes());
+    router.route_layer(axum::middleware::from_fn(
+        move |req: Request, next: Next| {
+            let expected = expected.clone();
+            async move {
+                let given = req
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .map_or(&b""[..], HeaderValue::as_bytes);
+                if constant_time_eq(given, &expected) {
+                    next.run(req).await
+                } else {
+                    unauthorized()
+                }
+            }
+        },
+    ))
+}
+
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "401 Unauthorized: send Authorization: Bearer TOKEN (the --admin-token)\n",
+    )
+        .into_response()
+}
+
+/// Equality whose time depends only on the lengths.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_reads_the_query() {
+        assert_eq!(since(Some("since=1700000000")), 1_700_000_000);
+        assert_eq!(since(Some("x=1&since=5")), 5);
+        assert_eq!(since(Some("since=abc")), 0);
+        assert_eq!(since(None), 0);
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"Bearer t0k", b"Bearer t0k"));
+        assert!(!constant_time_eq(b"Bearer t0", b"Bearer t0k"));
+        assert!(!constant_time_eq(b"Bearer t0j", b"Bearer t0k"));
+    }
+}
