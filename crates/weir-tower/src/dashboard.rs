@@ -70,8 +70,11 @@ pub struct Sample {
     /// System protection, if any.
     pub system: Option<SystemSnapshot>,
     /// Anything else the page shows as tables or facts: `config` (`file`, `rules`: rows),
-    /// `store` (facts and `transitions`), `quota` (`resources`: rows). Kept as given.
+    /// `store` (facts and `transitions`), `quota` (rows). Kept as given.
     pub info: Map<String, Value>,
+    /// The last configuration reload, when the source knows it (else what
+    /// [`Dashboard::note_reload`] was told).
+    pub reload: Option<Reload>,
 }
 
 /// Whatever the dashboard shows: called once a second by the sampler.
@@ -130,6 +133,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Source for RulesSource<C> {
             heavy: snap.heavy,
             system: snap.system,
             info,
+            reload: None,
         }
     }
 }
@@ -186,8 +190,9 @@ pub fn unix_now() -> u64 {
 impl Dashboard {
     /// A dashboard titled `title` whose rows are called `label` (e.g. "resources", "rules"),
     /// keeping five minutes.
+    /// The source is sampled at once: the first second shown counts from here.
     pub fn new(title: &str, label: &str, source: impl Source) -> Arc<Self> {
-        Arc::new(Self {
+        let me = Arc::new(Self {
             title: title.to_string(),
             label: label.to_string(),
             started: unix_now(),
@@ -198,7 +203,9 @@ impl Dashboard {
                 latest: Sample::default(),
                 reload: None,
             }),
-        })
+        });
+        me.sample_at(me.started);
+        me
     }
 
     /// A dashboard of a rule set loaded from `file`.
@@ -233,6 +240,9 @@ impl Dashboard {
             }
         } else {
             st.system.clear();
+        }
+        if let Some(r) = sample.reload.take() {
+            st.reload = Some(r);
         }
         st.latest = sample;
     }

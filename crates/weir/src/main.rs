@@ -134,9 +134,18 @@ struct ServeArgs {
     /// gRPC listen address (Envoy's rate-limit cluster points here).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8081")]
     grpc_addr: std::net::SocketAddr,
-    /// HTTP listen address (POST /json, GET /healthz, GET /metrics).
+    /// HTTP listen address (POST /json, GET /healthz, GET /metrics, the dashboard at /).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     http_addr: std::net::SocketAddr,
+    /// With it, the HTTP listener answers 401 to requests for the dashboard's data and
+    /// /metrics without `Authorization: Bearer TOKEN` (/json, /healthz and the page stay open).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "WEIR_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    admin_token: Option<String>,
     /// memory, redis://HOST:PORT[/DB] or redis+cluster://H1:P1,H2:P2.
     #[arg(long, value_name = "STORE", default_value = "memory")]
     store: String,
@@ -795,6 +804,14 @@ async fn serve(args: ServeArgs) -> ExitCode {
         http.local_addr().map_or(args.http_addr, |a| a),
     );
     service.watch(std::time::Duration::from_secs(1));
+    let admin_token = args.admin_token.clone().filter(|t| !t.is_empty());
+    if !h.ip().is_loopback() && admin_token.is_none() {
+        tracing::warn!(
+            "--http-addr {h} is reachable from other hosts and has no --admin-token: anyone who can connect reads the dashboard and /metrics"
+        );
+    }
+    let dashboard = rls::dashboard::dashboard(service.clone());
+    dashboard.spawn_sampler();
     let config = args
         .config
         .as_ref()
@@ -808,7 +825,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         .unwrap_or("example")
         .to_string();
     println!(
-        "weir serve: gRPC RLS v3 on {g}, HTTP on http://{h} (config: {config}, store: {})",
+        "weir serve: gRPC RLS v3 on {g}, HTTP on http://{h} (config: {config}, store: {}, dashboard: http://{h}/)",
         args.store
     );
     println!(
@@ -833,7 +850,17 @@ async fn serve(args: ServeArgs) -> ExitCode {
                 bodies.clone(),
                 shutdown.clone()
             ),
-            rls::server::serve_http(service.clone(), http, limits, bodies, shutdown),
+            rls::server::serve_http(
+                service.clone(),
+                http,
+                limits,
+                bodies,
+                rls::server::Admin {
+                    dashboard,
+                    token: admin_token,
+                },
+                shutdown
+            ),
         );
     };
     accept::run_until_stopped("weir serve", servers, trigger, args.drain_timeout).await;

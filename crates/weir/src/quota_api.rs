@@ -155,6 +155,25 @@ impl QuotaApi {
         self.server.release(client, resources);
     }
 
+    /// The allocation table for the dashboard: per resource its capacity, the clients'
+    /// demands and grants (units/s) and how many clients hold a lease.
+    pub fn table(&self) -> Vec<serde_json::Value> {
+        self.server
+            .allocations(self.clock.now())
+            .into_iter()
+            .map(|a| {
+                serde_json::json!({
+                    "resource": a.resource,
+                    "capacity": a.capacity,
+                    "wants": a.wants,
+                    "granted": a.granted,
+                    "clients": a.clients.len(),
+                    "learning": a.learning,
+                })
+            })
+            .collect()
+    }
+
     /// Prometheus text for every resource in use, its clients (at most
     /// [`MAX_CLIENT_SERIES`] series) and the failover role.
     pub fn render_metrics(&self, out: &mut String) {

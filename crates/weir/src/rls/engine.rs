@@ -9,6 +9,7 @@
 //! (idle keys evicted first).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,6 +119,8 @@ pub struct Rule {
     pub shadow: bool,
     store_rule: Option<Arc<RedisRule>>,
     metrics: RuleMetrics,
+    /// The dashboard's counters, kept across reloads while the id stays.
+    pub counts: Arc<RuleCounts>,
     /// Built once, cloned (two reference counts) into every status.
     applied: AppliedLimit,
 }
@@ -138,6 +141,34 @@ impl RuleMetrics {
             over_limit: metrics::counter!("weir_rls_over_limit_total", "rule" => rule.clone()),
             near_limit: metrics::counter!("weir_rls_near_limit_total", "rule" => rule.clone()),
             shadow_over_limit: metrics::counter!("weir_rls_shadow_over_limit_total", "rule" => rule),
+        }
+    }
+}
+
+/// Cumulative counts of one rule, for the dashboard (the Prometheus counters are write-only).
+#[derive(Debug)]
+pub struct RuleCounts {
+    /// Hits counted (each descriptor's `hits_addend`).
+    pub hits: AtomicU64,
+    /// Hits answered OVER_LIMIT.
+    pub over_limit: AtomicU64,
+    /// Hits over the limit in shadow mode (answered OK).
+    pub shadow_over_limit: AtomicU64,
+    /// The descriptor values over the limit most often (fixed size whatever clients send;
+    /// recorded only when uncontended).
+    pub top: Mutex<weir_core::TopK>,
+}
+
+/// Heavy hitters kept per rule.
+pub const TOP_VALUES: usize = 10;
+
+impl Default for RuleCounts {
+    fn default() -> Self {
+        Self {
+            hits: AtomicU64::new(0),
+            over_limit: AtomicU64::new(0),
+            shadow_over_limit: AtomicU64::new(0),
+            top: Mutex::new(weir_core::TopK::new(TOP_VALUES)),
         }
     }
 }
@@ -454,7 +485,7 @@ impl Engine {
                         let decision = acquire(store, sr, &key, hits).await;
                         let status =
                             status_of(&decision, r.applied.clone(), r.limit.window, r.shadow);
-                        metrics_for(r, &decision, hits);
+                        metrics_for(r, &decision, hits, &d.entries);
                         status
                     } else {
                         // unlimited: OK without counting
@@ -475,18 +506,42 @@ impl Engine {
     }
 }
 
-fn metrics_for(rule: &Rule, d: &Decision, hits: u64) {
+fn metrics_for(rule: &Rule, d: &Decision, hits: u64, entries: &[(String, String)]) {
     let m = &rule.metrics;
+    let c = &rule.counts;
     m.hits.increment(hits);
+    c.hits.fetch_add(hits, Ordering::Relaxed);
     if !d.allowed() {
         if rule.shadow {
             m.shadow_over_limit.increment(hits);
+            c.shadow_over_limit.fetch_add(hits, Ordering::Relaxed);
         } else {
             m.over_limit.increment(hits);
+            c.over_limit.fetch_add(hits, Ordering::Relaxed);
+        }
+        if let Some(mut top) = c.top.try_lock() {
+            top.record_n(&descriptor_text(entries), hits);
         }
     } else if d.remaining() * 10 < rule.limit.requests_per_unit {
         m.near_limit.increment(hits);
     }
+}
+
+/// `key=value, key=value`: a descriptor as the dashboard shows it.
+fn descriptor_text(entries: &[(String, String)]) -> String {
+    let mut out = String::new();
+    for (i, (k, v)) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(k);
+        out.push('=');
+        out.push_str(v);
+        if out.len() > weir_core::top_k::MAX_VALUE_BYTES {
+            break;
+        }
+    }
+    out
 }
 
 async fn acquire(store: &Store, rule: &RedisRule, key: &str, n: u64) -> Decision {
@@ -615,6 +670,7 @@ impl Built<'_> {
                             quota: limit.requests_per_unit,
                         },
                         metrics: RuleMetrics::new(&id),
+                        counts: previous.map(|p| p.counts.clone()).unwrap_or_default(),
                         id: id.clone(),
                         limit: limit.clone(),
                         shadow,

@@ -2,6 +2,7 @@
 
 mod batch;
 pub mod config;
+pub mod dashboard;
 pub mod engine;
 pub mod grpc;
 pub mod latency;

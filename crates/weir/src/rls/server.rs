@@ -43,6 +43,7 @@ pub struct Service {
     headers: HeaderStyle,
     latency: super::latency::Latency,
     quota: Option<Arc<crate::quota_api::QuotaApi>>,
+    last_reload: parking_lot::Mutex<Option<weir_tower::dashboard::Reload>>,
 }
 
 impl Service {
@@ -64,6 +65,7 @@ impl Service {
             headers: HeaderStyle::None,
             latency: super::latency::Latency::default(),
             quota: None,
+            last_reload: parking_lot::Mutex::new(None),
         })
     }
 
@@ -108,11 +110,36 @@ impl Service {
 
     /// Reloads the configuration file(s); on error the previous configuration stays.
     pub fn reload(&self) -> Result<(), Vec<String>> {
+        let result = self.try_reload();
+        *self.last_reload.lock() = Some(weir_tower::dashboard::Reload {
+            t: weir_tower::dashboard::unix_now(),
+            ok: result.is_ok(),
+            error: result.as_ref().err().map(|e| e.join("; ")),
+        });
+        result
+    }
+
+    fn try_reload(&self) -> Result<(), Vec<String>> {
         let domains = load(self.config.as_deref())?;
         let current = self.engine();
         let engine = Engine::build(&domains, self.options, Some(&current)).map_err(|e| vec![e])?;
         *self.engine.write() = Arc::new(engine);
         Ok(())
+    }
+
+    /// The last reload's time and result (none before the first).
+    pub fn last_reload(&self) -> Option<weir_tower::dashboard::Reload> {
+        self.last_reload.lock().clone()
+    }
+
+    /// Where decisions are counted.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The configuration file or directory (none: the bundled example).
+    pub fn config_path(&self) -> Option<&std::path::Path> {
+        self.config.as_deref()
     }
 
     /// Checks the configuration every `interval` and reloads it when its contents changed
@@ -545,23 +572,38 @@ async fn metrics_handler(
     }
 }
 
-/// Serves the HTTP API (`POST /json`, `GET /healthz`, `GET /metrics`) over HTTP/1.1 and h2c
-/// until `shutdown` says stop and its connections have finished, within `limits` (connections,
-/// their timeouts) and `bodies` (request bodies buffered).
+/// What the HTTP listener serves besides the rate-limit API.
+pub struct Admin {
+    /// The live dashboard (page at `/`, data at `/api/v1/dashboard`).
+    pub dashboard: Arc<weir_tower::dashboard::Dashboard>,
+    /// The bearer token the dashboard's data and `/metrics` require (none: open).
+    pub token: Option<String>,
+}
+
+/// Serves the HTTP API (`POST /json`, `GET /healthz`, `GET /metrics`) and the dashboard over
+/// HTTP/1.1 and h2c until `shutdown` says stop and its connections have finished, within
+/// `limits` (connections, their timeouts) and `bodies` (request bodies buffered).
 pub async fn serve_http(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
     limits: crate::accept::Limits,
     bodies: Arc<Budget>,
+    admin: Admin,
     shutdown: crate::accept::Shutdown,
 ) {
+    use weir_tower::dashboard;
     let quota = service.quota.as_ref().map(|q| q.routes());
+    let data = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .with_state(service.clone())
+        .merge(admin.dashboard.api_router());
     let mut app = Router::new()
         .route("/json", post(json_handler))
         .route("/healthz", get(|| async { "OK\n" }))
         .route("/healthcheck", get(|| async { "OK\n" }))
-        .route("/metrics", get(metrics_handler))
-        .with_state(service);
+        .with_state(service)
+        .merge(dashboard::require_bearer(data, admin.token.as_deref()))
+        .merge(dashboard::page_router());
     if let Some(q) = quota {
         app = app.merge(q);
     }

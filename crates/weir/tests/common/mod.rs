@@ -7,6 +7,13 @@ use std::io::{BufRead, BufReader, Read, Write};
 /// port: every request (its body read and dropped) gets a 200 whose body is
 /// `answer(request line, Host header or "-")`.
 pub fn http1_upstream(answer: impl Fn(&str, &str) -> String + Send + Sync + 'static) -> u16 {
+    http1_upstream_status(move |line, host| (200, answer(line, host)))
+}
+
+/// [`http1_upstream`] answering `(status, body)`.
+pub fn http1_upstream_status(
+    answer: impl Fn(&str, &str) -> (u16, String) + Send + Sync + 'static,
+) -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let answer = std::sync::Arc::new(answer);
@@ -41,8 +48,11 @@ pub fn http1_upstream(answer: impl Fn(&str, &str) -> String + Send + Sync + 'sta
                     }
                     let mut body = vec![0; len];
                     let _ = r.read_exact(&mut body);
-                    let body = answer(&first, &host);
-                    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                    let (status, body) = answer(&first, &host);
+                    let head = format!(
+                        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\n\r\n",
+                        body.len()
+                    );
                     if s.write_all(head.as_bytes()).is_err()
                         || s.write_all(body.as_bytes()).is_err()
                     {
@@ -201,6 +211,98 @@ pub fn start_envoy(config: &std::path::Path, admin: u16, port: u16) -> std::proc
         std::thread::sleep(Duration::from_millis(100));
     }
     child
+}
+
+/// `METHOD path` on a loopback port with extra header lines (each ending in CRLF) and a
+/// body: the status and the body (read to the connection's close), if it answers.
+pub fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.get(9..12)?.parse().ok()?;
+    Some((status, out.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+/// Debian's Chromium (or `WEIR_CHROMIUM`), which the test command installs.
+pub fn chromium() -> std::path::PathBuf {
+    let path = std::env::var_os("WEIR_CHROMIUM")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/usr/bin/chromium".into());
+    assert!(
+        path.exists(),
+        "{} is missing: scripts/test installs Debian's chromium (or set WEIR_CHROMIUM)",
+        path.display()
+    );
+    path
+}
+
+/// Loads `url` in headless Chromium at `width`×`height`, lets its scripts run for a few
+/// seconds (virtual time), and returns the rendered DOM; with `screenshot`, also saves a PNG
+/// of the window there.
+pub fn render_page(
+    url: &str,
+    width: u32,
+    height: u32,
+    screenshot: Option<&std::path::Path>,
+) -> String {
+    use std::process::{Command, Stdio};
+    let profile = tempdir("chromium-profile");
+    let mut cmd = Command::new(chromium());
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        "--virtual-time-budget=4000",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()))
+    .arg(format!("--window-size={width},{height}"));
+    match screenshot {
+        Some(p) => cmd.arg(format!("--screenshot={}", p.display())),
+        None => cmd.arg("--dump-dom"),
+    };
+    let out = cmd
+        .arg(url)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .expect("chromium runs");
+    let _ = std::fs::remove_dir_all(&profile);
+    assert!(out.status.success(), "chromium failed on {url}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A new empty directory under the system's temporary directory.
+pub fn tempdir(what: &str) -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "weir-{what}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// The body of `GET path` on a loopback port (read to the connection's close), if it answers.
