@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+#[path = "../../weir-redis/tests/support/mod.rs"]
+mod support;
 
 struct Process(Child);
 
@@ -136,7 +138,7 @@ fn the_proxy_dashboard_shows_blocks_breakers_heavy_hitters_and_reloads_as_they_h
     wait_for_a_sample();
 
     let url = format!("http://127.0.0.1:{admin}/");
-    let dom = common::render_page(&url, 1280, 800, None);
+    let dom = common::render_page(&url, 1280, 800, None, &[]);
     let login = part(&dom, "data-resource=\"login\"");
     assert!(login.contains("class=\"card blocking\""), "{login}");
     let payments = part(&dom, "data-resource=\"payments\"");
@@ -161,13 +163,11 @@ fn the_proxy_dashboard_shows_blocks_breakers_heavy_hitters_and_reloads_as_they_h
         "the rules table"
     );
     if let Some(p) = screenshot("dashboard-proxy.png") {
-        common::render_page(&url, 1280, 800, Some(&p));
-        common::render_page(
-            &url,
-            400,
-            860,
-            Some(&p.with_file_name("dashboard-phone.png")),
-        );
+        common::render_page(&url, 1280, 800, Some(&p), &[]);
+        let phone = p.with_file_name("dashboard-phone.png");
+        common::render_page(&url, 400, 860, Some(&phone), &[]);
+        let dark = p.with_file_name("dashboard-dark.png");
+        common::render_page(&url, 1280, 800, Some(&dark), &["--force-dark-mode"]);
     }
 
     // More traffic shows on the next load.
@@ -175,7 +175,7 @@ fn the_proxy_dashboard_shows_blocks_breakers_heavy_hitters_and_reloads_as_they_h
         get(port, "/login", "");
     }
     wait_for_a_sample();
-    let dom = common::render_page(&url, 1280, 800, None);
+    let dom = common::render_page(&url, 1280, 800, None, &[]);
     let login = part(&dom, "data-resource=\"login\"");
     assert!(
         field(login, "blocked-total") >= login_blocked + 4,
@@ -187,7 +187,7 @@ fn the_proxy_dashboard_shows_blocks_breakers_heavy_hitters_and_reloads_as_they_h
     let deadline = Instant::now() + Duration::from_secs(10);
     let dom = loop {
         wait_for_a_sample();
-        let dom = common::render_page(&url, 1280, 800, None);
+        let dom = common::render_page(&url, 1280, 800, None, &[]);
         if dom.contains("data-field=\"reload-error\"") || Instant::now() > deadline {
             break dom;
         }
@@ -225,9 +225,9 @@ fn with_a_token_the_data_need_the_bearer_and_health_checks_do_not() {
     assert_eq!(get(admin, "/", ""), 200, "the page holds no data");
     // The page asks for the token, and shows the data once given it in the address.
     let url = format!("http://127.0.0.1:{admin}/");
-    let dom = common::render_page(&url, 1280, 800, None);
+    let dom = common::render_page(&url, 1280, 800, None, &[]);
     assert!(dom.contains("token needed"), "{dom}");
-    let dom = common::render_page(&format!("{url}#token=s3cret"), 1280, 800, None);
+    let dom = common::render_page(&format!("{url}#token=s3cret"), 1280, 800, None, &[]);
     assert!(dom.contains("data-resource=\"login\""), "{dom}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -275,6 +275,87 @@ fn the_api_sends_only_the_seconds_asked_for() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `weir serve` with `args` on free ports, once it answers: the process and its HTTP port.
+fn serve(args: &[&str]) -> (Process, u16) {
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weir"));
+    cmd.arg("serve")
+        .args(args)
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let process = Process(cmd.spawn().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(http, "/healthz", "") != 200 {
+        assert!(Instant::now() < deadline, "weir serve did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (process, http)
+}
+
+#[test]
+fn the_serve_dashboard_shows_redis_falling_back_and_the_quota_table() {
+    let dir = common::tempdir("dashboard-store");
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
+    )
+    .unwrap();
+    let quota = dir.join("quota.yaml");
+    std::fs::write(&quota, "resources:\n  - {name: search, capacity: 1000/s}\n").unwrap();
+    let mut redis = support::Redis::start();
+    let url = redis.url();
+    let (_serve, http) = serve(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--store",
+        &url,
+        "--quota",
+        quota.to_str().unwrap(),
+    ]);
+    let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"ann"}]}]}"#;
+    assert_eq!(
+        common::request(http, "POST", "/json", "", body).unwrap().0,
+        200
+    );
+    let lease = r#"{"client":"host-7","resources":[{"resource":"search","wants":120}]}"#;
+    assert_eq!(
+        common::request(http, "POST", "/quota/v1/refresh", "", lease)
+            .unwrap()
+            .0,
+        200
+    );
+    wait_for_a_sample();
+    let page = format!("http://127.0.0.1:{http}/");
+    let dom = common::render_page(&page, 1280, 800, None, &[]);
+    let store = part(&dom, "data-store=\"store\"");
+    assert!(store.contains(">redis<"), "{store}");
+    // Redis goes away: decisions continue on the local fallback, and the page says so.
+    redis.kill();
+    assert_eq!(
+        common::request(http, "POST", "/json", "", body).unwrap().0,
+        200
+    );
+    wait_for_a_sample();
+    let dom = common::render_page(&page, 1280, 800, None, &[]);
+    let store = part(&dom, "data-store=\"store\"");
+    assert!(store.contains(">fallback<"), "{store}");
+    assert!(dom.contains("redis → fallback"), "the switch is listed");
+    let quota = &dom[dom.find("id=\"quota\"").unwrap()..];
+    let row = &quota[quota.find("<td>search</td>").expect("the quota row")..];
+    // resource, capacity, wants, granted, clients, learning: host-7 wants 120 of 1000; a
+    // server that just started learns demands before it grants more than safe capacities.
+    let cells: Vec<&str> = row[..row.find("</tr>").unwrap()]
+        .split("</td>")
+        .map(|c| &c[c.rfind('>').map_or(0, |i| i + 1)..])
+        .collect();
+    assert_eq!(cells[..3], ["search", "1.0 k", "120"], "{row:.300}");
+    assert_eq!(cells[4], "1", "one client");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn the_serve_dashboard_shows_rules_over_the_limit_and_who_is_limited() {
     let dir = common::tempdir("dashboard-serve");
@@ -290,19 +371,7 @@ descriptors:
 ",
     )
     .unwrap();
-    let (http, grpc) = (common::free_port(), common::free_port());
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weir"));
-    cmd.args(["serve", "--config", config.to_str().unwrap()])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let _serve = Process(cmd.spawn().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while get(http, "/healthz", "") != 200 {
-        assert!(Instant::now() < deadline, "weir serve did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (_serve, http) = serve(&["--config", config.to_str().unwrap()]);
     let decide = |key: &str, value: &str| {
         let body = format!(
             r#"{{"domain":"shop","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
@@ -318,7 +387,7 @@ descriptors:
     }
     wait_for_a_sample();
     let url = format!("http://127.0.0.1:{http}/");
-    let dom = common::render_page(&url, 1280, 800, None);
+    let dom = common::render_page(&url, 1280, 800, None, &[]);
     let user = part(&dom, "data-resource=\"shop.user\"");
     assert_eq!(field(user, "blocked-total"), 5);
     assert_eq!(field(user, "passed-total"), 6);
@@ -337,7 +406,7 @@ descriptors:
     assert!(dom.contains("data-store=\"store\""), "store health shown");
     assert!(dom.contains("3 per 1m"), "the rules table");
     if let Some(p) = screenshot("dashboard-serve.png") {
-        common::render_page(&url, 1280, 800, Some(&p));
+        common::render_page(&url, 1280, 800, Some(&p), &[]);
     }
     let _ = std::fs::remove_dir_all(dir);
 }

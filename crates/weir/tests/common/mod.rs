@@ -251,13 +251,14 @@ pub fn chromium() -> std::path::PathBuf {
 }
 
 /// Loads `url` in headless Chromium at `width`×`height`, lets its scripts run for a few
-/// seconds (virtual time), and returns the rendered DOM; with `screenshot`, also saves a PNG
-/// of the window there.
+/// seconds (virtual time), and returns the rendered DOM; with `screenshot`, saves a PNG of the
+/// window there instead. `extra`: more Chromium flags (e.g. `--force-dark-mode`).
 pub fn render_page(
     url: &str,
     width: u32,
     height: u32,
     screenshot: Option<&std::path::Path>,
+    extra: &[&str],
 ) -> String {
     use std::process::{Command, Stdio};
     let profile = tempdir("chromium-profile");
@@ -274,6 +275,7 @@ pub fn render_page(
         "--hide-scrollbars",
         "--virtual-time-budget=4000",
     ])
+    .args(extra)
     .arg(format!("--user-data-dir={}", profile.display()))
     .arg(format!("--window-size={width},{height}"));
     match screenshot {
