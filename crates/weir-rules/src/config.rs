@@ -61,6 +61,22 @@ pub struct ResourceConfig {
     pub authority: Option<AuthorityRule>,
     /// A circuit breaker.
     pub breaker: Option<BreakerRule>,
+    /// A switch that turns the resource off by hand (degradation).
+    pub switch: Option<SwitchRule>,
+}
+
+/// A switch on a resource: while on, every call to the resource is blocked (kind `switch`,
+/// before any other rule) and gets the route's fallback or 503. `on` here is the state the file
+/// asks for; a state set at run time ([`crate::engine::Rules::set_switch`]) overrides it and
+/// survives reloads.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchRule {
+    /// The switch's id (unique among rule ids).
+    pub id: String,
+    /// Degraded: calls are blocked (default false).
+    #[serde(default)]
+    pub on: bool,
 }
 
 /// The rate algorithm of a flow or hot-parameter rule.
@@ -486,6 +502,60 @@ pub struct Route {
     /// The call's parameters, by position (what hot-parameter rules index).
     #[serde(default)]
     pub params: Vec<Param>,
+    /// What a blocked request gets instead of the block's status (degradation).
+    pub fallback: Option<Fallback>,
+}
+
+/// Largest fallback body (inline or from a file).
+pub const MAX_FALLBACK_BYTES: usize = 1 << 20;
+
+/// A route's answer to blocked requests: a configured response (`status`, `headers`, and
+/// `body` inline or `body_file`, read when the rules are loaded), or, in `weir proxy`, the
+/// request forwarded to a fallback `upstream` (a static or cached version of the service).
+/// Rate-limit headers (`Retry-After`, `RateLimit-*`) are still added when the block was a
+/// rate limit.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fallback {
+    /// Block kinds it answers (`flow`, `hot_param`, `authority`, `breaker`, `system`,
+    /// `switch`); empty or absent: every kind.
+    #[serde(default)]
+    pub on: Vec<String>,
+    /// The status (default 200).
+    #[serde(default = "ok_status")]
+    pub status: u16,
+    /// Headers of the response.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The body, inline.
+    pub body: Option<String>,
+    /// The body, from this file (relative to the rule file's directory), at most 1 MiB.
+    pub body_file: Option<String>,
+    /// `http://HOST:PORT` to forward blocked requests to instead (`weir proxy` only).
+    pub upstream: Option<String>,
+    /// `body_file`'s contents, read by [`RuleSet::from_yaml`].
+    #[serde(skip)]
+    pub loaded: Option<std::sync::Arc<[u8]>>,
+}
+
+fn ok_status() -> u16 {
+    200
+}
+
+impl Fallback {
+    /// Whether it answers blocks of `kind`.
+    pub fn covers(&self, kind: &str) -> bool {
+        self.on.is_empty() || self.on.iter().any(|k| k == kind)
+    }
+
+    /// The body to send: the file's contents, else the inline body, else nothing.
+    pub fn body_bytes(&self) -> &[u8] {
+        match (&self.loaded, &self.body) {
+            (Some(b), _) => b,
+            (None, Some(b)) => b.as_bytes(),
+            (None, None) => &[],
+        }
+    }
 }
 
 fn root() -> String {
@@ -576,9 +646,41 @@ impl RuleSet {
     /// reports its first error (parsing stops there); a file that parses reports every rule
     /// that breaks a constraint, each located at its field.
     pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedErrors> {
-        let set: RuleSet = yaml::parse(file, text)?;
-        let problems = set.problems();
+        let mut set: RuleSet = yaml::parse(file, text)?;
+        let mut problems = set.problems();
+        if problems.is_empty() {
+            problems = set.load_fallback_bodies(file);
+        }
         yaml::located(file, text, problems).map_or(Ok(set), Err)
+    }
+
+    /// Reads every route's `fallback.body_file` (relative to `file`'s directory, at most
+    /// [`MAX_FALLBACK_BYTES`]); the problems as (field path, reason).
+    fn load_fallback_bodies(&mut self, file: &Path) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let dir = file.parent().unwrap_or(Path::new("."));
+        let routes = self.http.iter_mut().flat_map(|h| h.routes.iter_mut());
+        for (i, r) in routes.enumerate() {
+            let Some(f) = r.fallback.as_mut() else {
+                continue;
+            };
+            let Some(name) = &f.body_file else { continue };
+            let path = dir.join(name);
+            let at = format!("http.routes[{i}].fallback.body_file");
+            match std::fs::read(&path) {
+                Ok(b) if b.len() <= MAX_FALLBACK_BYTES => f.loaded = Some(b.into()),
+                Ok(b) => out.push((
+                    at,
+                    format!(
+                        "{}: {} bytes, at most {MAX_FALLBACK_BYTES}",
+                        path.display(),
+                        b.len()
+                    ),
+                )),
+                Err(e) => out.push((at, format!("{}: {e}", path.display()))),
+            }
+        }
+        out
     }
 
     /// Checks what the types cannot (see [`RuleSet::problems`]); answers the first problem as
@@ -690,6 +792,9 @@ impl RuleSet {
                         "give exactly one of allow or deny",
                     );
                 }
+            }
+            if let Some(sw) = &r.switch {
+                id(format!("{at}.switch.id"), &sw.id, &mut fail);
             }
             if let Some(b) = &r.breaker {
                 id(format!("{at}.breaker.id"), &b.id, &mut fail);
@@ -810,6 +915,68 @@ fn validate_system(s: &SystemRule, out: &mut dyn FnMut(String, &str)) {
     }
 }
 
+/// A route's fallback: known kinds, a real status, header names and values, one body source,
+/// an `http://HOST:PORT` upstream.
+fn validate_fallback(f: &Fallback, p: &str, fail: &mut dyn FnMut(String, &str)) {
+    const KINDS: [&str; 6] = [
+        "flow",
+        "hot_param",
+        "authority",
+        "breaker",
+        "system",
+        "switch",
+    ];
+    for (j, k) in f.on.iter().enumerate() {
+        if !KINDS.contains(&k.as_str()) {
+            fail(
+                format!("{p}.on[{j}]"),
+                &format!("{k:?} is not a block kind ({})", KINDS.join(", ")),
+            );
+        }
+    }
+    if !(100..=599).contains(&f.status) {
+        fail(format!("{p}.status"), "must be 100..599");
+    }
+    for (name, value) in &f.headers {
+        if !is_header_name(name) {
+            fail(format!("{p}.headers.{name}"), "not a header name");
+        } else if value.bytes().any(|b| b < 0x20 && b != b'\t' || b == 0x7f) {
+            fail(
+                format!("{p}.headers.{name}"),
+                "control characters in the value",
+            );
+        }
+    }
+    let given = [
+        f.body.is_some(),
+        f.body_file.is_some(),
+        f.upstream.is_some(),
+    ];
+    if given.iter().filter(|g| **g).count() > 1 {
+        fail(
+            p.to_string(),
+            "give at most one of body, body_file and upstream",
+        );
+    }
+    if f.body
+        .as_ref()
+        .is_some_and(|b| b.len() > MAX_FALLBACK_BYTES)
+    {
+        fail(format!("{p}.body"), "longer than 1 MiB");
+    }
+    if let Some(u) = &f.upstream {
+        let ok = u
+            .strip_prefix("http://")
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'));
+        if !ok {
+            fail(
+                format!("{p}.upstream"),
+                &format!("{u:?}: expected http://HOST:PORT"),
+            );
+        }
+    }
+}
+
 /// RFC 9110 token characters (header names).
 pub fn is_header_name(s: &str) -> bool {
     !s.is_empty()
@@ -873,6 +1040,9 @@ fn validate_http(
             if !is_header_name(name) {
                 fail(format!("{p}.headers.{name}"), "not a header name");
             }
+        }
+        if let Some(f) = &r.fallback {
+            validate_fallback(f, &format!("{p}.fallback"), fail);
         }
         for (j, param) in r.params.iter().enumerate() {
             if let Param::Header(name) = param {

@@ -11,7 +11,7 @@ use crate::config::{AdaptiveAlgorithm, BreakerPreset, RuleSet};
 pub struct RuleRow {
     /// The rule's id (`system` for the system rule).
     pub id: String,
-    /// `flow`, `hot_param`, `authority`, `breaker` or `system`.
+    /// `flow`, `hot_param`, `authority`, `breaker`, `switch` or `system`.
     pub kind: &'static str,
     /// The resource (empty for the system rule).
     pub resource: String,
@@ -113,6 +113,11 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
                 d.add("deny", a.deny.join(", "));
             }
             out.push(row(&a.id, "authority", d, a.shadow));
+        }
+        if let Some(sw) = &r.switch {
+            let mut d = Detail::default();
+            d.add("on", sw.on);
+            out.push(row(&sw.id, "switch", d, false));
         }
         if let Some(b) = &r.breaker {
             let mut d = Detail::default();

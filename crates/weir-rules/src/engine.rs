@@ -144,6 +144,15 @@ struct Resource<C: Clock> {
     /// Origins named by this resource's flow rules (what `other` excludes).
     named_origins: Vec<Box<str>>,
     breaker: Option<(BreakerRule, Arc<BreakerState>, Arc<str>)>,
+    switch: Option<Switch>,
+}
+
+/// A compiled switch: its state is shared by every rule set with the same id, so a run-time
+/// change and a reload never race.
+struct Switch {
+    id: Arc<str>,
+    on: Arc<std::sync::atomic::AtomicBool>,
+    stats: Arc<RuleStats>,
 }
 
 /// Resource names to resources (foldhash: a quarter of SipHash's cost on short names).
@@ -202,6 +211,8 @@ struct Shared<C: Clock> {
     cluster: arc_swap::ArcSwapOption<ClusterHandle>,
     /// Long keys are stored as a seeded digest (see `keys`).
     keys: KeyShortener,
+    /// Switch states set at run time, by id: they win over the file's `on` across reloads.
+    switches: parking_lot::Mutex<HashMap<String, bool>>,
 }
 
 impl<C: Clock> Guard<C> {
@@ -313,6 +324,24 @@ pub enum RulesError {
     Rule(String, ConfigError),
 }
 
+/// No resource has a switch with this id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no switch {0:?} in the rules in force")]
+pub struct UnknownSwitch(pub String);
+
+/// A switch's state.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SwitchState {
+    /// The switch's id.
+    pub id: String,
+    /// Its resource.
+    pub resource: String,
+    /// On: the resource's calls are blocked.
+    pub on: bool,
+    /// The state set at run time, if any (it wins over the file's).
+    pub set_at_run_time: Option<bool>,
+}
+
 /// The rules in force. `Send + Sync`; share it (e.g. in an `Arc`).
 pub struct Rules<C: Clock + Clone = MonotonicClock> {
     current: ArcSwap<Compiled<C>>,
@@ -348,8 +377,9 @@ impl<C: Clock + Clone> Rules<C> {
             cluster: arc_swap::ArcSwapOption::empty(),
             clock,
             keys: KeyShortener::new(),
+            switches: parking_lot::Mutex::new(HashMap::new()),
         });
-        let compiled = compile(set, None, &shared.inbound, &shared.clock)?;
+        let compiled = compile(set, None, &shared)?;
         Ok(Self {
             current: ArcSwap::from_pointee(compiled),
             shared,
@@ -387,10 +417,99 @@ impl<C: Clock + Clone> Rules<C> {
     /// statistics.
     pub fn apply(&self, set: &RuleSet) -> Result<(), RulesError> {
         let old = self.current.load_full();
-        let compiled = compile(set, Some(&old), &self.shared.inbound, &self.shared.clock)?;
+        let compiled = compile(set, Some(&old), &self.shared)?;
         self.current.store(Arc::new(compiled));
         self.generation.fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    /// Turns the switch `id` on (degraded: its resource's calls are blocked) or off, at once
+    /// and until changed again: the state wins over the file's `on` across reloads (see
+    /// [`Rules::clear_switch`]). Logged. Errors when no resource has a switch `id`.
+    pub fn set_switch(&self, id: &str, on: bool) -> Result<(), UnknownSwitch> {
+        let c = self.current.load();
+        let sw = c
+            .resources
+            .values()
+            .filter_map(|r| r.switch.as_ref())
+            .find(|sw| &*sw.id == id)
+            .ok_or_else(|| UnknownSwitch(id.to_string()))?;
+        let mut overrides = self.shared.switches.lock();
+        overrides.insert(id.to_string(), on);
+        sw.on.store(on, Ordering::Release);
+        drop(overrides);
+        tracing::info!(switch = id, on, "switch set");
+        Ok(())
+    }
+
+    /// Forgets the run-time state of switch `id`: the file's `on` applies again.
+    pub fn clear_switch(&self, id: &str) -> Result<(), UnknownSwitch> {
+        let c = self.current.load();
+        let sw = c
+            .resources
+            .values()
+            .filter_map(|r| r.switch.as_ref())
+            .find(|sw| &*sw.id == id)
+            .ok_or_else(|| UnknownSwitch(id.to_string()))?;
+        let file = c
+            .set
+            .resources
+            .iter()
+            .filter_map(|r| r.switch.as_ref())
+            .find(|f| f.id == id)
+            .is_some_and(|f| f.on);
+        let mut overrides = self.shared.switches.lock();
+        overrides.remove(id);
+        sw.on.store(file, Ordering::Release);
+        drop(overrides);
+        tracing::info!(switch = id, on = file, "switch back to the file's state");
+        Ok(())
+    }
+
+    /// Run-time switch states to restore (e.g. read back from a state file at start): kept
+    /// even for ids no resource has yet, applied to those that have.
+    pub fn restore_switches(&self, states: &HashMap<String, bool>) {
+        let mut overrides = self.shared.switches.lock();
+        overrides.extend(states.iter().map(|(k, v)| (k.clone(), *v)));
+        let c = self.current.load();
+        for sw in c.resources.values().filter_map(|r| r.switch.as_ref()) {
+            if let Some(on) = states.get(&*sw.id) {
+                sw.on.store(*on, Ordering::Release);
+            }
+        }
+    }
+
+    /// Every switch of the rules in force: id, resource, whether on, and the run-time state
+    /// if one was set.
+    pub fn switches(&self) -> Vec<SwitchState> {
+        let c = self.current.load();
+        let overrides = self.shared.switches.lock();
+        let mut out: Vec<SwitchState> = c
+            .resources
+            .iter()
+            .filter_map(|(name, r)| r.switch.as_ref().map(|sw| (name, sw)))
+            .map(|(name, sw)| SwitchState {
+                id: sw.id.to_string(),
+                resource: name.clone(),
+                on: sw.on.load(Ordering::Acquire),
+                set_at_run_time: overrides.get(&*sw.id).copied(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Counts a blocked call of `resource` that a fallback answered (see
+    /// [`crate::config::Fallback`]).
+    pub fn fallback_served(&self, resource: &str) {
+        if let Some(r) = self.current.load().resources.get(resource) {
+            r.stats.fallback();
+        }
+    }
+
+    /// Every run-time switch state (what to persist).
+    pub fn switch_overrides(&self) -> HashMap<String, bool> {
+        self.shared.switches.lock().clone()
     }
 
     /// How many rule sets were applied since creation (changes with every `apply`): a cheap
@@ -452,6 +571,18 @@ impl<C: Clock + Clone> Rules<C> {
         };
         if res.is_none() && system.is_none() {
             return Ok(guard);
+        }
+        if let Some(sw) = res.as_ref().and_then(|r| r.switch.as_ref()) {
+            if sw.on.load(Ordering::Acquire) {
+                sw.stats.blocks.fetch_add(1, Ordering::Relaxed);
+                let block = Block {
+                    rule: sw.id.clone(),
+                    kind: RuleKind::Switch,
+                    retry_after: None,
+                    rate: None,
+                };
+                return Err(blocked(res.as_deref(), resource, block));
+            }
         }
         let now = self.shared.clock.now();
         guard.start = now;
@@ -672,6 +803,10 @@ impl<C: Clock + Clone> Rules<C> {
         for name in names {
             let r = &c.resources[name];
             out.resources.push(r.stats.snapshot(name));
+            if let Some(sw) = &r.switch {
+                out.rules
+                    .push(rule(&sw.id, RuleKind::Switch, name, &sw.stats, 0));
+            }
             if let Some((a, _, s)) = &r.authority {
                 out.rules.push(rule(&a.id, RuleKind::Authority, name, s, 0));
             }
@@ -790,9 +925,9 @@ const UNKNOWN_ORIGIN: &str = "(unknown)";
 fn compile<C: Clock + Clone>(
     set: &RuleSet,
     old: Option<&Compiled<C>>,
-    inbound: &Inbound,
-    clock: &C,
+    shared: &Shared<C>,
 ) -> Result<Compiled<C>, RulesError> {
+    let (inbound, clock) = (&shared.inbound, &shared.clock);
     set.validate().map_err(|(p, r)| RulesError::Invalid(p, r))?;
     let err = |id: &str| {
         let id = id.to_string();
@@ -803,10 +938,14 @@ fn compile<C: Clock + Clone>(
     let mut old_hot = HashMap::new();
     let mut old_breakers = HashMap::new();
     let mut old_authority = HashMap::new();
+    let mut old_switches = HashMap::new();
     let mut old_stats = HashMap::new();
     if let Some(old) = old {
         for (name, r) in &old.resources {
             old_stats.insert(name.as_str(), r.stats.clone());
+            if let Some(sw) = &r.switch {
+                old_switches.insert(&*sw.id, (&sw.on, &sw.stats));
+            }
             for f in &r.flows {
                 old_flows.insert(f.config.id.as_str(), (&f.config, &f.state));
             }
@@ -1027,6 +1166,24 @@ fn compile<C: Clock + Clone>(
                 .unwrap_or_default();
             (a.clone(), Arc::from(a.id.as_str()), stats)
         });
+        let switch = r.switch.as_ref().map(|sw| {
+            let (on, stats) = old_switches
+                .get(sw.id.as_str())
+                .map(|(on, s)| (Arc::clone(on), Arc::clone(s)))
+                .unwrap_or_default();
+            (sw, on, stats)
+        });
+        if let Some((sw, on, _)) = &switch {
+            // Read and stored under the lock `set_switch` holds too: never a stale state.
+            let (on, id, file) = (Arc::clone(on), sw.id.as_str(), sw.on);
+            deferred.push(Box::new(move || {
+                let overrides = shared.switches.lock();
+                on.store(
+                    overrides.get(id).copied().unwrap_or(file),
+                    Ordering::Release,
+                );
+            }));
+        }
         resources.insert(
             r.name.clone(),
             Arc::new(Resource {
@@ -1037,6 +1194,11 @@ fn compile<C: Clock + Clone>(
                 flows,
                 named_origins,
                 breaker,
+                switch: switch.map(|(sw, on, stats)| Switch {
+                    id: Arc::from(sw.id.as_str()),
+                    on,
+                    stats,
+                }),
             }),
         );
     }

@@ -3,8 +3,8 @@
 //! Fed one [`Snapshot`] per second (by whoever owns a timer: weir-tower's dashboard router runs
 //! one task), it keeps per resource a ring of [`Point`]s — calls passed and blocked in that
 //! second (blocks split by kind), errors, calls in flight, p50 / p99 response time — and per
-//! circuit breaker its state changes. Memory is fixed per resource: [`Point`] is 56 bytes, so
-//! the default 300 seconds cost ≈ 16 KiB per resource, and at most [`MAX_TRANSITIONS`] state
+//! circuit breaker its state changes. Memory is fixed per resource: [`Point`] is 64 bytes, so
+//! the default 300 seconds cost ≈ 19 KiB per resource, and at most [`MAX_TRANSITIONS`] state
 //! changes are kept per breaker. Resources that leave the rule set leave the history. Counters
 //! come from the same atomics as `/metrics`; nothing here touches the decision path.
 
@@ -33,6 +33,8 @@ pub struct BlockedBy {
     pub breaker: u32,
     /// The system rule.
     pub system: u32,
+    /// Switches turned on.
+    pub switch: u32,
     /// Calls a shadow rule would have blocked (they passed: not in `blocked`).
     pub shadow: u32,
 }
@@ -245,6 +247,7 @@ fn point(t: u64, now: &ResourceSnapshot, before: Option<&ResourceSnapshot>) -> P
             authority: kind(2),
             breaker: kind(3),
             system: kind(4),
+            switch: kind(5),
             shadow: delta(&|r| r.shadow_blocks),
         },
         errors: delta(&|r| r.errors),
@@ -294,8 +297,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_point_is_56_bytes_as_documented() {
-        assert_eq!(std::mem::size_of::<Point>(), 56);
+    fn a_point_is_64_bytes_as_documented() {
+        assert_eq!(std::mem::size_of::<Point>(), 64);
     }
 
     #[test]

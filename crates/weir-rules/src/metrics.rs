@@ -87,6 +87,7 @@ pub struct ResourceStats {
     /// Blocks by [`RuleKind`] (its discriminant).
     blocks: [AtomicU64; RuleKind::COUNT],
     errors: AtomicU64,
+    fallbacks: AtomicU64,
     rt: RtHistogram,
 }
 
@@ -98,6 +99,7 @@ impl ResourceStats {
             passes: AtomicU64::new(0),
             blocks: Default::default(),
             errors: AtomicU64::new(0),
+            fallbacks: AtomicU64::new(0),
             rt: RtHistogram::default(),
         }
     }
@@ -108,6 +110,11 @@ impl ResourceStats {
         if self.related.load(Ordering::Relaxed) {
             self.window.add_pass(now, 1);
         }
+    }
+
+    /// A blocked call was answered by a fallback.
+    pub(crate) fn fallback(&self) {
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
     }
 
     #[inline]
@@ -141,6 +148,7 @@ impl ResourceStats {
             in_flight,
             completed,
             errors: self.errors.load(Ordering::Relaxed),
+            fallbacks: self.fallbacks.load(Ordering::Relaxed),
             rt_buckets,
             rt_sum,
         }
@@ -168,11 +176,13 @@ pub enum RuleKind {
     Breaker,
     /// A system rule (all inbound traffic).
     System,
+    /// A switch turned on (the resource degraded by hand).
+    Switch,
 }
 
 impl RuleKind {
     /// How many kinds there are.
-    pub const COUNT: usize = 5;
+    pub const COUNT: usize = 6;
     /// Every kind, in the order of [`ResourceSnapshot::blocked_by`].
     pub const ALL: [RuleKind; Self::COUNT] = [
         RuleKind::Flow,
@@ -180,9 +190,10 @@ impl RuleKind {
         RuleKind::Authority,
         RuleKind::Breaker,
         RuleKind::System,
+        RuleKind::Switch,
     ];
 
-    /// Lower-case name (`flow`, `hot_param`, `authority`, `breaker`, `system`).
+    /// Lower-case name (`flow`, `hot_param`, `authority`, `breaker`, `system`, `switch`).
     pub fn as_str(self) -> &'static str {
         match self {
             RuleKind::Flow => "flow",
@@ -190,6 +201,7 @@ impl RuleKind {
             RuleKind::Authority => "authority",
             RuleKind::Breaker => "breaker",
             RuleKind::System => "system",
+            RuleKind::Switch => "switch",
         }
     }
 }
@@ -234,6 +246,9 @@ pub struct ResourceSnapshot {
     pub completed: u64,
     /// Calls ended with an error.
     pub errors: u64,
+    /// Blocked calls answered by a fallback (a configured response or upstream) instead of
+    /// the block's status; also counted in `blocks`.
+    pub fallbacks: u64,
     /// Response-time histogram: cumulative counts per upper bound in seconds (+Inf last).
     pub rt_buckets: Vec<(f64, u64)>,
     /// Sum of response times.

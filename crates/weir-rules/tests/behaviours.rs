@@ -426,3 +426,50 @@ fn calls_blocked_after_the_system_rule_record_no_completion() {
         "system:max_avg_rt"
     );
 }
+
+#[test]
+fn a_switch_blocks_its_resource_first_and_run_time_states_survive_reloads() {
+    let yaml = "resources:\n  - name: recs\n    switch: {id: recs-off}\n    authority: {id: recs-auth, allow: [web]}\n  - name: cart\n    switch: {id: cart-off, on: true}\n";
+    let (r, _) = rules(yaml);
+    let web = from("web");
+    assert!(r.entry("recs", &web).is_ok(), "off by default");
+    let b = r.entry("cart", &web).err().unwrap();
+    assert_eq!((b.kind, &*b.rule), (RuleKind::Switch, "cart-off"));
+    // On at run time: blocked before any other rule (an unknown origin would be refused by
+    // the authority rule; the switch answers first).
+    r.set_switch("recs-off", true).unwrap();
+    let b = r.entry("recs", &from("mobile")).err().unwrap();
+    assert_eq!(b.kind, RuleKind::Switch);
+    assert_eq!(r.stats("recs-off").unwrap().blocks, 1);
+    assert_eq!(r.stats("recs-auth").unwrap().blocks, 0);
+    // A reload of the same file keeps the run-time state; the file's own `on` for a switch
+    // never set at run time applies.
+    r.set_switch("cart-off", false).unwrap();
+    r.apply(&set(yaml)).unwrap();
+    assert!(r.entry("recs", &web).is_err());
+    assert!(r.entry("cart", &web).is_ok());
+    let states: Vec<(String, bool, Option<bool>)> = r
+        .switches()
+        .into_iter()
+        .map(|s| (s.id, s.on, s.set_at_run_time))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("cart-off".to_string(), false, Some(false)),
+            ("recs-off".to_string(), true, Some(true))
+        ]
+    );
+    // Cleared: back to the file.
+    r.clear_switch("cart-off").unwrap();
+    assert!(r.entry("cart", &web).is_err());
+    assert!(r.set_switch("nope", true).is_err());
+    // States restored at start apply, also to switches a later file adds.
+    let (r2, _) = rules("resources:\n  - name: recs\n");
+    r2.restore_switches(&r.switch_overrides());
+    r2.apply(&set(yaml)).unwrap();
+    assert!(r2.entry("recs", &web).is_err());
+    let snap = r2.snapshot();
+    let recs = snap.resource("recs").unwrap();
+    assert_eq!(recs.blocked_by[RuleKind::Switch as usize], 1);
+}

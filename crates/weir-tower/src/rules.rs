@@ -116,6 +116,73 @@ struct Route<C: Clock> {
     methods: Vec<Method>,
     headers: Vec<(HeaderName, Option<HeaderValue>)>,
     params: Vec<RouteParam>,
+    fallback: Option<Arc<Fallback>>,
+}
+
+/// A route's compiled fallback (the rule file's `fallback`).
+#[derive(Debug)]
+pub struct Fallback {
+    resource: Box<str>,
+    kinds: Vec<RuleKind>,
+    status: StatusCode,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Bytes,
+    /// Forward to the fallback upstream instead of answering (the request then carries
+    /// [`Degraded`]).
+    upstream: Option<Arc<str>>,
+}
+
+impl Fallback {
+    fn compile(resource: &str, f: &weir_rules::config::Fallback) -> Self {
+        Self {
+            resource: resource.into(),
+            kinds: RuleKind::ALL
+                .into_iter()
+                .filter(|k| f.covers(k.as_str()))
+                .collect(),
+            status: StatusCode::from_u16(f.status).unwrap_or(StatusCode::OK),
+            headers: f
+                .headers
+                .iter()
+                .filter_map(|(k, v)| {
+                    Some((
+                        HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).ok()?,
+                        HeaderValue::from_str(v).ok()?,
+                    ))
+                })
+                .collect(),
+            body: Bytes::copy_from_slice(f.body_bytes()),
+            upstream: f.upstream.as_deref().map(Arc::from),
+        }
+    }
+
+    /// The configured answer to `block` (rate-limit headers kept for rate limits).
+    fn respond(&self, block: &Block) -> Response<Bytes> {
+        let plain: Response<String> = blocked_response(block);
+        let mut r = Response::new(self.body.clone());
+        *r.status_mut() = self.status;
+        if matches!(block.kind, RuleKind::Flow | RuleKind::HotParam) {
+            for name in ["retry-after", "ratelimit-policy", "ratelimit"] {
+                if let Some(v) = plain.headers().get(name) {
+                    r.headers_mut().insert(name, v.clone());
+                }
+            }
+        }
+        for (k, v) in &self.headers {
+            r.headers_mut().insert(k.clone(), v.clone());
+        }
+        r
+    }
+}
+
+/// Set on a blocked request that a route's fallback `upstream` is to answer: the block, and
+/// where to send it (`weir proxy` forwards such requests there).
+#[derive(Debug, Clone)]
+pub struct Degraded {
+    /// Why it was blocked.
+    pub block: Block,
+    /// `http://HOST:PORT` of the fallback upstream.
+    pub upstream: Arc<str>,
 }
 
 #[derive(Debug)]
@@ -187,6 +254,10 @@ impl<C: Clock + Clone> Table<C> {
                             })
                         })
                         .collect(),
+                    fallback: r
+                        .fallback
+                        .as_ref()
+                        .map(|f| Arc::new(Fallback::compile(&r.resource, f))),
                 })
                 .collect(),
         }
@@ -411,14 +482,17 @@ where
         } else {
             crate::path::match_path(req.uri().path())
         };
+        let mut fallback = None;
         let entry = match &*self.layer.classifier {
             Classifier::Routes(routes) => routes.find(head, &path).map(|owned| {
                 let t = target_of(&owned.table, owned.route, head, &path);
-                let resolved = &owned.table.routes[owned.route].resolved;
-                admit(&self.layer.rules, Some(resolved), &t)
+                let route = &owned.table.routes[owned.route];
+                fallback = route.fallback.clone();
+                admit(&self.layer.rules, Some(&route.resolved), &t)
             }),
             Classifier::Custom(c) => c.classify(head).map(|t| admit(&self.layer.rules, None, &t)),
         };
+        drop(path);
         let head = req.method() == Method::HEAD;
         match entry {
             None => RulesFuture::Pass {
@@ -445,13 +519,31 @@ where
                     })),
                 }
             }
-            Some(Err(block)) => RulesFuture::Blocked {
-                grpc: req
-                    .headers()
-                    .get(header::CONTENT_TYPE)
-                    .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc")),
-                block: Some(Box::new(block)),
-            },
+            Some(Err(block)) => {
+                let fallback = fallback.filter(|f| f.kinds.contains(&block.kind));
+                if let Some(f) = &fallback {
+                    self.layer.rules.fallback_served(&f.resource);
+                    if let Some(upstream) = &f.upstream {
+                        req.extensions_mut().insert(Degraded {
+                            block,
+                            upstream: upstream.clone(),
+                        });
+                        return RulesFuture::Pass {
+                            inner: self.inner.call(req),
+                            guard: None,
+                            head,
+                        };
+                    }
+                }
+                RulesFuture::Blocked {
+                    grpc: req
+                        .headers()
+                        .get(header::CONTENT_TYPE)
+                        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc")),
+                    block: Some(Box::new(block)),
+                    fallback,
+                }
+            }
         }
     }
 }
@@ -523,6 +615,7 @@ pin_project_lite::pin_project! {
         Blocked {
             block: Option<Box<Block>>,
             grpc: bool,
+            fallback: Option<Arc<Fallback>>,
         },
         /// A path refused by [`crate::path::normalize`]: answered 400.
         Invalid {
@@ -578,10 +671,17 @@ where
                         head,
                     });
                 }
-                RulesProj::Blocked { block, grpc } => {
+                RulesProj::Blocked {
+                    block,
+                    grpc,
+                    fallback,
+                } => {
                     let Some(block) = block.take() else {
                         return Poll::Pending;
                     };
+                    if let Some(f) = fallback {
+                        return Poll::Ready(Ok(f.respond(&block).map(GuardBody::refused)));
+                    }
                     let r: Response<String> = if *grpc {
                         blocked_grpc_response(&block)
                     } else {
@@ -610,6 +710,7 @@ pub fn blocked_response<B: From<String>>(block: &Block) -> Response<B> {
         RuleKind::Authority => (StatusCode::FORBIDDEN, "caller not allowed by"),
         RuleKind::Breaker => (StatusCode::SERVICE_UNAVAILABLE, "circuit breaker open:"),
         RuleKind::System => (StatusCode::SERVICE_UNAVAILABLE, "overloaded:"),
+        RuleKind::Switch => (StatusCode::SERVICE_UNAVAILABLE, "switched off:"),
     };
     let retry = block.retry_after.map(|r| problem::ceil_secs(r).max(1));
     let detail = match retry {
@@ -644,7 +745,7 @@ pub fn blocked_grpc_response<B: From<String>>(block: &Block) -> Response<B> {
     let code = match block.kind {
         RuleKind::Flow | RuleKind::HotParam => 8,
         RuleKind::Authority => 7,
-        RuleKind::Breaker | RuleKind::System => 14,
+        RuleKind::Breaker | RuleKind::System | RuleKind::Switch => 14,
     };
     let message = format!("blocked by {} rule {}", block.kind.as_str(), block.rule);
     let mut r = Response::new(B::from(String::new()));

@@ -342,6 +342,7 @@ async fn reload_changes_routes_and_keeps_counters() {
         methods: vec![],
         headers: Default::default(),
         params: vec![],
+        fallback: None,
     });
     rules.apply(&set).unwrap();
     assert_eq!(request(port, "GET", "/free", &[]).await.0, 200);

@@ -10,6 +10,7 @@
 //! `/healthz`; `--admin-token` puts the dashboard's data and `/metrics` behind a bearer token.
 
 mod prom;
+pub mod switches;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -104,6 +105,7 @@ pub struct ProxyStats {
     loops: AtomicU64,
     reloads_applied: AtomicU64,
     reloads_rejected: AtomicU64,
+    switch_changes: AtomicU64,
 }
 
 /// A body from the upstream or one the proxy wrote.
@@ -260,7 +262,15 @@ impl Forward {
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_string();
-        let mut parts = self.upstream.clone().into_parts();
+        // A blocked request whose route falls back to another upstream goes there.
+        let base = match req.extensions().get::<weir_tower::rules::Degraded>() {
+            Some(d) => match d.upstream.parse::<Uri>() {
+                Ok(u) => u,
+                Err(_) => return problem(StatusCode::BAD_GATEWAY, "bad fallback upstream"),
+            },
+            None => self.upstream.clone(),
+        };
+        let mut parts = base.into_parts();
         parts.path_and_query = path.parse().ok();
         let Ok(uri) = Uri::from_parts(parts) else {
             return problem(StatusCode::BAD_REQUEST, "cannot build the upstream URL");
@@ -466,6 +476,13 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
     let rules = Arc::new(
         Rules::with_clock(&set, clock).map_err(|e| (2, format!("{}: {e}", s.rules.display())))?,
     );
+    // Switch states set over the admin API before a restart.
+    let switch_file = switches::state_path(&s.rules);
+    let saved = switches::load(&switch_file).map_err(|e| (2, e))?;
+    if !saved.is_empty() {
+        tracing::info!(file = %switch_file.display(), "switch states restored: {saved:?}");
+        rules.restore_switches(&saved);
+    }
     let cluster = rules.cluster_resources();
     let quota = match (&s.quota_server, cluster.is_empty()) {
         (_, true) => None,
@@ -593,6 +610,7 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
                 stats: stats.clone(),
                 dashboard,
                 token: s.admin_token.clone(),
+                switch_file,
             },
             s.limits.timeouts,
             shutdown.clone(),
@@ -663,6 +681,7 @@ struct Admin {
     stats: Arc<ProxyStats>,
     dashboard: Arc<weir_tower::dashboard::Dashboard>,
     token: Option<String>,
+    switch_file: PathBuf,
 }
 
 async fn serve_admin(
@@ -678,8 +697,19 @@ async fn serve_admin(
         stats,
         dashboard: dash,
         token,
+        switch_file,
     } = admin;
-    let data = axum::Router::new()
+    let mut data = axum::Router::new();
+    if token.is_some() {
+        // Changes need the token: without one the routes do not exist.
+        data = data.merge(switches::routes(switches::Switches {
+            rules: rules.clone(),
+            path: switch_file,
+            stats: stats.clone(),
+            lock: Default::default(),
+        }));
+    }
+    let data = data
         .route(
             "/metrics",
             get(move || {

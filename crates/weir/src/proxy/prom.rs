@@ -28,12 +28,13 @@ struct Scrape {
     loops: u64,
     applied: u64,
     rejected: u64,
+    switch_changes: u64,
 }
 
 type ResourceField = fn(&ResourceSnapshot) -> u64;
 type RuleField = fn(&RuleSnapshot) -> u64;
 
-const RESOURCE_COUNTERS: [(&str, &str, ResourceField); 3] = [
+const RESOURCE_COUNTERS: [(&str, &str, ResourceField); 4] = [
     (
         "weir_resource_passes",
         "Calls admitted to the resource.",
@@ -48,6 +49,11 @@ const RESOURCE_COUNTERS: [(&str, &str, ResourceField); 3] = [
         "weir_resource_errors",
         "Admitted calls that ended with an error (5xx).",
         |r| r.errors,
+    ),
+    (
+        "weir_resource_fallbacks",
+        "Blocked calls answered by the route's fallback (also in blocks).",
+        |r| r.fallbacks,
     ),
 ];
 
@@ -163,6 +169,13 @@ impl Collector for Scrape {
             m.encode_family(&[("result", result)])?
                 .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
         }
+        let mut m = enc.encode_descriptor(
+            "weir_switch_changes",
+            "Switches set over the admin API.",
+            None,
+            MetricType::Counter,
+        )?;
+        m.encode_counter::<NoLabelSet, _, u64>(&self.switch_changes, None)?;
         Ok(())
     }
 }
@@ -179,6 +192,7 @@ pub fn render(snap: Snapshot, proxy: &ProxyStats) -> String {
         loops: load(&proxy.loops),
         applied: load(&proxy.reloads_applied),
         rejected: load(&proxy.reloads_rejected),
+        switch_changes: load(&proxy.switch_changes),
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(scrape));
@@ -201,11 +215,12 @@ mod tests {
                 name: "a\"b".into(),
                 passes: 3,
                 blocks: 1,
-                blocked_by: [1, 0, 0, 0, 0],
+                blocked_by: [1, 0, 0, 0, 0, 0],
                 shadow_blocks: 0,
                 in_flight: 1,
                 completed: 2,
                 errors: 0,
+                fallbacks: 0,
                 rt_buckets: vec![(0.001, 1), (0.01, 2), (f64::INFINITY, 2)],
                 rt_sum: Duration::from_millis(5),
             }],

@@ -92,6 +92,7 @@ impl Source for ServeSource {
                 in_flight: 0,
                 completed: 0,
                 errors: 0,
+                fallbacks: 0,
                 rt_buckets: Vec::new(),
                 rt_sum: std::time::Duration::ZERO,
             });

@@ -1,0 +1,171 @@
+//! Switches set at run time over the admin listener, persisted next to the rule file.
+//!
+//! `PUT /api/v1/switches/{id}` turns a switch on (its resource is degraded: blocked with kind
+//! `switch`, answered by the route's fallback or 503), `DELETE` turns it off, `GET
+//! /api/v1/switches` lists them. The routes exist only with `--admin-token` (and need the
+//! bearer token). Each change is applied at once, logged, counted
+//! (`weir_switch_changes_total`) and written to `RULES.switches.json` beside the rule file
+//! (a temporary file, synced, then renamed over the old one), which the next start reads back.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::Path as UrlPath;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use serde_json::json;
+use weir_rules::engine::Rules;
+
+use super::ProxyStats;
+
+/// Largest state file read back (a few bytes per switch).
+pub const MAX_STATE_BYTES: u64 = 1 << 20;
+
+/// Where the switch states of `rules` are kept: `FILE.switches.json` in its directory.
+pub fn state_path(rules: &Path) -> PathBuf {
+    let mut name = rules.file_name().unwrap_or_default().to_os_string();
+    name.push(".switches.json");
+    rules.with_file_name(name)
+}
+
+/// The states saved in `path` (none when it does not exist); an unreadable or malformed file
+/// is an error naming it.
+pub fn load(path: &Path) -> Result<HashMap<String, bool>, String> {
+    use std::io::Read;
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashMap::new()),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let mut text = String::new();
+    file.take(MAX_STATE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_STATE_BYTES {
+        return Err(format!(
+            "{}: larger than {MAX_STATE_BYTES} bytes",
+            path.display()
+        ));
+    }
+    serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{}:{}:{}: expected {{\"SWITCH_ID\": true|false, …}}: {e}",
+            path.display(),
+            e.line(),
+            e.column()
+        )
+    })
+}
+
+/// Writes `states` to `path` atomically: a temporary file beside it, synced, renamed over it.
+pub fn save(path: &Path, states: &HashMap<String, bool>) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut sorted: Vec<_> = states.iter().collect();
+    sorted.sort();
+    let map: serde_json::Map<String, serde_json::Value> = sorted
+        .into_iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::Bool(*v)))
+        .collect();
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(format!(".tmp.{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(serde_json::to_string_pretty(&map)?.as_bytes())?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// What the switch routes need.
+#[derive(Clone)]
+pub struct Switches {
+    /// The rules whose switches these are.
+    pub rules: Arc<Rules<weir_core::AnyClock>>,
+    /// The state file.
+    pub path: PathBuf,
+    /// Counters (`switch_changes`).
+    pub stats: Arc<ProxyStats>,
+    /// Serialises changes, so the file always holds the last one.
+    pub lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// `GET /api/v1/switches`, `PUT` and `DELETE /api/v1/switches/{id}`.
+pub fn routes(s: Switches) -> Router {
+    let (on, off) = (s.clone(), s.clone());
+    Router::new()
+        .route(
+            "/api/v1/switches",
+            get(move || {
+                let list = s.rules.switches();
+                async move { Json(list) }
+            }),
+        )
+        .route(
+            "/api/v1/switches/{id}",
+            put(move |UrlPath(id): UrlPath<String>| set(on, id, true))
+                .delete(move |UrlPath(id): UrlPath<String>| set(off, id, false)),
+        )
+}
+
+async fn set(s: Switches, id: String, on: bool) -> Response {
+    let _one_at_a_time = s.lock.lock().await;
+    if let Err(e) = s.rules.set_switch(&id, on) {
+        return (StatusCode::NOT_FOUND, Json(json!({"error": e.to_string()}))).into_response();
+    }
+    s.stats.switch_changes.fetch_add(1, Ordering::Relaxed);
+    let states = s.rules.switch_overrides();
+    let path = s.path.clone();
+    let saved = tokio::task::spawn_blocking(move || save(&path, &states)).await;
+    let state = s.rules.switches().into_iter().find(|x| x.id == id);
+    match saved {
+        Ok(Ok(())) => {
+            tracing::info!(switch = id, on, file = %s.path.display(), "switch set over the admin API");
+            (StatusCode::OK, Json(json!(state))).into_response()
+        }
+        Ok(Err(e)) => {
+            tracing::error!(
+                switch = id,
+                on,
+                "switch set but not saved to {}: {e}",
+                s.path.display()
+            );
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(json!({"error": format!("applied, but not saved to {}: {e}", s.path.display()), "switch": state})),
+            )
+                .into_response()
+        }
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({"error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_through_the_file_and_bad_files_are_named() {
+        let dir = std::env::temp_dir().join(format!("weir-switches-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = state_path(&dir.join("rules.yaml"));
+        assert!(path.ends_with("rules.yaml.switches.json"));
+        assert!(load(&path).unwrap().is_empty(), "absent: no states");
+        let states = HashMap::from([("a".to_string(), true), ("b".to_string(), false)]);
+        save(&path, &states).unwrap();
+        assert_eq!(load(&path).unwrap(), states);
+        std::fs::write(&path, "{\"a\": \"yes\"}").unwrap();
+        let e = load(&path).unwrap_err();
+        assert!(e.contains("rules.yaml.switches.json:1:"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,252 @@
+//! Degradation through the real `weir proxy`: switches turned on and off over the admin API
+//! (token required, state kept across a restart), fallback responses for blocked routes
+//! (configured status and body, rate-limit headers kept), and a fallback upstream that receives
+//! exactly the blocked requests.
+
+use std::path::Path;
+use std::process::Child;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+mod common;
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const RULES: &str = r#"resources:
+  - name: recs
+    switch: {id: recs-off}
+  - name: cart
+    switch: {id: cart-off}
+  - name: login
+    flow:
+      - {id: login-rate, qps: 1, window: 1h}
+  - name: search
+    flow:
+      - {id: search-rate, qps: 1, window: 1h}
+http:
+  routes:
+    - resource: recs
+      prefix: /recs
+      fallback: {on: [switch], headers: {content-type: application/json}, body: '{"items":[]}'}
+    - {resource: cart, prefix: /cart}
+    - resource: login
+      prefix: /login
+      fallback: {on: [flow], status: 429, body_file: slow-down.txt}
+    - resource: search
+      prefix: /search
+      fallback: {upstream: "http://127.0.0.1:FALLBACK"}
+"#;
+
+fn proxy(rules: &Path, upstream: u16, port: u16, admin: u16, token: Option<&str>) -> Process {
+    let (l, a, u) = (
+        format!("127.0.0.1:{port}"),
+        format!("127.0.0.1:{admin}"),
+        format!("http://127.0.0.1:{upstream}"),
+    );
+    let mut args = vec![
+        "proxy",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--listen",
+        &l,
+        "--admin",
+        &a,
+        "--upstream",
+        &u,
+    ];
+    if let Some(t) = token {
+        args.extend(["--admin-token", t]);
+    }
+    let (child, line) = common::start(&args);
+    assert!(line.starts_with("weir proxy: http://"), "{line}");
+    Process(child)
+}
+
+fn get(port: u16, path: &str) -> (u16, String) {
+    common::request(port, "GET", path, "", "").expect("answers")
+}
+
+fn admin(port: u16, method: &str, path: &str, token: &str) -> u16 {
+    let auth = if token.is_empty() {
+        String::new()
+    } else {
+        format!("Authorization: Bearer {token}\r\n")
+    };
+    common::request(port, method, path, &auth, "")
+        .expect("answers")
+        .0
+}
+
+#[test]
+fn switches_fallbacks_and_a_fallback_upstream() {
+    let dir = common::tempdir("degradation");
+    let primary_hits = Arc::new(AtomicUsize::new(0));
+    let fallback_hits = Arc::new(AtomicUsize::new(0));
+    let (p, f) = (primary_hits.clone(), fallback_hits.clone());
+    let upstream = common::http1_upstream_status(move |line, _| {
+        if line.contains(" /search") {
+            p.fetch_add(1, Ordering::SeqCst);
+        }
+        (200, "primary".into())
+    });
+    let fallback = common::http1_upstream_status(move |_, _| {
+        f.fetch_add(1, Ordering::SeqCst);
+        (200, "cached copy".into())
+    });
+    let rules = dir.join("rules.yaml");
+    std::fs::write(&rules, RULES.replace("FALLBACK", &fallback.to_string())).unwrap();
+    std::fs::write(dir.join("slow-down.txt"), "slow down, please\n").unwrap();
+    let (port, admin_port) = (common::free_port(), common::free_port());
+    let mut running = Some(proxy(&rules, upstream, port, admin_port, Some("t0k")));
+
+    // A switch turned on over the admin API degrades its resource at the next request.
+    assert_eq!(get(port, "/recs"), (200, "primary".into()));
+    let on = "/api/v1/switches/recs-off";
+    assert_eq!(admin(admin_port, "PUT", on, ""), 401, "no token");
+    assert_eq!(admin(admin_port, "PUT", on, "wrong"), 401, "wrong token");
+    assert_eq!(admin(admin_port, "PUT", on, "t0k"), 200);
+    assert_eq!(get(port, "/recs"), (200, "{\"items\":[]}".into()));
+    assert_eq!(
+        admin(admin_port, "PUT", "/api/v1/switches/nope", "t0k"),
+        404
+    );
+    // Off again: the upstream answers.
+    assert_eq!(admin(admin_port, "DELETE", on, "t0k"), 200);
+    assert_eq!(get(port, "/recs"), (200, "primary".into()));
+    // A switch without a fallback answers 503.
+    assert_eq!(
+        admin(admin_port, "PUT", "/api/v1/switches/cart-off", "t0k"),
+        200
+    );
+    assert_eq!(get(port, "/cart").0, 503);
+
+    // A limited route answers with its configured response, rate-limit headers kept.
+    assert_eq!(get(port, "/login"), (200, "primary".into()));
+    let raw = common::request(port, "GET", "/login", "", "").unwrap();
+    assert_eq!(raw, (429, "slow down, please\n".into()));
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    use std::io::{Read, Write};
+    write!(
+        s,
+        "GET /login HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut head = String::new();
+    s.read_to_string(&mut head).unwrap();
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("retry-after: "), "{head}");
+    assert!(
+        head.contains("ratelimit-policy: \"login-rate\";q=1"),
+        "{head}"
+    );
+
+    // A fallback upstream receives exactly the blocked requests.
+    for _ in 0..5 {
+        assert_eq!(get(port, "/search").0, 200);
+    }
+    assert_eq!(primary_hits.load(Ordering::SeqCst), 1);
+    assert_eq!(fallback_hits.load(Ordering::SeqCst), 4);
+    let metrics = common::request(
+        admin_port,
+        "GET",
+        "/metrics",
+        "Authorization: Bearer t0k\r\n",
+        "",
+    )
+    .unwrap()
+    .1;
+    for line in [
+        "weir_resource_fallbacks_total{resource=\"search\"} 4",
+        "weir_resource_fallbacks_total{resource=\"login\"} 2",
+        "weir_resource_fallbacks_total{resource=\"recs\"} 1",
+        "weir_switch_changes_total 3",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
+
+    // The switch states survive a restart (kept beside the rule file).
+    assert_eq!(admin(admin_port, "PUT", on, "t0k"), 200);
+    assert!(dir.join("rules.yaml.switches.json").exists());
+    drop(running.take());
+    let _again = proxy(&rules, upstream, port, admin_port, Some("t0k"));
+    assert_eq!(get(port, "/recs"), (200, "{\"items\":[]}".into()));
+    assert_eq!(get(port, "/cart").0, 503);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn without_a_token_there_is_no_switch_api() {
+    let dir = common::tempdir("degradation-notoken");
+    let upstream = common::http1_upstream(|_, _| "ok".into());
+    let rules = dir.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "resources:\n  - name: recs\n    switch: {id: recs-off}\n",
+    )
+    .unwrap();
+    let (port, admin_port) = (common::free_port(), common::free_port());
+    let _p = proxy(&rules, upstream, port, admin_port, None);
+    assert_eq!(
+        admin(admin_port, "PUT", "/api/v1/switches/recs-off", ""),
+        404
+    );
+    assert_eq!(admin(admin_port, "GET", "/api/v1/switches", ""), 404);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_bad_state_file_or_fallback_is_named_at_start() {
+    let dir = common::tempdir("degradation-bad");
+    let rules = dir.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "resources:\n  - name: recs\n    switch: {id: recs-off}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("rules.yaml.switches.json"), "{\"recs-off\": 1}").unwrap();
+    let out = common::run(
+        &[
+            "proxy",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--upstream",
+            "http://127.0.0.1:1",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rules.yaml.switches.json:1:"), "{err}");
+    std::fs::remove_file(dir.join("rules.yaml.switches.json")).unwrap();
+    std::fs::write(
+        &rules,
+        "resources:\n  - name: recs\nhttp:\n  routes:\n    - resource: recs\n      prefix: /recs\n      fallback: {body_file: missing.json}\n",
+    )
+    .unwrap();
+    let out = common::run(
+        &[
+            "proxy",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--upstream",
+            "http://127.0.0.1:1",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("rules.yaml:7:")
+            && err.contains("fallback.body_file")
+            && err.contains("missing.json"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
