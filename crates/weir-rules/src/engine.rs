@@ -428,12 +428,7 @@ impl<C: Clock + Clone> Rules<C> {
     /// [`Rules::clear_switch`]). Logged. Errors when no resource has a switch `id`.
     pub fn set_switch(&self, id: &str, on: bool) -> Result<(), UnknownSwitch> {
         let c = self.current.load();
-        let sw = c
-            .resources
-            .values()
-            .filter_map(|r| r.switch.as_ref())
-            .find(|sw| &*sw.id == id)
-            .ok_or_else(|| UnknownSwitch(id.to_string()))?;
+        let sw = find_switch(&c, id)?;
         let mut overrides = self.shared.switches.lock();
         overrides.insert(id.to_string(), on);
         sw.on.store(on, Ordering::Release);
@@ -445,12 +440,7 @@ impl<C: Clock + Clone> Rules<C> {
     /// Forgets the run-time state of switch `id`: the file's `on` applies again.
     pub fn clear_switch(&self, id: &str) -> Result<(), UnknownSwitch> {
         let c = self.current.load();
-        let sw = c
-            .resources
-            .values()
-            .filter_map(|r| r.switch.as_ref())
-            .find(|sw| &*sw.id == id)
-            .ok_or_else(|| UnknownSwitch(id.to_string()))?;
+        let sw = find_switch(&c, id)?;
         let file = c
             .set
             .resources
@@ -854,6 +844,15 @@ impl<C: Clock + Clone> Rules<C> {
         }
         out
     }
+}
+
+/// The compiled switch `id`.
+fn find_switch<'a, C: Clock>(c: &'a Compiled<C>, id: &str) -> Result<&'a Switch, UnknownSwitch> {
+    c.resources
+        .values()
+        .filter_map(|r| r.switch.as_ref())
+        .find(|sw| &*sw.id == id)
+        .ok_or_else(|| UnknownSwitch(id.to_string()))
 }
 
 /// Counts a block on the resource and traces it.

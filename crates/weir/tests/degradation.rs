@@ -201,6 +201,22 @@ fn without_a_token_there_is_no_switch_api() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Starts the proxy on `rules`, expecting it to refuse (exit 2): what it printed.
+fn refused_start(rules: &Path) -> String {
+    let out = common::run(
+        &[
+            "proxy",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--upstream",
+            "http://127.0.0.1:1",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_bad_state_file_or_fallback_is_named_at_start() {
     let dir = common::tempdir("degradation-bad");
@@ -211,18 +227,7 @@ fn a_bad_state_file_or_fallback_is_named_at_start() {
     )
     .unwrap();
     std::fs::write(dir.join("rules.yaml.switches.json"), "{\"recs-off\": 1}").unwrap();
-    let out = common::run(
-        &[
-            "proxy",
-            "--rules",
-            rules.to_str().unwrap(),
-            "--upstream",
-            "http://127.0.0.1:1",
-        ],
-        "",
-    );
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&rules);
     assert!(err.contains("rules.yaml.switches.json:1:"), "{err}");
     std::fs::remove_file(dir.join("rules.yaml.switches.json")).unwrap();
     std::fs::write(
@@ -230,18 +235,7 @@ fn a_bad_state_file_or_fallback_is_named_at_start() {
         "resources:\n  - name: recs\nhttp:\n  routes:\n    - resource: recs\n      prefix: /recs\n      fallback: {body_file: missing.json}\n",
     )
     .unwrap();
-    let out = common::run(
-        &[
-            "proxy",
-            "--rules",
-            rules.to_str().unwrap(),
-            "--upstream",
-            "http://127.0.0.1:1",
-        ],
-        "",
-    );
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&rules);
     assert!(
         err.contains("rules.yaml:7:")
             && err.contains("fallback.body_file")
