@@ -45,6 +45,7 @@ pub mod concurrency;
 pub mod criticality;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;
+pub mod gutter;
 pub mod key;
 pub mod limit;
 /// Path normal form (shared with the rule files' route prefixes).
