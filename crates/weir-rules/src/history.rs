@@ -132,6 +132,10 @@ impl History {
     ) {
         self.track_breakers(t, breakers);
         let Some((last_t, last)) = self.previous.take() else {
+            // The baseline: every resource is known (with no seconds yet).
+            for r in &resources {
+                self.series.entry(r.name.clone()).or_default();
+            }
             self.previous = Some((t, resources));
             return;
         };

@@ -30,6 +30,9 @@ fn seconds_split_blocks_by_kind_and_track_breakers_and_heavy_values() {
     );
     let mut h = History::new(3);
     h.record_snapshot(100, r.snapshot());
+    // The baseline names every resource, with no seconds yet.
+    let known: Vec<(&str, usize)> = h.resources().map(|(n, ring)| (n, ring.len())).collect();
+    assert_eq!(known, [("api", 0), ("other", 0)]);
     // Second 101: mallory is held at 2 by the hot-parameter rule, then the flow rule (5/s)
     // stops everyone.
     let mut outcomes = Vec::new();
