@@ -157,6 +157,16 @@ impl<P, G, C: Clock> Gutter<P, G, C> {
         })
     }
 
+    /// The same breakers, limits and counters in front of other services (e.g. clones with
+    /// per-connection state).
+    pub fn with_services<P2, G2>(&self, primary: P2, gutter: G2) -> Gutter<P2, G2, C> {
+        Gutter {
+            primary,
+            gutter,
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Every decision so far.
     pub fn stats(&self) -> GutterStats {
         let c = &self.shared.counts.0;

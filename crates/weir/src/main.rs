@@ -124,6 +124,38 @@ struct ProxyArgs {
     /// every 1 ms; decisions up to one tick conservative) or coarse:DUR (100us..1s).
     #[arg(long, value_name = "CLOCK", value_parser = duration::parse_clock, default_value = "exact")]
     clock: weir_core::ClockKind,
+    /// A gutter, http://HOST:PORT: a small upstream that serves what the upstream's breaker
+    /// sheds; when it cannot either, the request is thrown back at the upstream, else 503.
+    #[arg(long, value_name = "URL")]
+    gutter: Option<String>,
+    /// With --gutter: most requests in flight to the gutter.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    gutter_max_requests: usize,
+    /// With --gutter: the breaker of each upstream, as a rule file's breaker fields, e.g.
+    /// '{error_ratio: 0.5, window_calls: 20, open_for: 10s}' (default: Resilience4j's).
+    #[arg(long, value_name = "YAML", default_value = "{}", value_parser = parse_breaker)]
+    upstream_breaker: weir_core::breaker::BreakerConfig,
+}
+
+/// `--upstream-breaker`: a rule file's breaker fields (YAML flow mapping), validated as one.
+fn parse_breaker(text: &str) -> Result<weir_core::breaker::BreakerConfig, String> {
+    let yaml = format!("resources:\n  - name: upstream\n    breaker: {text}\n");
+    let mut value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&yaml).map_err(|e| format!("{text:?}: {e}"))?;
+    if let Some(b) = value["resources"][0]["breaker"].as_mapping_mut() {
+        b.entry("id".into()).or_insert("upstream".into());
+    } else {
+        return Err(format!("{text:?}: expected {{field: value, …}}"));
+    }
+    let text = serde_yaml_ng::to_string(&value).map_err(|e| e.to_string())?;
+    let set =
+        weir_rules::config::RuleSet::from_yaml(std::path::Path::new("--upstream-breaker"), &text)
+            .map_err(|e| e.to_string().replace("resources[0].breaker.", ""))?;
+    set.resources[0]
+        .breaker
+        .as_ref()
+        .map(|b| b.config())
+        .ok_or_else(|| "no breaker".to_string())
 }
 
 #[derive(clap::Args)]
@@ -422,6 +454,9 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
         upstream_protocol: args.upstream_protocol,
         drain_timeout: args.drain_timeout,
         clock: args.clock,
+        gutter: args.gutter,
+        gutter_max_requests: args.gutter_max_requests,
+        upstream_breaker: args.upstream_breaker,
     };
     match runtime.block_on(proxy::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,

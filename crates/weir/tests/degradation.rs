@@ -244,3 +244,203 @@ fn a_bad_state_file_or_fallback_is_named_at_start() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// An HTTP/1.1 upstream on its own port that answers "primary", or 500s, or stops accepting
+/// (its listener closed: connections refused) and comes back; counts the requests it answers.
+struct Primary {
+    port: u16,
+    mode: Arc<std::sync::atomic::AtomicU8>,
+    hits: Arc<AtomicUsize>,
+}
+
+const UP: u8 = 0;
+const FAILING: u8 = 1;
+const DEAD: u8 = 2;
+
+impl Primary {
+    fn start() -> Self {
+        let port = common::free_port();
+        let mode = Arc::new(std::sync::atomic::AtomicU8::new(UP));
+        let hits = Arc::new(AtomicUsize::new(0));
+        let (m, h) = (mode.clone(), hits.clone());
+        std::thread::spawn(move || loop {
+            if m.load(Ordering::SeqCst) == DEAD {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                continue;
+            }
+            let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) else {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                continue;
+            };
+            l.set_nonblocking(true).unwrap();
+            while m.load(Ordering::SeqCst) != DEAD {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        let (m, h) = (m.clone(), h.clone());
+                        std::thread::spawn(move || serve_primary(s, &m, &h));
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(2)),
+                }
+            }
+        });
+        Self { port, mode, hits }
+    }
+}
+
+fn serve_primary(s: std::net::TcpStream, mode: &std::sync::atomic::AtomicU8, hits: &AtomicUsize) {
+    use std::io::{BufRead, BufReader, Write};
+    let _ = s.set_nonblocking(false);
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    loop {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let answer = match mode.load(Ordering::SeqCst) {
+            DEAD => return,
+            FAILING => "HTTP/1.1 500 X\r\nContent-Length: 4\r\n\r\nfail",
+            _ => "HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nprimary",
+        };
+        hits.fetch_add(1, Ordering::SeqCst);
+        if w.write_all(answer.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+fn metric(admin: u16, line_start: &str) -> u64 {
+    let text = common::request(admin, "GET", "/metrics", "", "").unwrap().1;
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_start))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{line_start} in\n{text}"))
+}
+
+#[test]
+fn a_gutter_serves_what_a_failing_primary_sheds_and_traffic_returns_after_the_probe() {
+    let dir = common::tempdir("gutter");
+    let rules = dir.join("rules.yaml");
+    std::fs::write(&rules, "resources: []\n").unwrap();
+    let primary = Primary::start();
+    let gutter_hits = Arc::new(AtomicUsize::new(0));
+    let g = gutter_hits.clone();
+    let gutter = common::http1_upstream_status(move |line, _| {
+        g.fetch_add(1, Ordering::SeqCst);
+        if line.contains("/slow") {
+            std::thread::sleep(std::time::Duration::from_millis(600));
+        }
+        (200, "gutter".into())
+    });
+    let (port, admin_port) = (common::free_port(), common::free_port());
+    let (listen, admin, up, gut) = (
+        format!("127.0.0.1:{port}"),
+        format!("127.0.0.1:{admin_port}"),
+        format!("http://127.0.0.1:{}", primary.port),
+        format!("http://127.0.0.1:{gutter}"),
+    );
+    let (child, line) = common::start(&[
+        "proxy",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--listen",
+        &listen,
+        "--admin",
+        &admin,
+        "--upstream",
+        &up,
+        "--gutter",
+        &gut,
+        "--gutter-max-requests",
+        "2",
+        "--upstream-breaker",
+        "{window_calls: 4, min_calls: 4, error_ratio: 0.5, open_for: 5s, max_probes: 1, successes_to_close: 1}",
+        "--upstream-timeout",
+        "3s",
+    ]);
+    assert!(line.starts_with("weir proxy:"), "{line}");
+    let _proxy = Process(child);
+    assert_eq!(get(port, "/"), (200, "primary".into()));
+
+    // The primary fails: clients see its 500s until the breaker trips — its window of 4
+    // calls holds the first success and 3 failures (75 % ≥ 50 %) — then the gutter answers.
+    primary.mode.store(FAILING, Ordering::SeqCst);
+    let seen: Vec<u16> = (0..10).map(|_| get(port, "/").0).collect();
+    assert_eq!(seen[..3], [500; 3], "{seen:?}");
+    assert_eq!(seen[3..], [200; 7], "{seen:?}");
+    assert_eq!(gutter_hits.load(Ordering::SeqCst), 7);
+
+    // The primary stops accepting; the gutter (2 at once) is driven above its limit: the
+    // excess is thrown back at the primary, whose breaker is open: 503 at once, no hang.
+    primary.mode.store(DEAD, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let calls: Vec<_> = (0..5)
+        .map(|_| std::thread::spawn(move || get(port, "/slow").0))
+        .collect();
+    let mut statuses: Vec<u16> = calls.into_iter().map(|c| c.join().unwrap()).collect();
+    statuses.sort();
+    assert_eq!(statuses, [200, 200, 503, 503, 503]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "never a hang"
+    );
+
+    // The primary comes back: after the open time a probe reaches it, the breaker closes and
+    // traffic returns to the primary.
+    primary.mode.store(UP, Ordering::SeqCst);
+    std::thread::sleep(std::time::Duration::from_millis(5_300));
+    let bodies: Vec<String> = (0..4).map(|_| get(port, "/").1).collect();
+    assert_eq!(bodies, ["primary"; 4]);
+
+    // /metrics matches what each upstream saw.
+    assert_eq!(
+        metric(admin_port, "weir_gutter_requests_total{route=\"primary\"} ") as usize,
+        primary.hits.load(Ordering::SeqCst)
+    );
+    assert_eq!(
+        metric(admin_port, "weir_gutter_requests_total{route=\"gutter\"} ") as usize,
+        gutter_hits.load(Ordering::SeqCst)
+    );
+    assert_eq!(
+        metric(
+            admin_port,
+            "weir_gutter_requests_total{route=\"rejected\"} "
+        ),
+        3
+    );
+    assert_eq!(
+        metric(
+            admin_port,
+            "weir_upstream_breaker_open{upstream=\"primary\"} "
+        ),
+        0
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_bad_upstream_breaker_is_refused_with_its_field() {
+    let out = common::run(
+        &[
+            "proxy",
+            "--rules",
+            "/nonexistent.yaml",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--gutter",
+            "http://127.0.0.1:2",
+            "--upstream-breaker",
+            "{error_ratio: 1.5}",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("error_ratio") && err.contains("1.5"), "{err}");
+}

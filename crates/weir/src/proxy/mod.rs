@@ -67,6 +67,13 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// The clock the rules read.
     pub clock: weir_core::ClockKind,
+    /// `http://HOST:PORT` of a gutter: a small upstream serving what the primary's breaker
+    /// sheds (weir-tower's `gutter`).
+    pub gutter: Option<String>,
+    /// Most requests in flight to the gutter.
+    pub gutter_max_requests: usize,
+    /// The breaker of each upstream (with a gutter).
+    pub upstream_breaker: weir_core::breaker::BreakerConfig,
 }
 
 /// The protocol spoken to the upstream.
@@ -106,6 +113,8 @@ pub struct ProxyStats {
     reloads_applied: AtomicU64,
     reloads_rejected: AtomicU64,
     switch_changes: AtomicU64,
+    /// The gutter's decisions and breakers, when there is one.
+    gutter: std::sync::OnceLock<weir_tower::gutter::Gutter<(), ()>>,
 }
 
 /// A body from the upstream or one the proxy wrote.
@@ -452,6 +461,51 @@ impl Service<Request<Incoming>> for Forward {
     }
 }
 
+/// The upstream side of the proxy: one upstream, or a primary with a gutter.
+#[derive(Clone)]
+enum Upstreams {
+    One(Box<Forward>),
+    /// Boxed: two upstream clients.
+    Gutter(Box<weir_tower::gutter::Gutter<Forward, Forward>>),
+}
+
+impl Service<Request<Incoming>> for Upstreams {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        use weir_tower::gutter::GutterError;
+        match self {
+            Upstreams::One(f) => f.call(req),
+            Upstreams::Gutter(g) => {
+                let fut = g.call(req);
+                Box::pin(async move {
+                    Ok(match fut.await {
+                        Ok(r) => r,
+                        Err(GutterError::Inner(never)) => match never {},
+                        Err(GutterError::Rejected { retry_after }) => {
+                            let mut r = problem(
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "the upstream and its gutter are both unavailable",
+                            );
+                            let secs = weir_tower::problem::ceil_secs(retry_after).max(1);
+                            r.headers_mut()
+                                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+                            r
+                        }
+                    })
+                })
+            }
+        }
+    }
+}
+
 /// Runs the proxy until interrupted. Errors are one line; `Err((2, …))` for bad usage or
 /// configuration.
 pub async fn run(s: Settings) -> Result<(), (u8, String)> {
@@ -589,6 +643,29 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         total: Arc::new(Semaphore::new(s.max_upstream_requests.max(1))),
         per_client: Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT)),
     };
+    let gutter = match &s.gutter {
+        None => None,
+        Some(url) => {
+            let uri = parse_upstream(url).map_err(|e| (2, e.replace("--upstream", "--gutter")))?;
+            let lane = |max: usize| weir_tower::gutter::LaneConfig {
+                breaker: s.upstream_breaker.clone(),
+                max_in_flight: max.max(1) as u64,
+            };
+            let g = weir_tower::gutter::Gutter::new(
+                (),
+                (),
+                &lane(s.max_upstream_requests),
+                &lane(s.gutter_max_requests),
+            )
+            .map_err(|e| (2, format!("--upstream-breaker: {e}")))?;
+            let _ = stats.gutter.set(g);
+            Some(Forward {
+                upstream: uri,
+                total: Arc::new(Semaphore::new(s.gutter_max_requests.max(1))),
+                ..forward.clone()
+            })
+        }
+    };
     let layer = RulesLayer::new(rules.clone());
     let local = listener.local_addr().map_or(s.listen, |a| a);
     println!(
@@ -624,12 +701,23 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         shutdown,
         move |stream, peer, sd, conn| {
             // Each client connection has its own bound on upstream requests in flight.
-            let forward = Forward {
-                per_client: Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT)),
+            let per_client = Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT));
+            let primary = Forward {
+                per_client: per_client.clone(),
                 ..forward.clone()
             };
-            let via = forward.via.clone();
-            let stats = forward.stats.clone();
+            let via = primary.via.clone();
+            let stats = primary.stats.clone();
+            let forward = match (&gutter, stats.gutter.get()) {
+                (Some(g), Some(shared)) => Upstreams::Gutter(Box::new(shared.with_services(
+                    primary,
+                    Forward {
+                        per_client,
+                        ..g.clone()
+                    },
+                ))),
+                _ => Upstreams::One(Box::new(primary)),
+            };
             let rules = ServiceBuilder::new()
                 .map_request(move |mut req: Request<Incoming>| {
                     req.extensions_mut().insert(PeerAddr(peer));

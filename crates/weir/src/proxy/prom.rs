@@ -13,6 +13,7 @@ use prometheus_client::registry::Registry;
 use weir_rules::metrics::{ResourceSnapshot, RuleSnapshot, Snapshot};
 
 use super::ProxyStats;
+use weir_rules::history::state_name;
 
 /// The content type of [`render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -29,6 +30,7 @@ struct Scrape {
     applied: u64,
     rejected: u64,
     switch_changes: u64,
+    gutter: Option<(weir_tower::gutter::GutterStats, [&'static str; 2])>,
 }
 
 type ResourceField = fn(&ResourceSnapshot) -> u64;
@@ -176,6 +178,33 @@ impl Collector for Scrape {
             MetricType::Counter,
         )?;
         m.encode_counter::<NoLabelSet, _, u64>(&self.switch_changes, None)?;
+        if let Some((g, states)) = &self.gutter {
+            let mut m = enc.encode_descriptor(
+                "weir_gutter_requests",
+                "Requests by where the gutter sent them (primary, gutter, thrown_back: taken by the primary after the gutter refused, rejected: 503).",
+                None,
+                MetricType::Counter,
+            )?;
+            for (route, v) in [
+                ("primary", g.primary),
+                ("gutter", g.gutter),
+                ("thrown_back", g.thrown_back),
+                ("rejected", g.rejected),
+            ] {
+                m.encode_family(&[("route", route)])?
+                    .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+            }
+            let mut m = enc.encode_descriptor(
+                "weir_upstream_breaker_open",
+                "1 while the upstream's breaker is not closed (open, half-open or ramping).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (upstream, state) in [("primary", states[0]), ("gutter", states[1])] {
+                m.encode_family(&[("upstream", upstream)])?
+                    .encode_gauge(&i64::from(state != "closed"))?;
+            }
+        }
         Ok(())
     }
 }
@@ -193,6 +222,10 @@ pub fn render(snap: Snapshot, proxy: &ProxyStats) -> String {
         applied: load(&proxy.reloads_applied),
         rejected: load(&proxy.reloads_rejected),
         switch_changes: load(&proxy.switch_changes),
+        gutter: proxy.gutter.get().map(|g| {
+            let (p, q) = g.states();
+            (g.stats(), [state_name(p), state_name(q)])
+        }),
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(scrape));
