@@ -175,14 +175,81 @@ impl Fallback {
     }
 }
 
-/// Set on a blocked request that a route's fallback `upstream` is to answer: the block, and
-/// where to send it (`weir proxy` forwards such requests there).
+/// Set on a blocked request that is passed on to be answered by a fallback instead of being
+/// refused: a route's fallback `upstream` (`weir proxy` forwards such requests there), or any
+/// block when the layer was built [`RulesLayer::with_fallback`] (route it with [`OnBlocked`]).
 #[derive(Debug, Clone)]
 pub struct Degraded {
     /// Why it was blocked.
     pub block: Block,
-    /// `http://HOST:PORT` of the fallback upstream.
-    pub upstream: Arc<str>,
+    /// `http://HOST:PORT` of the route's fallback upstream, if it names one.
+    pub upstream: Option<Arc<str>>,
+}
+
+/// Sends requests carrying [`Degraded`] (blocked, see [`RulesLayer::with_fallback`]) to
+/// `fallback` and the rest to `main`: Hystrix's `getFallback` for tower. The fallback reads
+/// why from the request's `Degraded` extension.
+#[derive(Clone, Debug)]
+pub struct OnBlocked<S, F> {
+    main: S,
+    fallback: F,
+}
+
+impl<S, F> OnBlocked<S, F> {
+    /// `main` for admitted requests, `fallback` for blocked ones.
+    pub fn new(main: S, fallback: F) -> Self {
+        Self { main, fallback }
+    }
+}
+
+impl<S, F, B> Service<Request<B>> for OnBlocked<S, F>
+where
+    S: Service<Request<B>>,
+    F: Service<Request<B>, Response = S::Response, Error = S::Error>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = OnBlockedFuture<S::Future, F::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Both: which one a request needs is known only at the call.
+        std::task::ready!(self.main.poll_ready(cx))?;
+        self.fallback.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        if req.extensions().get::<Degraded>().is_some() {
+            OnBlockedFuture::Fallback {
+                f: self.fallback.call(req),
+            }
+        } else {
+            OnBlockedFuture::Main {
+                f: self.main.call(req),
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`OnBlocked`]: the main service's or the fallback's.
+    #[project = OnBlockedProj]
+    pub enum OnBlockedFuture<A, B> {
+        /// Admitted.
+        Main { #[pin] f: A },
+        /// Blocked.
+        Fallback { #[pin] f: B },
+    }
+}
+
+impl<A: Future, B: Future<Output = A::Output>> Future for OnBlockedFuture<A, B> {
+    type Output = A::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<A::Output> {
+        match self.project() {
+            OnBlockedProj::Main { f } => f.poll(cx),
+            OnBlockedProj::Fallback { f } => f.poll(cx),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -382,6 +449,8 @@ enum Classifier<C: Clock + Clone> {
 pub struct RulesLayer<C: Clock + Clone = MonotonicClock> {
     rules: Arc<Rules<C>>,
     classifier: Arc<Classifier<C>>,
+    /// Blocked requests go on to the inner service with [`Degraded`] (see `with_fallback`).
+    pass_blocked: bool,
 }
 
 impl<C: Clock + Clone> Clone for RulesLayer<C> {
@@ -389,6 +458,7 @@ impl<C: Clock + Clone> Clone for RulesLayer<C> {
         Self {
             rules: self.rules.clone(),
             classifier: self.classifier.clone(),
+            pass_blocked: self.pass_blocked,
         }
     }
 }
@@ -399,6 +469,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
         Self {
             classifier: Arc::new(Classifier::Routes(Routes::new(rules.clone()))),
             rules,
+            pass_blocked: false,
         }
     }
 
@@ -407,7 +478,17 @@ impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
         Self {
             rules,
             classifier: Arc::new(Classifier::Custom(Box::new(classify))),
+            pass_blocked: false,
         }
+    }
+
+    /// Blocked requests are not answered by the layer but passed on to the inner service with
+    /// a [`Degraded`] extension saying why (unless their route's `fallback` answers them):
+    /// wrap the inner service in [`OnBlocked`] to give them a fallback service. Counted as
+    /// answered by a fallback.
+    pub fn with_fallback(mut self) -> Self {
+        self.pass_blocked = true;
+        self
     }
 
     /// The rules (apply new sets, read snapshots).
@@ -483,14 +564,31 @@ where
             crate::path::match_path(req.uri().path())
         };
         let mut fallback = None;
+        let rules = &self.layer.rules;
+        // With `with_fallback`, a block no route fallback answers goes on to the inner service
+        // (counted as answered by a fallback).
+        let passed_on = |t: &Target<'_>, r: Result<Guard<C>, Block>, route: Option<&Fallback>| {
+            if let Err(b) = &r {
+                if self.layer.pass_blocked && !route.is_some_and(|f| f.kinds.contains(&b.kind)) {
+                    rules.fallback_served(t.resource);
+                }
+            }
+            r
+        };
         let entry = match &*self.layer.classifier {
             Classifier::Routes(routes) => routes.find(head, &path).map(|owned| {
                 let t = target_of(&owned.table, owned.route, head, &path);
                 let route = &owned.table.routes[owned.route];
                 fallback = route.fallback.clone();
-                admit(&self.layer.rules, Some(&route.resolved), &t)
+                passed_on(
+                    &t,
+                    admit(rules, Some(&route.resolved), &t),
+                    fallback.as_deref(),
+                )
             }),
-            Classifier::Custom(c) => c.classify(head).map(|t| admit(&self.layer.rules, None, &t)),
+            Classifier::Custom(c) => c
+                .classify(head)
+                .map(|t| passed_on(&t, admit(rules, None, &t), None)),
         };
         drop(path);
         let head = req.method() == Method::HEAD;
@@ -526,7 +624,7 @@ where
                     if let Some(upstream) = &f.upstream {
                         req.extensions_mut().insert(Degraded {
                             block,
-                            upstream: upstream.clone(),
+                            upstream: Some(upstream.clone()),
                         });
                         return RulesFuture::Pass {
                             inner: self.inner.call(req),
@@ -534,6 +632,17 @@ where
                             head,
                         };
                     }
+                }
+                if fallback.is_none() && self.layer.pass_blocked {
+                    req.extensions_mut().insert(Degraded {
+                        block,
+                        upstream: None,
+                    });
+                    return RulesFuture::Pass {
+                        inner: self.inner.call(req),
+                        guard: None,
+                        head,
+                    };
                 }
                 RulesFuture::Blocked {
                     grpc: req

@@ -272,8 +272,12 @@ impl Forward {
             .map_or("/", |p| p.as_str())
             .to_string();
         // A blocked request whose route falls back to another upstream goes there.
-        let base = match req.extensions().get::<weir_tower::rules::Degraded>() {
-            Some(d) => match d.upstream.parse::<Uri>() {
+        let fallback = req
+            .extensions()
+            .get::<weir_tower::rules::Degraded>()
+            .and_then(|d| d.upstream.as_ref());
+        let base = match fallback {
+            Some(u) => match u.parse::<Uri>() {
                 Ok(u) => u,
                 Err(_) => return problem(StatusCode::BAD_GATEWAY, "bad fallback upstream"),
             },
