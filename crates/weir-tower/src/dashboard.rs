@@ -49,8 +49,12 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 use weir_core::clock::Clock;
 use weir_rules::engine::Rules;
-use weir_rules::history::{History, DEFAULT_SECONDS};
+use weir_rules::history::{History, Point, DEFAULT_SECONDS};
 use weir_rules::metrics::{BreakerSnapshot, HeavySnapshot, ResourceSnapshot, SystemSnapshot};
+
+/// Most rows (resources or rules) in one answer: the busiest, by blocked then passed calls
+/// over the window; the rest are counted in `omitted`.
+pub const MAX_ROWS: usize = 200;
 
 /// Where the JSON API is served.
 pub const API_PATH: &str = "/api/v1/dashboard";
@@ -277,10 +281,25 @@ impl Dashboard {
     /// Everything the page shows, with the seconds after `since` (all with 0).
     pub fn json(&self, since: u64) -> Value {
         let st = self.state.lock();
-        let resources: Vec<Value> = st
+        // The busiest rows first (blocked, then passed, over the window), at most MAX_ROWS:
+        // a configuration of thousands of rules still answers in bounded time and size.
+        let mut rows: Vec<(u64, u64, &str, &VecDeque<Point>)> = st
             .history
             .resources()
             .map(|(name, ring)| {
+                let sum = |f: fn(&Point) -> u32| ring.iter().map(|p| u64::from(f(p))).sum();
+                (sum(|p| p.blocked), sum(|p| p.passed), name, ring)
+            })
+            .collect();
+        let omitted = rows.len().saturating_sub(MAX_ROWS);
+        if omitted > 0 {
+            rows.select_nth_unstable_by(MAX_ROWS - 1, |a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+            rows.truncate(MAX_ROWS);
+            rows.sort_by(|a, b| a.2.cmp(b.2));
+        }
+        let resources: Vec<Value> = rows
+            .into_iter()
+            .map(|(_, _, name, ring)| {
                 let points: Vec<_> = ring.iter().filter(|p| p.t > since).collect();
                 json!({"name": name, "points": points})
             })
@@ -318,6 +337,7 @@ impl Dashboard {
             "started": self.started,
             "seconds": st.history.seconds(),
             "resources": resources,
+            "omitted": omitted,
             "breakers": breakers,
             "heavy": heavy,
             "system": system,
@@ -430,6 +450,51 @@ mod tests {
         assert_eq!(since(Some("x=1&since=5")), 5);
         assert_eq!(since(Some("since=abc")), 0);
         assert_eq!(since(None), 0);
+    }
+
+    #[test]
+    fn at_most_max_rows_are_sent_the_busiest_kept() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let tick = Arc::new(AtomicU64::new(0));
+        let t = tick.clone();
+        let source = move || {
+            let n = t.load(Ordering::Relaxed);
+            let resources = (0..MAX_ROWS + 50)
+                .map(|i| ResourceSnapshot {
+                    name: format!("r{i:03}"),
+                    // r249 is the only one that blocks; the rest pass i calls a second.
+                    passes: n * i as u64,
+                    blocks: if i == MAX_ROWS + 49 { n } else { 0 },
+                    blocked_by: [0; 6],
+                    shadow_blocks: 0,
+                    in_flight: 0,
+                    completed: 0,
+                    errors: 0,
+                    fallbacks: 0,
+                    rt_buckets: Vec::new(),
+                    rt_sum: Duration::ZERO,
+                })
+                .collect();
+            Sample {
+                resources,
+                ..Sample::default()
+            }
+        };
+        let d = Dashboard::new("t", "rules", source);
+        tick.store(1, Ordering::Relaxed);
+        d.sample_at(unix_now() + 1);
+        let v = d.json(0);
+        let names: Vec<&str> = v["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names.len(), MAX_ROWS);
+        assert_eq!(v["omitted"], 50);
+        // The blocking row and the busiest passing ones, in name order.
+        assert_eq!(names[0], "r050");
+        assert_eq!(names[MAX_ROWS - 1], "r249");
     }
 
     #[test]
