@@ -44,18 +44,49 @@ fn main() {
     }
 }
 
-/// The `proto` directory of the envoy-types package this build uses, as `cargo metadata`
-/// reports it (registry, vendored or git sources alike).
+/// The `proto` directory of the envoy-types package this build uses: first in the registry's
+/// unpacked sources at the version Cargo.lock pins (no cargo call: on a fresh machine the other
+/// workspace members' dev-dependencies are not downloaded yet, and `cargo metadata` would want
+/// them), else as `cargo metadata` reports it (vendored or git sources), for this platform only.
 fn envoy_types_protos(manifest_dir: &Path) -> Result<PathBuf, String> {
+    if let Some(dir) = from_registry(manifest_dir) {
+        return Ok(dir);
+    }
+    from_metadata(manifest_dir)
+}
+
+/// `$CARGO_HOME/registry/src/*/envoy-types-VERSION/proto`, VERSION read from Cargo.lock.
+fn from_registry(manifest_dir: &Path) -> Option<PathBuf> {
+    let lock = manifest_dir.join("../../Cargo.lock");
+    println!("cargo:rerun-if-changed={}", lock.display());
+    let text = std::fs::read_to_string(lock).ok()?;
+    let mut lines = text.lines();
+    lines.find(|l| l.trim() == "name = \"envoy-types\"")?;
+    let version = lines
+        .next()?
+        .trim()
+        .strip_prefix("version = \"")?
+        .strip_suffix('"')?
+        .to_string();
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))?;
+    std::fs::read_dir(home.join("registry/src"))
+        .ok()?
+        .flatten()
+        .map(|index| index.path().join(format!("envoy-types-{version}/proto")))
+        .find(|dir| dir.is_dir())
+}
+
+fn from_metadata(manifest_dir: &Path) -> Result<PathBuf, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--offline",
-            "--manifest-path",
-        ])
+    let mut cmd = Command::new(cargo);
+    cmd.args(["metadata", "--format-version", "1", "--offline"]);
+    if let Some(target) = std::env::var_os("TARGET") {
+        cmd.arg("--filter-platform").arg(target);
+    }
+    let out = cmd
+        .arg("--manifest-path")
         .arg(manifest_dir.join("Cargo.toml"))
         .output()
         .map_err(|e| format!("cargo metadata: {e}"))?;
