@@ -168,6 +168,32 @@ fn main() {
         ));
     }
     {
+        // Floors: what any limiter whose state is one shared word pays at least per decision,
+        // one locked read-modify-write (and, on 2 threads, the cache line moving between
+        // cores), against governor's whole decision in the same rounds.
+        let word = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (w, g) = (word.clone(), gov.clone());
+        rows.push((
+            "floor: one atomic fetch_add (no clock, no decision), 1 thread".into(),
+            duel(
+                one_thread(move || w.fetch_add(1, Ordering::AcqRel) != u64::MAX),
+                one_thread(move || g.check().is_ok()),
+                200_000,
+            ),
+        ));
+        let (w, g) = (word, gov.clone());
+        rows.push((
+            "floor: one atomic fetch_add on one shared word, 2 threads".into(),
+            duel(
+                two_threads(Arc::new(move || {
+                    w.fetch_add(1, Ordering::AcqRel) != u64::MAX
+                })),
+                two_threads(Arc::new(move || g.check().is_ok())),
+                400_000,
+            ),
+        ));
+    }
+    {
         let (w, g) = (weir.clone(), gov.clone());
         rows.push((
             "GCRA, 2 threads on one limiter".into(),

@@ -358,29 +358,30 @@ impl<C: Clock + Clone> Routes<C> {
         }
     }
 
-    fn table(&self) -> arc_swap::Guard<Arc<Table<C>>> {
-        let t = self.table.load();
+    /// The table of the rules in force, kept in `cache` between calls: while the rules'
+    /// generation is unchanged a call reads one atomic word and takes no reference (no
+    /// reference count or `ArcSwap` guard on the pass path).
+    fn table<'c>(&self, cache: &'c mut Option<Arc<Table<C>>>) -> &'c Table<C> {
         let generation = self.rules.generation();
-        if t.generation == generation {
-            return t;
-        }
-        let table = Table::compile(&self.rules, generation);
-        self.table.store(Arc::new(table));
-        self.table.load()
+        let table = match cache.take() {
+            Some(t) if t.generation == generation => t,
+            _ => {
+                let mut t = self.table.load_full();
+                if t.generation != generation {
+                    t = Arc::new(Table::compile(&self.rules, generation));
+                    self.table.store(t.clone());
+                }
+                t
+            }
+        };
+        cache.insert(table)
     }
 }
 
-/// A classification that owns what it borrowed from the route table.
-struct Owned<C: Clock> {
-    table: arc_swap::Guard<Arc<Table<C>>>,
-    route: usize,
-}
-
-impl<C: Clock + Clone + Send + Sync + 'static> Routes<C> {
+impl<C: Clock + Clone> Table<C> {
     /// The first route matching `req`, whose path as routes match it is `path`.
-    fn find(&self, req: Head<'_>, path: &str) -> Option<Owned<C>> {
-        let table = self.table();
-        let route = table.routes.iter().position(|r| {
+    fn find(&self, req: Head<'_>, path: &str) -> Option<usize> {
+        self.routes.iter().position(|r| {
             under(path, &r.prefix)
                 && (r.methods.is_empty() || r.methods.contains(req.method))
                 && r.headers
@@ -390,8 +391,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Routes<C> {
                         (Some(_), None) => true,
                         (None, _) => false,
                     })
-        })?;
-        Some(Owned { table, route })
+        })
     }
 }
 
@@ -504,6 +504,7 @@ impl<S, C: Clock + Clone> Layer<S> for RulesLayer<C> {
         RulesService {
             inner,
             layer: self.clone(),
+            table: None,
         }
     }
 }
@@ -512,6 +513,8 @@ impl<S, C: Clock + Clone> Layer<S> for RulesLayer<C> {
 pub struct RulesService<S, C: Clock + Clone = MonotonicClock> {
     inner: S,
     layer: RulesLayer<C>,
+    /// The route table last used (see `Routes::table`).
+    table: Option<Arc<Table<C>>>,
 }
 
 impl<S: Clone, C: Clock + Clone> Clone for RulesService<S, C> {
@@ -519,6 +522,7 @@ impl<S: Clone, C: Clock + Clone> Clone for RulesService<S, C> {
         Self {
             inner: self.inner.clone(),
             layer: self.layer.clone(),
+            table: self.table.clone(),
         }
     }
 }
@@ -576,16 +580,19 @@ where
             r
         };
         let entry = match &*self.layer.classifier {
-            Classifier::Routes(routes) => routes.find(head, &path).map(|owned| {
-                let t = target_of(&owned.table, owned.route, head, &path);
-                let route = &owned.table.routes[owned.route];
-                fallback = route.fallback.clone();
-                passed_on(
-                    &t,
-                    admit(rules, Some(&route.resolved), &t),
-                    fallback.as_deref(),
-                )
-            }),
+            Classifier::Routes(routes) => {
+                let table = routes.table(&mut self.table);
+                table.find(head, &path).map(|i| {
+                    let t = target_of(table, i, head, &path);
+                    let route = &table.routes[i];
+                    fallback = route.fallback.clone();
+                    passed_on(
+                        &t,
+                        admit(rules, Some(&route.resolved), &t),
+                        fallback.as_deref(),
+                    )
+                })
+            }
             Classifier::Custom(c) => c
                 .classify(head)
                 .map(|t| passed_on(&t, admit(rules, None, &t), None)),

@@ -349,6 +349,37 @@ async fn reload_changes_routes_and_keeps_counters() {
     assert_eq!(request(port, "GET", "/orders", &[]).await.0, 429);
 }
 
+/// One service instance (not a clone per request, as axum makes) keeps its route table between
+/// calls: a reload must still reach it at the next call.
+#[tokio::test]
+async fn one_service_instance_follows_a_reload_at_its_next_call() {
+    let yaml = |prefix: &str| {
+        format!(
+            "resources:\n  - name: api\n    flow:\n      - {{id: api-qps, qps: 1, window: 1h}}\nhttp:\n  routes:\n    - {{resource: api, prefix: {prefix}}}\n"
+        )
+    };
+    let set = |prefix: &str| RuleSet::from_yaml(Path::new("r.yaml"), &yaml(prefix)).unwrap();
+    let rules = Arc::new(Rules::new(&set("/a")).unwrap());
+    let handler = tower::service_fn(|_: http::Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+    });
+    let mut svc = tower::Layer::layer(&RulesLayer::new(rules.clone()), handler);
+    let mut status = async |path: &str| {
+        let req = http::Request::get(path).body(Body::empty()).unwrap();
+        svc.ready().await.unwrap().call(req).await.unwrap().status()
+    };
+    assert_eq!(status("/a").await, StatusCode::OK);
+    assert_eq!(status("/a").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status("/b").await, StatusCode::OK, "not routed yet");
+    rules.apply(&set("/b")).unwrap();
+    assert_eq!(status("/a").await, StatusCode::OK, "no longer routed");
+    assert_eq!(
+        status("/b").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "routed to api, whose counter was kept"
+    );
+}
+
 #[tokio::test]
 async fn a_closure_can_classify() {
     let rules = Arc::new(Rules::new(&rule_set("10.0.0.0/8")).unwrap());
