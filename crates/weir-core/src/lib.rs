@@ -50,6 +50,7 @@ pub mod sliding_counter;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod stats;
+pub mod striped;
 mod sync;
 pub mod throttle;
 pub mod token_bucket;

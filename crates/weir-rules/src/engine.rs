@@ -742,7 +742,7 @@ impl<C: Clock + Clone> Rules<C> {
             } else if let Some(c) = &f.state.concurrency {
                 match c.try_acquire_as(1, ctx.criticality) {
                     Ok(p) => {
-                        f.state.stats.passes.fetch_add(1, Ordering::Relaxed);
+                        f.state.stats.passes.add(1);
                         guard.permit = Some(p);
                     }
                     Err(d) => verdict(false, f.config.shadow, &f.state.stats, || {
@@ -754,7 +754,7 @@ impl<C: Clock + Clone> Rules<C> {
         if let Some((config, b, id)) = &res.breaker {
             match b.breaker.try_acquire(now) {
                 Ok(c) => {
-                    b.stats.passes.fetch_add(1, Ordering::Relaxed);
+                    b.stats.passes.add(1);
                     guard.call = Some(c);
                 }
                 Err(r) => verdict(false, config.shadow, &b.stats, || Block {
@@ -784,7 +784,7 @@ impl<C: Clock + Clone> Rules<C> {
             id: id.to_string(),
             kind,
             resource: resource.to_string(),
-            passes: s.passes.load(Ordering::Relaxed),
+            passes: s.passes.get(),
             blocks: s.blocks.load(Ordering::Relaxed),
             shadow_blocks: s.shadow_blocks.load(Ordering::Relaxed),
             evictions,
@@ -877,7 +877,7 @@ fn verdict(
     block: impl FnOnce() -> Block,
 ) -> Result<(), Block> {
     if allowed {
-        stats.passes.fetch_add(1, Ordering::Relaxed);
+        stats.passes.add(1);
         return Ok(());
     }
     if shadow {

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use weir_core::stats::{Outcome, StatsWindow};
+use weir_core::striped::{Striped, StripedCounter};
 use weir_core::Nanos;
 
 /// Upper bounds of the response-time histogram's buckets, in seconds (the last bucket, +Inf, is
@@ -34,8 +35,8 @@ pub const fn bounds_ns<const N: usize>(seconds: [f64; N]) -> [u64; N] {
 /// Counters of one rule.
 #[derive(Debug, Default)]
 pub struct RuleStats {
-    /// Calls it let through.
-    pub passes: AtomicU64,
+    /// Calls it let through (counted on every pass: striped per thread).
+    pub passes: StripedCounter,
     /// Calls it blocked.
     pub blocks: AtomicU64,
     /// Calls it would have blocked in shadow mode.
@@ -44,11 +45,14 @@ pub struct RuleStats {
     pub full: AtomicU64,
 }
 
-/// A response-time histogram with fixed buckets ([`RT_BUCKETS`]).
+/// Slots of the histogram's counters: one per bucket (with +Inf), then the sum in nanoseconds.
+const RT_SLOTS: usize = RT_BUCKETS.len() + 2;
+
+/// A response-time histogram with fixed buckets ([`RT_BUCKETS`]), striped per thread (an
+/// observation is two plain stores on the calling thread's stripe).
 #[derive(Debug, Default)]
 pub struct RtHistogram {
-    counts: [AtomicU64; RT_BUCKETS.len() + 1],
-    sum_ns: AtomicU64,
+    slots: Striped<RT_SLOTS>,
 }
 
 impl RtHistogram {
@@ -56,34 +60,32 @@ impl RtHistogram {
     #[inline]
     pub fn observe(&self, rt: Nanos) {
         let i = RT_BUCKETS_NS.partition_point(|b| *b < rt);
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(rt, Ordering::Relaxed);
+        self.slots.add(i, 1);
+        self.slots.add(RT_SLOTS - 1, rt);
     }
 
     /// Cumulative counts per bucket bound (the last entry is +Inf, i.e. the total) and the sum.
     pub fn read(&self) -> (Vec<(f64, u64)>, Duration) {
+        let slots = self.slots.read();
         let mut total = 0;
-        let mut out = Vec::with_capacity(self.counts.len());
-        for (i, c) in self.counts.iter().enumerate() {
-            total += c.load(Ordering::Relaxed);
+        let mut out = Vec::with_capacity(RT_SLOTS - 1);
+        for (i, c) in slots[..RT_SLOTS - 1].iter().enumerate() {
+            total += c;
             out.push((RT_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY), total));
         }
-        (
-            out,
-            Duration::from_nanos(self.sum_ns.load(Ordering::Relaxed)),
-        )
+        (out, Duration::from_nanos(slots[RT_SLOTS - 1]))
     }
 }
 
-/// Counters of one resource, kept across reloads while the resource is declared. Three atomic
-/// additions per call (passes, one histogram bucket, the RT sum); completions are the
-/// histogram's total and in flight is passes − completions.
+/// Counters of one resource, kept across reloads while the resource is declared. Three
+/// additions per call (passes, one histogram bucket, the RT sum), striped per thread;
+/// completions are the histogram's total and in flight is passes − completions.
 #[derive(Debug)]
 pub struct ResourceStats {
     /// The last second's passes in 10 buckets, kept only when a relate rule reads them.
     pub(crate) window: StatsWindow,
     pub(crate) related: std::sync::atomic::AtomicBool,
-    passes: AtomicU64,
+    passes: StripedCounter,
     /// Blocks by [`RuleKind`] (its discriminant).
     blocks: [AtomicU64; RuleKind::COUNT],
     errors: AtomicU64,
@@ -96,7 +98,7 @@ impl ResourceStats {
         Self {
             window: second_window(),
             related: std::sync::atomic::AtomicBool::new(false),
-            passes: AtomicU64::new(0),
+            passes: StripedCounter::default(),
             blocks: Default::default(),
             errors: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
@@ -106,7 +108,7 @@ impl ResourceStats {
 
     #[inline]
     pub(crate) fn pass(&self, now: Nanos) {
-        self.passes.fetch_add(1, Ordering::Relaxed);
+        self.passes.add(1);
         if self.related.load(Ordering::Relaxed) {
             self.window.add_pass(now, 1);
         }
@@ -136,7 +138,7 @@ impl ResourceStats {
         // Completions first: passes only grow, so passes read after them are never fewer.
         let (rt_buckets, rt_sum) = self.rt.read();
         let completed = rt_buckets.last().map_or(0, |b| b.1);
-        let passes = self.passes.load(Ordering::Acquire).max(completed);
+        let passes = self.passes.get().max(completed);
         let in_flight = passes - completed;
         let blocked_by = self.blocks.each_ref().map(|b| b.load(Ordering::Relaxed));
         ResourceSnapshot {

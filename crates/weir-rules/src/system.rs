@@ -190,7 +190,7 @@ impl<C: Clock + Clone> System<C> {
         let verdict = |part: Part, ok: bool, retry: Option<Duration>| {
             let s = &inbound.stats[part as usize];
             if ok {
-                s.passes.fetch_add(1, Ordering::Relaxed);
+                s.passes.add(1);
                 Ok(())
             } else if shadow {
                 s.shadow_blocks.fetch_add(1, Ordering::Relaxed);
