@@ -117,6 +117,9 @@ struct Route<C: Clock> {
     headers: Vec<(HeaderName, Option<HeaderValue>)>,
     params: Vec<RouteParam>,
     fallback: Option<Arc<Fallback>>,
+    /// A rule of the call reads its criticality (the system rule, a concurrency rule's
+    /// queue): otherwise the header is not looked up.
+    reads_criticality: bool,
 }
 
 /// A route's compiled fallback (the rule file's `fallback`).
@@ -325,6 +328,10 @@ impl<C: Clock + Clone> Table<C> {
                         .fallback
                         .as_ref()
                         .map(|f| Arc::new(Fallback::compile(&r.resource, f))),
+                    reads_criticality: set.system.is_some()
+                        || set.resources.iter().any(|c| {
+                            c.name == r.resource && c.flow.iter().any(|f| f.concurrency.is_some())
+                        }),
                 })
                 .collect(),
         }
@@ -434,7 +441,11 @@ fn target_of<'a, C: Clock>(
     Target {
         resource: &r.resource,
         origin,
-        criticality: crate::criticality::read(req.headers),
+        criticality: if r.reads_criticality {
+            crate::criticality::read(req.headers)
+        } else {
+            weir_core::Criticality::default()
+        },
         params,
     }
 }
@@ -909,5 +920,35 @@ mod tests {
         assert!(!under("/apiary", "/api"));
         assert!(under("/anything", ""));
         assert!(!under("/other", "/api"));
+    }
+
+    /// The criticality header is read for the calls whose rules use it (the system rule, a
+    /// concurrency rule), and only for them.
+    #[test]
+    fn criticality_is_read_when_a_rule_uses_it() {
+        use weir_core::Criticality;
+        let target = |yaml: &str| {
+            let set = weir_rules::config::RuleSet::from_yaml(std::path::Path::new("r.yaml"), yaml)
+                .expect("rule set");
+            let rules = super::Rules::new(&set).expect("rules");
+            let table = super::Table::compile(&rules, rules.generation());
+            let req = super::Request::get("/a")
+                .header("x-weir-criticality", "SHEDDABLE")
+                .body(())
+                .expect("request");
+            let head = super::Head::of(&req);
+            let i = table.find(head, "/a").expect("routed");
+            super::target_of(&table, i, head, "/a").criticality
+        };
+        let routes = "http:\n  routes:\n    - {resource: a, prefix: /a}\n";
+        let rate = "resources:\n  - name: a\n    flow:\n      - {id: q, qps: 5}\n";
+        let concurrency = "resources:\n  - name: a\n    flow:\n      - {id: c, concurrency: 5}\n";
+        let system = format!("{rate}system: {{max_in_flight: 5}}\n");
+        assert_eq!(target(&format!("{rate}{routes}")), Criticality::Critical);
+        assert_eq!(
+            target(&format!("{concurrency}{routes}")),
+            Criticality::Sheddable
+        );
+        assert_eq!(target(&format!("{system}{routes}")), Criticality::Sheddable);
     }
 }
