@@ -63,3 +63,27 @@ fn rule_set() -> RuleSet {
     )
     .expect("rules")
 }
+
+/// The handler behind tower-resilience-ratelimiter's layer, with a limit never reached.
+#[allow(dead_code)]
+pub fn resilience() -> impl Service<Request<()>, Error = impl std::fmt::Debug> + 'static {
+    let layer = tower_resilience_ratelimiter::RateLimiterLayer::builder()
+        .limit_for_period(1_000_000_000)
+        .refresh_period(std::time::Duration::from_secs(1))
+        .timeout_duration(std::time::Duration::ZERO)
+        .build()
+        .expect("resilience config");
+    tower::Layer::layer(&layer, handler())
+}
+
+/// The handler behind tower_governor's layer, one global key, a limit never reached.
+#[allow(dead_code)]
+pub fn governor() -> impl Service<Request<()>, Error = impl std::fmt::Debug> + 'static {
+    let config = tower_governor::governor::GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(1_000_000_000)
+        .key_extractor(tower_governor::key_extractor::GlobalKeyExtractor)
+        .finish()
+        .expect("governor config");
+    tower::Layer::layer(&tower_governor::GovernorLayer::new(config), handler())
+}

@@ -67,21 +67,9 @@ fn layers(c: &mut Criterion) {
     g.bench_function("weir_rate_limit_no_success_headers", |b| {
         b.iter(|| once(&mut weir_rate_quiet))
     });
-    let config = tower_governor::governor::GovernorConfigBuilder::default()
-        .per_nanosecond(1)
-        .burst_size(1_000_000_000)
-        .key_extractor(tower_governor::key_extractor::GlobalKeyExtractor)
-        .finish()
-        .expect("governor config");
-    let mut governor = tower_governor::GovernorLayer::new(config).layer(handler());
+    let mut governor = fixture::governor();
     g.bench_function("tower_governor", |b| b.iter(|| once(&mut governor)));
-    let resilience = tower_resilience_ratelimiter::RateLimiterLayer::builder()
-        .limit_for_period(1_000_000_000)
-        .refresh_period(Duration::from_secs(1))
-        .timeout_duration(Duration::ZERO)
-        .build()
-        .expect("resilience config");
-    let mut resilience = resilience.layer(handler());
+    let mut resilience = fixture::resilience();
     g.bench_function("tower_resilience", |b| b.iter(|| once(&mut resilience)));
     g.finish();
 }

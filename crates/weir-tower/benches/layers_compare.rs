@@ -50,25 +50,10 @@ fn main() {
         .expect("runtime");
     let _ctx = rt.enter();
     let coarse = weir_core::CoarseClock::new(Duration::from_millis(1)).expect("clock");
-    let resilience = tower_resilience_ratelimiter::RateLimiterLayer::builder()
-        .limit_for_period(1_000_000_000)
-        .refresh_period(Duration::from_secs(1))
-        .timeout_duration(Duration::ZERO)
-        .build()
-        .expect("resilience config");
-    let governor = tower_governor::governor::GovernorConfigBuilder::default()
-        .per_nanosecond(1)
-        .burst_size(1_000_000_000)
-        .key_extractor(tower_governor::key_extractor::GlobalKeyExtractor)
-        .finish()
-        .expect("governor config");
     // The baseline first, tower-resilience second: the rows divide by them.
     let mut cases: Vec<(&str, Case)> = vec![
         ("handler alone", case(handler())),
-        (
-            "tower-resilience-ratelimiter",
-            case(resilience.layer(handler())),
-        ),
+        ("tower-resilience-ratelimiter", case(fixture::resilience())),
         (
             "weir RulesLayer, one flow rule on a route",
             case(RulesLayer::new(fixture::rules()).layer(handler())),
@@ -77,10 +62,7 @@ fn main() {
             "weir RulesLayer, the same on CoarseClock (1 ms)",
             case(RulesLayer::new(fixture::rules_on(coarse)).layer(handler())),
         ),
-        (
-            "tower_governor (global key)",
-            case(tower_governor::GovernorLayer::new(governor).layer(handler())),
-        ),
+        ("tower_governor (global key)", case(fixture::governor())),
     ];
     for (_, c) in cases.iter_mut() {
         time(c);
