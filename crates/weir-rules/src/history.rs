@@ -3,12 +3,15 @@
 //! Fed one [`Snapshot`] per second (by whoever owns a timer: weir-tower's dashboard router runs
 //! one task), it keeps per resource a ring of [`Point`]s — calls passed and blocked in that
 //! second (blocks split by kind), errors, calls in flight, p50 / p99 response time — and per
-//! circuit breaker its state changes. Memory is fixed per resource: [`Point`] is 64 bytes, so
-//! the default 300 seconds cost ≈ 19 KiB per resource, and at most [`MAX_TRANSITIONS`] state
-//! changes are kept per breaker. Resources that leave the rule set leave the history. Counters
-//! come from the same atomics as `/metrics`; nothing here touches the decision path.
+//! circuit breaker its state changes. Only seconds with activity are stored (a resource idle
+//! all along costs its name): [`Point`] is 64 bytes, so the default 300 seconds cost at most
+//! ≈ 19 KiB per resource busy every second, and at most [`MAX_TRANSITIONS`] state changes are
+//! kept per breaker; [`History::points_since`] gives every second, idle ones as zeros.
+//! Recording a second costs time linear in the resources. Resources that leave the rule set
+//! leave the history. Counters come from the same atomics as `/metrics`; nothing here touches
+//! the decision path.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use serde::Serialize;
 use weir_core::breaker::BreakerState;
@@ -60,6 +63,27 @@ pub struct Point {
     pub p99_ms: f32,
 }
 
+impl Point {
+    /// Second `t` with nothing passed, blocked, ended or in flight.
+    pub fn idle(t: u64) -> Self {
+        Self {
+            t,
+            passed: 0,
+            blocked: 0,
+            blocked_by: BlockedBy::default(),
+            errors: 0,
+            in_flight: 0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+        }
+    }
+
+    /// Whether nothing happened in this second (it is then not stored).
+    pub fn is_idle(&self) -> bool {
+        *self == Self::idle(self.t)
+    }
+}
+
 /// A breaker's change of state.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Transition {
@@ -98,6 +122,8 @@ pub fn state_name(s: BreakerState) -> &'static str {
 #[derive(Debug)]
 pub struct History {
     seconds: usize,
+    /// The seconds recorded, oldest first (at most `seconds`).
+    recorded: VecDeque<u64>,
     previous: Option<(u64, Vec<ResourceSnapshot>)>,
     series: BTreeMap<String, VecDeque<Point>>,
     breakers: BTreeMap<String, BreakerTrack>,
@@ -114,6 +140,7 @@ impl History {
     pub fn new(seconds: usize) -> Self {
         Self {
             seconds: seconds.max(1),
+            recorded: VecDeque::new(),
             previous: None,
             series: BTreeMap::new(),
             breakers: BTreeMap::new(),
@@ -143,15 +170,24 @@ impl History {
             self.previous = Some((last_t, last));
             return;
         }
-        self.series
-            .retain(|name, _| resources.iter().any(|r| &r.name == name));
+        if self.recorded.len() == self.seconds {
+            self.recorded.pop_front();
+        }
+        self.recorded.push_back(t);
+        let oldest = self.recorded.front().copied().unwrap_or(t);
+        let names: HashSet<&str> = resources.iter().map(|r| r.name.as_str()).collect();
+        self.series.retain(|name, _| names.contains(name.as_str()));
+        let before: HashMap<&str, &ResourceSnapshot> =
+            last.iter().map(|b| (b.name.as_str(), b)).collect();
         for r in &resources {
-            let before = last.iter().find(|b| b.name == r.name);
             let ring = self.series.entry(r.name.clone()).or_default();
-            if ring.len() == self.seconds {
+            while ring.front().is_some_and(|p| p.t < oldest) {
                 ring.pop_front();
             }
-            ring.push_back(point(t, r, before));
+            let p = point(t, r, before.get(r.name.as_str()).copied());
+            if !p.is_idle() {
+                ring.push_back(p);
+            }
         }
         self.previous = Some((t, resources));
     }
@@ -189,17 +225,27 @@ impl History {
         }
     }
 
-    /// The resources with history, by name.
+    /// The resources with history, by name, each with its seconds that had activity (idle
+    /// seconds are not stored; [`History::points_since`] fills them in).
     pub fn resources(&self) -> impl Iterator<Item = (&str, &VecDeque<Point>)> {
         self.series.iter().map(|(k, v)| (k.as_str(), v))
     }
 
-    /// Points of `resource` after second `since` (all with `since = 0`).
+    /// Points of `resource`, one per second recorded after second `since` (all with
+    /// `since = 0`), idle seconds as zeros; none for a resource without history.
     pub fn points_since(&self, resource: &str, since: u64) -> Vec<Point> {
-        self.series
-            .get(resource)
-            .map(|r| r.iter().filter(|p| p.t > since).copied().collect())
-            .unwrap_or_default()
+        let Some(ring) = self.series.get(resource) else {
+            return Vec::new();
+        };
+        let mut stored = ring.iter().filter(|p| p.t > since).peekable();
+        self.recorded
+            .iter()
+            .filter(|t| **t > since)
+            .map(|&t| match stored.next_if(|p| p.t == t) {
+                Some(p) => *p,
+                None => Point::idle(t),
+            })
+            .collect()
     }
 
     /// Every breaker's state and recent changes.

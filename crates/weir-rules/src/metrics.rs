@@ -230,7 +230,7 @@ pub struct RuleSnapshot {
 }
 
 /// One resource's counters at one time.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ResourceSnapshot {
     /// The resource.
     pub name: String,

@@ -153,3 +153,45 @@ fn seconds_split_blocks_by_kind_and_track_breakers_and_heavy_values() {
     assert_eq!(names, ["api"]);
     assert_eq!(h.breakers().count(), 0);
 }
+
+/// Idle seconds are not stored (a large rule set costs nothing per idle resource) but read
+/// back as zeros, and the window is kept by time.
+#[test]
+fn idle_seconds_cost_nothing_and_read_back_as_zeros() {
+    use weir_rules::metrics::ResourceSnapshot;
+    let snap = |name: String, passes: u64| ResourceSnapshot {
+        name,
+        passes,
+        completed: passes,
+        ..ResourceSnapshot::default()
+    };
+    let mut h = History::new(5);
+    let many = |busy: u64| {
+        (0..20_000)
+            .map(|i| snap(format!("r{i:05}"), if i == 7 { busy } else { 0 }))
+            .collect::<Vec<_>>()
+    };
+    h.record(100, many(0), &[]);
+    // r00007 passes 3 calls in second 102 and 1 in second 106; the others never.
+    for (t, busy) in [(101, 0), (102, 3), (103, 3), (104, 3), (105, 3), (106, 4)] {
+        h.record(t, many(busy), &[]);
+    }
+    let stored: usize = h.resources().map(|(_, ring)| ring.len()).sum();
+    assert_eq!(stored, 2, "only r00007's two busy seconds are stored");
+    let passed: Vec<(u64, u32)> = h
+        .points_since("r00007", 0)
+        .iter()
+        .map(|p| (p.t, p.passed))
+        .collect();
+    assert_eq!(
+        passed,
+        [(102, 3), (103, 0), (104, 0), (105, 0), (106, 1)],
+        "the last 5 seconds, idle ones as zeros"
+    );
+    assert_eq!(h.points_since("r19999", 104).len(), 2);
+    assert!(h.points_since("r19999", 0).iter().all(|p| p.is_idle()));
+    // Second 102 leaves the window at 107: so does its stored point.
+    h.record(107, many(4), &[]);
+    assert_eq!(h.resources().map(|(_, ring)| ring.len()).sum::<usize>(), 1);
+    assert!(h.points_since("nobody", 0).is_empty());
+}

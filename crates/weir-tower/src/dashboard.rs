@@ -299,9 +299,8 @@ impl Dashboard {
         }
         let resources: Vec<Value> = rows
             .into_iter()
-            .map(|(_, _, name, ring)| {
-                let points: Vec<_> = ring.iter().filter(|p| p.t > since).collect();
-                json!({"name": name, "points": points})
+            .map(|(_, _, name, _)| {
+                json!({"name": name, "points": st.history.points_since(name, since)})
             })
             .collect();
         let breakers: Vec<_> = st.history.breakers().collect();
