@@ -11,8 +11,8 @@
 //! Exact, not approximate: a stripe has one writer at a time, so no addition is lost. Stores are
 //! `Release` and reads `Acquire`: a reader that sees a count also sees every count the writer
 //! had seen before it (a call's completion, counted on another thread than its start, is never
-//! read without its start). Memory: `N` words per stripe, padded to cache lines, times the pool
-//! size plus one.
+//! read without its start). Memory: `N` words per stripe, padded to cache lines; one shared
+//! stripe, and the pool's stripes once a thread has added.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -82,38 +82,30 @@ impl<const N: usize> Default for Stripe<N> {
     }
 }
 
-/// `N` counters striped per thread (see the module documentation).
-#[derive(Debug)]
+/// `N` counters striped per thread (see the module documentation). The per-thread stripes are
+/// allocated at the first addition by a thread that owns one: a counter set nobody adds to
+/// costs its shared stripe only.
+#[derive(Debug, Default)]
 pub struct Striped<const N: usize> {
-    owned: Box<[Stripe<N>]>,
+    owned: OnceLock<Box<[Stripe<N>]>>,
     shared: Stripe<N>,
-}
-
-impl<const N: usize> Default for Striped<N> {
-    fn default() -> Self {
-        Self {
-            owned: (0..owned_stripes()).map(|_| Stripe::default()).collect(),
-            shared: Stripe::default(),
-        }
-    }
 }
 
 impl<const N: usize> Striped<N> {
     /// Adds `v` to counter `i` (an index past `N` is ignored).
     #[inline]
     pub fn add(&self, i: usize, v: u64) {
-        match self.owned.get(current()) {
-            Some(stripe) => {
-                if let Some(c) = stripe.0.get(i) {
-                    // This thread is the stripe's only writer: no addition can be lost.
-                    c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Release);
-                }
+        let id = current();
+        if id < owned_stripes() {
+            let owned = self
+                .owned
+                .get_or_init(|| (0..owned_stripes()).map(|_| Stripe::default()).collect());
+            if let Some(c) = owned.get(id).and_then(|s| s.0.get(i)) {
+                // This thread is the stripe's only writer: no addition can be lost.
+                c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Release);
             }
-            None => {
-                if let Some(c) = self.shared.0.get(i) {
-                    c.fetch_add(v, Ordering::AcqRel);
-                }
-            }
+        } else if let Some(c) = self.shared.0.get(i) {
+            c.fetch_add(v, Ordering::AcqRel);
         }
     }
 
@@ -136,7 +128,11 @@ impl<const N: usize> Striped<N> {
     }
 
     fn stripes(&self) -> impl Iterator<Item = &Stripe<N>> {
-        self.owned.iter().chain(std::iter::once(&self.shared))
+        self.owned
+            .get()
+            .into_iter()
+            .flat_map(|o| o.iter())
+            .chain(std::iter::once(&self.shared))
     }
 }
 
