@@ -181,6 +181,21 @@ mod tests {
     }
 
     #[test]
+    fn stripes_are_allocated_at_the_first_addition() {
+        let c = Striped::<4>::default();
+        assert!(c.owned.get().is_none());
+        assert_eq!(c.read(), [0; 4]);
+        std::thread::spawn(move || {
+            c.add(3, 5);
+            // A thread with a stripe of its own allocated them; one on the shared stripe not.
+            assert_eq!(c.owned.get().is_some(), current() != SHARED);
+            assert_eq!(c.read(), [0, 0, 0, 5]);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
     fn stripes_of_exited_threads_are_reused_and_keep_their_counts() {
         let c = Arc::new(StripedCounter::default());
         for _ in 0..3 * MAX_STRIPES {
