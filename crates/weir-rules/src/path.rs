@@ -72,21 +72,53 @@ fn unreserved(b: u8) -> bool {
 }
 
 /// Whether `path` is already in normal form and route form alike: origin-form with no `%`,
-/// `\`, `;`, `//` or `.` right after a `/`. One scan; the common case needs nothing more.
+/// `\`, `;`, `//` or `.` right after a `/`. One scan, eight bytes at a time; the common case
+/// needs nothing more.
 #[inline]
 pub fn is_plain(path: &str) -> bool {
     let bytes = path.as_bytes();
     if bytes.first() != Some(&b'/') {
         return false;
     }
-    let mut prev = 0u8;
-    for &b in bytes {
-        if matches!(b, b'%' | b'\\' | b';') || (prev == b'/' && matches!(b, b'/' | b'.')) {
-            return false;
+    let mut chunks = bytes.chunks_exact(8);
+    // 0x80 in the lowest byte when the previous eight ended with a `/`.
+    let mut carry = 0;
+    for chunk in &mut chunks {
+        let word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+        match plain_word(word, carry) {
+            Some(c) => carry = c,
+            None => return false,
         }
-        prev = b;
     }
-    true
+    let rest = chunks.remainder();
+    let mut last = [0u8; 8];
+    last[..rest.len()].copy_from_slice(rest);
+    // Zero padding matches none of the bytes looked for.
+    plain_word(u64::from_le_bytes(last), carry).is_some()
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+
+/// 0x80 in each byte of `word` equal to `b`, 0 in the others (exact: no carry crosses bytes).
+#[inline]
+fn bytes_equal(word: u64, b: u8) -> u64 {
+    let x = word ^ (ONES * u64::from(b));
+    !(((x & LOW7) + LOW7) | x | LOW7)
+}
+
+/// Eight bytes of a path (little-endian) after a word whose last byte was a `/` (`carry` =
+/// 0x80) or not (0): `None` if they hold `%`, `\`, `;`, or a `/` followed by `/` or `.`; else
+/// the carry for the next eight.
+#[inline]
+fn plain_word(word: u64, carry: u64) -> Option<u64> {
+    let refused = bytes_equal(word, b'%') | bytes_equal(word, b'\\') | bytes_equal(word, b';');
+    let slash = bytes_equal(word, b'/');
+    let after_slash = (slash << 8) | carry;
+    if refused | (after_slash & (slash | bytes_equal(word, b'.'))) != 0 {
+        return None;
+    }
+    Some(slash >> 56)
 }
 
 /// Whether `path` might need rewriting: a `%`, `//`, a `.` right after `/`, or a `\`.
@@ -204,6 +236,60 @@ pub fn match_path(normal: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The byte-at-a-time definition `is_plain` computes eight bytes at a time.
+    fn is_plain_bytewise(path: &str) -> bool {
+        let bytes = path.as_bytes();
+        if bytes.first() != Some(&b'/') {
+            return false;
+        }
+        let mut prev = 0u8;
+        for &b in bytes {
+            if matches!(b, b'%' | b'\\' | b';') || (prev == b'/' && matches!(b, b'/' | b'.')) {
+                return false;
+            }
+            prev = b;
+        }
+        true
+    }
+
+    #[test]
+    fn is_plain_agrees_with_its_bytewise_definition() {
+        let alphabet = ["/", ".", "%", "\\", ";", "a", "é", "~"];
+        // Every string of up to 6 symbols (after a leading `/`), then long random ones, so
+        // every symbol pair falls on every position of a word and across words.
+        let mut paths = vec![String::new()];
+        let mut frontier = vec![String::new()];
+        for _ in 0..6 {
+            frontier = frontier
+                .iter()
+                .flat_map(|p| alphabet.iter().map(move |a| format!("{p}{a}")))
+                .collect();
+            paths.extend(frontier.iter().cloned());
+        }
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..20_000 {
+            let mut p = String::new();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            for i in 0..(x % 40) {
+                // Mostly letters and slashes, as paths are.
+                let pick = (x >> (i % 48)) as usize % 24;
+                p.push_str(alphabet.get(pick).copied().unwrap_or(if pick % 3 == 0 {
+                    "/"
+                } else {
+                    "b"
+                }));
+            }
+            paths.push(p);
+        }
+        for p in paths {
+            for path in [format!("/{p}"), p.clone()] {
+                assert_eq!(is_plain(&path), is_plain_bytewise(&path), "{path:?}");
+            }
+        }
+    }
 
     fn n(p: &str) -> Result<String, PathError> {
         normalize(p).map(Cow::into_owned)
