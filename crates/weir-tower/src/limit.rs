@@ -143,16 +143,15 @@ where
         drop(key);
         let window = self.layer.window;
         if d.allowed() {
-            let headers = self.layer.on_success.then(|| Headers {
-                policy: self.layer.policy.clone(),
-                policy_value: self
-                    .layer
-                    .policy_value
-                    .as_ref()
-                    .filter(|(limit, _)| *limit == d.limit())
-                    .map(|(_, v)| v.clone()),
-                window,
-                decision: d,
+            let headers = self.layer.on_success.then(|| {
+                let policy = &self.layer.policy;
+                Headers {
+                    policy: match &self.layer.policy_value {
+                        Some((limit, v)) if *limit == d.limit() => Some(v.clone()),
+                        _ => problem::policy_value(policy, d.limit(), window),
+                    },
+                    now: problem::ratelimit_value(policy, &d),
+                }
             });
             LimitFuture::Pass {
                 inner: self.inner.call(req),
@@ -168,10 +167,10 @@ where
 
 /// What an admitted response's rate-limit headers say.
 pub struct Headers {
-    policy: Arc<str>,
-    policy_value: Option<http::HeaderValue>,
-    window: Duration,
-    decision: Decision,
+    /// `RateLimit-Policy`.
+    policy: Option<http::HeaderValue>,
+    /// `RateLimit`.
+    now: Option<http::HeaderValue>,
 }
 
 pin_project_lite::pin_project! {
@@ -203,17 +202,12 @@ where
             LimitProj::Pass { inner, headers } => {
                 let mut out = std::task::ready!(inner.poll(cx));
                 if let (Ok(r), Some(h)) = (&mut out, headers.take()) {
-                    match h.policy_value {
-                        Some(v) => {
-                            r.headers_mut().insert("ratelimit-policy", v);
-                            problem::set_ratelimit_now(r.headers_mut(), &h.policy, &h.decision);
-                        }
-                        None => problem::set_ratelimit_headers(
-                            r.headers_mut(),
-                            &h.policy,
-                            h.window,
-                            &h.decision,
-                        ),
+                    let map = r.headers_mut();
+                    if let Some(v) = h.policy {
+                        map.insert(problem::RATELIMIT_POLICY, v);
+                    }
+                    if let Some(v) = h.now {
+                        map.insert(problem::RATELIMIT, v);
                     }
                 }
                 Poll::Ready(out)

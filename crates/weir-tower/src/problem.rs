@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use weir_core::Decision;
 
 /// Whole seconds, rounded up (never down: a client told to retry early is refused again).
@@ -10,30 +10,65 @@ pub fn ceil_secs(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000_000)).unwrap_or(u64::MAX)
 }
 
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
 /// The `RateLimit-Policy` value `"policy";q=LIMIT;w=WINDOW` (draft-ietf-httpapi-ratelimit-headers).
 pub fn policy_value(policy: &str, limit: u64, window: Duration) -> Option<HeaderValue> {
-    let text = format!("\"{policy}\";q={limit};w={}", ceil_secs(window).max(1));
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok()
+    value(policy, [(";q=", limit), (";w=", ceil_secs(window).max(1))])
+}
+
+/// The `RateLimit` value `"policy";r=REMAINING;t=RESET` for `d`.
+pub fn ratelimit_value(policy: &str, d: &Decision) -> Option<HeaderValue> {
+    value(
+        policy,
+        [(";r=", d.remaining()), (";t=", ceil_secs(d.reset_after()))],
+    )
+}
+
+/// `"policy"` then each `(name, number)`: one allocation, no formatting machinery.
+fn value(policy: &str, params: [(&str, u64); 2]) -> Option<HeaderValue> {
+    let mut out = Vec::with_capacity(policy.len() + 2 + 2 * (3 + 20));
+    out.push(b'"');
+    out.extend_from_slice(policy.as_bytes());
+    out.push(b'"');
+    for (name, n) in params {
+        out.extend_from_slice(name.as_bytes());
+        push_decimal(&mut out, n);
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// Adds `RateLimit-Policy: "policy";q=LIMIT;w=WINDOW` and `RateLimit: "policy";r=R;t=T`
 /// (draft-ietf-httpapi-ratelimit-headers) for `d`.
 pub fn set_ratelimit_headers(h: &mut HeaderMap, policy: &str, window: Duration, d: &Decision) {
     if let Some(v) = policy_value(policy, d.limit(), window) {
-        h.insert("ratelimit-policy", v);
+        h.insert(RATELIMIT_POLICY, v);
     }
     set_ratelimit_now(h, policy, d);
 }
 
 /// Adds `RateLimit: "policy";r=R;t=T` for `d` (one allocation, no copy).
 pub fn set_ratelimit_now(h: &mut HeaderMap, policy: &str, d: &Decision) {
-    let text = format!(
-        "\"{policy}\";r={};t={}",
-        d.remaining(),
-        ceil_secs(d.reset_after())
-    );
-    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(text)) {
-        h.insert("ratelimit", v);
+    if let Some(v) = ratelimit_value(policy, d) {
+        h.insert(RATELIMIT, v);
     }
 }
 
@@ -73,4 +108,28 @@ pub fn too_many<B: From<String>>(policy: &str, window: Duration, d: &Decision) -
     }
     set_ratelimit_headers(r.headers_mut(), policy, window, d);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_spell_every_number() {
+        for (n, text) in [
+            (0, "0"),
+            (7, "7"),
+            (10, "10"),
+            (1_000_000, "1000000"),
+            (u64::MAX, "18446744073709551615"),
+        ] {
+            let mut out = Vec::new();
+            push_decimal(&mut out, n);
+            assert_eq!(out, text.as_bytes());
+        }
+        let v = policy_value("api", 100, Duration::from_millis(1500)).unwrap();
+        assert_eq!(v, "\"api\";q=100;w=2");
+        let d = Decision::allow(5, 3, 200_000_000, 0);
+        assert_eq!(ratelimit_value("api", &d).unwrap(), "\"api\";r=3;t=1");
+    }
 }
