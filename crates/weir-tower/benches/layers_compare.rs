@@ -12,6 +12,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use tower::Layer;
+use weir_core::{Gcra, KeyedLimiter, Quota};
+use weir_tower::key::Global;
+use weir_tower::limit::RateLimitLayer;
 use weir_tower::rules::RulesLayer;
 
 mod fixture;
@@ -28,6 +31,12 @@ where
     S::Error: std::fmt::Debug,
 {
     Box::new(move || once(black_box(&mut svc)))
+}
+
+fn rate_limit() -> RateLimitLayer<Gcra, Global> {
+    let quota = Quota::per_second(1_000_000_000).expect("quota");
+    let limiter = KeyedLimiter::new(Gcra::from_quota(quota).expect("gcra"), 16).expect("limiter");
+    RateLimitLayer::new(limiter, Global)
 }
 
 fn time(f: &mut Case) -> f64 {
@@ -61,6 +70,14 @@ fn main() {
         (
             "weir RulesLayer, the same on CoarseClock (1 ms)",
             case(RulesLayer::new(fixture::rules_on(coarse)).layer(handler())),
+        ),
+        (
+            "weir RateLimitLayer (GCRA, global key), RateLimit headers on every response",
+            case(rate_limit().layer(handler())),
+        ),
+        (
+            "weir RateLimitLayer, headers on refusals only",
+            case(rate_limit().headers_on_success(false).layer(handler())),
         ),
         ("tower_governor (global key)", case(fixture::governor())),
     ];
