@@ -95,17 +95,35 @@ impl<const N: usize> Striped<N> {
     /// Adds `v` to counter `i` (an index past `N` is ignored).
     #[inline]
     pub fn add(&self, i: usize, v: u64) {
+        self.add_each([(i, v)]);
+    }
+
+    /// Adds each `(i, v)`: [`Striped::add`] with one lookup of the thread's stripe.
+    #[inline]
+    pub fn add_each<const K: usize>(&self, adds: [(usize, u64); K]) {
         let id = current();
-        if id < owned_stripes() {
-            let owned = self
-                .owned
-                .get_or_init(|| (0..owned_stripes()).map(|_| Stripe::default()).collect());
-            if let Some(c) = owned.get(id).and_then(|s| s.0.get(i)) {
-                // This thread is the stripe's only writer: no addition can be lost.
-                c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Release);
+        let pool = owned_stripes();
+        let own = if id < pool {
+            self.owned
+                .get_or_init(|| (0..pool).map(|_| Stripe::default()).collect())
+                .get(id)
+        } else {
+            None
+        };
+        for (i, v) in adds {
+            match own {
+                Some(stripe) => {
+                    if let Some(c) = stripe.0.get(i) {
+                        // This thread is the stripe's only writer: no addition can be lost.
+                        c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Release);
+                    }
+                }
+                None => {
+                    if let Some(c) = self.shared.0.get(i) {
+                        c.fetch_add(v, Ordering::AcqRel);
+                    }
+                }
             }
-        } else if let Some(c) = self.shared.0.get(i) {
-            c.fetch_add(v, Ordering::AcqRel);
         }
     }
 
@@ -168,7 +186,7 @@ mod tests {
                 s.spawn(move || {
                     for _ in 0..10_000 {
                         c.add(0, 1);
-                        c.add(1, t as u64);
+                        c.add_each([(1, t as u64)]);
                     }
                 });
             }

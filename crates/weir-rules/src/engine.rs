@@ -171,6 +171,18 @@ pub struct Resolved<C: Clock = MonotonicClock> {
     resource: Option<Arc<Resource<C>>>,
 }
 
+impl<C: Clock> Resolved<C> {
+    /// Whether a call's criticality can change its decision here (the system rule, a
+    /// concurrency rule): when not, a caller need not read it.
+    pub fn reads_criticality(&self) -> bool {
+        self.compiled.system.is_some()
+            || self
+                .resource
+                .as_ref()
+                .is_some_and(|r| r.flows.iter().any(|f| f.state.concurrency.is_some()))
+    }
+}
+
 impl<C: Clock> Clone for Resolved<C> {
     fn clone(&self) -> Self {
         Self {

@@ -60,8 +60,7 @@ impl RtHistogram {
     #[inline]
     pub fn observe(&self, rt: Nanos) {
         let i = RT_BUCKETS_NS.partition_point(|b| *b < rt);
-        self.slots.add(i, 1);
-        self.slots.add(RT_SLOTS - 1, rt);
+        self.slots.add_each([(i, 1), (RT_SLOTS - 1, rt)]);
     }
 
     /// Cumulative counts per bucket bound (the last entry is +Inf, i.e. the total) and the sum.

@@ -117,8 +117,7 @@ struct Route<C: Clock> {
     headers: Vec<(HeaderName, Option<HeaderValue>)>,
     params: Vec<RouteParam>,
     fallback: Option<Arc<Fallback>>,
-    /// A rule of the call reads its criticality (the system rule, a concurrency rule's
-    /// queue): otherwise the header is not looked up.
+    /// [`Resolved::reads_criticality`], once per compile: otherwise the header is not read.
     reads_criticality: bool,
 }
 
@@ -295,9 +294,11 @@ impl<C: Clock + Clone> Table<C> {
             routes: http
                 .routes
                 .iter()
-                .map(|r| Route {
+                .map(|r| (r, rules.resolve(&r.resource)))
+                .map(|(r, resolved)| Route {
                     resource: r.resource.as_str().into(),
-                    resolved: rules.resolve(&r.resource),
+                    reads_criticality: resolved.reads_criticality(),
+                    resolved,
                     prefix: r.prefix.trim_end_matches('/').into(),
                     methods: r
                         .methods
@@ -328,10 +329,6 @@ impl<C: Clock + Clone> Table<C> {
                         .fallback
                         .as_ref()
                         .map(|f| Arc::new(Fallback::compile(&r.resource, f))),
-                    reads_criticality: set.system.is_some()
-                        || set.resources.iter().any(|c| {
-                            c.name == r.resource && c.flow.iter().any(|f| f.concurrency.is_some())
-                        }),
                 })
                 .collect(),
         }
