@@ -29,6 +29,7 @@ pub struct FixedWindow {
     quota: Quota,
     window_div: Divisor,
     count_bits: u32,
+    count_denied: bool,
 }
 
 impl FixedWindow {
@@ -45,7 +46,24 @@ impl FixedWindow {
             quota,
             window_div: Divisor::new(quota.window_nanos()),
             count_bits: 32,
+            count_denied: false,
         })
+    }
+
+    /// The same window counting denied units too (envoyproxy/ratelimit's semantics: every hit
+    /// is added to the window's count, so a client that keeps sending over the limit stays
+    /// over it, and a request larger than the limit is still counted). The count saturates at
+    /// [`MAX_FIXED_WINDOW_LIMIT`]. Off by default: denied units consume nothing.
+    pub fn counting_denied(self, yes: bool) -> Self {
+        Self {
+            count_denied: yes,
+            ..self
+        }
+    }
+
+    /// Whether denied units are counted ([`FixedWindow::counting_denied`]).
+    pub fn counts_denied(&self) -> bool {
+        self.count_denied
     }
 
     #[inline]
@@ -118,11 +136,19 @@ impl Algorithm for FixedWindow {
             until_end,
         };
         let need = units_to_check(n);
-        if need > self.quota.limit() {
-            return v;
-        }
-        if count > self.quota.limit() - need {
-            v.outcome = Outcome::Denied;
+        let denied = if need > self.quota.limit() {
+            Some(Outcome::Never)
+        } else if count > self.quota.limit() - need {
+            Some(Outcome::Denied)
+        } else {
+            None
+        };
+        if let Some(outcome) = denied {
+            v.outcome = outcome;
+            if self.count_denied && n > 0 {
+                v.count = count.saturating_add(n).min(MAX_FIXED_WINDOW_LIMIT);
+                *state = self.pack(index, v.count);
+            }
             return v;
         }
         v.outcome = Outcome::Allowed;
@@ -155,5 +181,57 @@ impl Algorithm for FixedWindow {
 
     fn window(&self) -> Duration {
         self.quota.window()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(limit: u64) -> FixedWindow {
+        FixedWindow::new(Quota::new(limit, Duration::from_secs(60)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn denied_units_cost_nothing_by_default() {
+        let w = window(20);
+        let mut s = w.initial_state(0);
+        assert!(w.decide(&mut s, 15, 0).allowed());
+        assert!(!w.decide(&mut s, 10, 1).allowed());
+        assert!(
+            w.decide(&mut s, 1, 2).allowed(),
+            "the refused 10 took nothing"
+        );
+        assert!(w.decide(&mut s, 21, 3).is_never());
+        assert_eq!(w.decide(&mut s, 0, 4).remaining(), 4);
+    }
+
+    #[test]
+    fn counting_denied_adds_every_hit_as_envoy_ratelimit_does() {
+        let w = window(20).counting_denied(true);
+        assert!(w.counts_denied());
+        let mut s = w.initial_state(0);
+        assert!(w.decide(&mut s, 15, 0).allowed());
+        let d = w.decide(&mut s, 10, 1);
+        assert!(!d.allowed());
+        assert!(!w.decide(&mut s, 1, 2).allowed(), "25 counted: over");
+        // A request larger than the limit is counted too, and the window still ends.
+        let mut s = w.initial_state(0);
+        let d = w.decide(&mut s, 21, 0);
+        assert!(d.is_never());
+        assert_eq!(d.reset_after(), Duration::from_secs(60));
+        assert!(!w.decide(&mut s, 1, 1).allowed());
+        // A new window starts from zero; a check (n = 0) counts nothing.
+        let minute = 60_000_000_000;
+        assert!(w.decide(&mut s, 0, minute).allowed());
+        assert_eq!(w.decide(&mut s, 20, minute).remaining(), 0);
+        // The count saturates instead of wrapping into the window index.
+        let big = window(MAX_FIXED_WINDOW_LIMIT).counting_denied(true);
+        let mut s = big.initial_state(0);
+        for _ in 0..3 {
+            big.decide(&mut s, MAX_FIXED_WINDOW_LIMIT, 0);
+        }
+        assert_eq!(big.decide(&mut s, 0, 0).remaining(), 0);
+        assert!(big.decide(&mut s, 1, minute).allowed());
     }
 }

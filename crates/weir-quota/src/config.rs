@@ -225,7 +225,7 @@ fn parse_rlqs(
 impl QuotaConfig {
     /// Parses and validates a quota file's text.
     pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedErrors> {
-        let raw: RawConfig = yaml::parse(file, text)?;
+        let raw: RawConfig = yaml::parse_all(file, text)?;
         let mut problems: Vec<(String, String)> = Vec::new();
         let mut out = QuotaConfig::default();
         let mut names = std::collections::HashSet::new();

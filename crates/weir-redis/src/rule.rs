@@ -230,7 +230,13 @@ impl RedisRule {
         // This instance's share, same algorithm: the fallback while Redis is unreachable.
         let local_spec = |alg: RateAlgorithm| RateSpec::new(alg, share, window);
         let (params, local) = match algorithm {
-            RedisAlgorithm::FixedWindow => ([window_us, 0], local_spec(RateAlgorithm::FixedWindow)),
+            RedisAlgorithm::FixedWindow => (
+                [window_us, 0],
+                RateSpec {
+                    count_denied: options.count_denied,
+                    ..local_spec(RateAlgorithm::FixedWindow)
+                },
+            ),
             RedisAlgorithm::SlidingCounter => {
                 // prev · w and limit · w must be exact: switch to ms when µs would not be.
                 let res = if u128::from(limit) * u128::from(window_us) < EXACT {
@@ -357,6 +363,11 @@ impl RedisRule {
         self.count_denied
     }
 
+    /// Whether denied units are counted too ([`RuleOptions::count_denied`]).
+    pub fn counts_denied(&self) -> bool {
+        self.count_denied
+    }
+
     /// Units taken per round trip for one-unit requests (1 = no local batching).
     pub fn batch(&self) -> u64 {
         self.batch
@@ -365,6 +376,12 @@ impl RedisRule {
     /// This instance's local decision for `key` (the fallback).
     pub fn local_acquire(&self, key: &str, n: u64) -> Decision {
         self.local.acquire(key, n)
+    }
+
+    /// [`RedisRule::local_acquire`] at a time the caller read once for a whole request (every
+    /// call on one rule must use the same time base).
+    pub fn local_acquire_at(&self, key: &str, n: u64, now: weir_core::Nanos) -> Decision {
+        self.local.acquire_at(key, n, now)
     }
 }
 

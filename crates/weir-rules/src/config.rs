@@ -642,11 +642,12 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 }
 
 impl RuleSet {
-    /// Parses and validates a YAML rule set. A file that is not valid YAML of the right shape
-    /// reports its first error (parsing stops there); a file that parses reports every rule
-    /// that breaks a constraint, each located at its field.
+    /// Parses and validates a YAML rule set. A file that is not of the right shape reports
+    /// every field of the wrong type or with an impossible value ([`yaml::parse_all`]); a
+    /// file that parses reports every rule that breaks a constraint, each located at its
+    /// field.
     pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedErrors> {
-        let mut set: RuleSet = yaml::parse(file, text)?;
+        let mut set: RuleSet = yaml::parse_all(file, text)?;
         let mut problems = set.problems();
         if problems.is_empty() {
             problems = set.load_fallback_bodies(file);

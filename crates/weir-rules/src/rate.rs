@@ -31,6 +31,9 @@ pub struct RateSpec {
     pub warmup: Duration,
     /// Cold rate = limit / cold_factor (warm-up; default 3).
     pub cold_factor: u32,
+    /// Count denied units too (fixed window only: envoyproxy/ratelimit's semantics, see
+    /// `FixedWindow::counting_denied`); ignored by the other algorithms.
+    pub count_denied: bool,
 }
 
 impl RateSpec {
@@ -45,6 +48,7 @@ impl RateSpec {
             max_wait: Duration::ZERO,
             warmup: Duration::ZERO,
             cold_factor: DEFAULT_COLD_FACTOR as u32,
+            count_denied: false,
         }
     }
 }
@@ -76,7 +80,9 @@ impl RateSpec {
             self.buckets
         };
         Ok(match self.algorithm {
-            RateAlgorithm::FixedWindow => Built::Fixed(FixedWindow::new(q)?),
+            RateAlgorithm::FixedWindow => {
+                Built::Fixed(FixedWindow::new(q)?.counting_denied(self.count_denied))
+            }
             RateAlgorithm::SlidingWindow => Built::Window(SlidingWindow::new(q, buckets)?),
             RateAlgorithm::SlidingLog => Built::Log(SlidingLog::new(q)?),
             RateAlgorithm::SlidingCounter => Built::Counter(SlidingCounter::new(q)?),

@@ -138,9 +138,33 @@ pub fn parse<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, LocatedE
             reason: format!("nested deeper than {MAX_NESTING} levels"),
         });
     }
+    deserialize(text).map_err(|(_, e)| LocatedError {
+        file: file.to_path_buf(),
+        ..e
+    })
+}
+
+/// One step of a deserializer's field path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// Deserializes `text`; an error carries its path as steps too (empty file name).
+fn deserialize<T: DeserializeOwned>(text: &str) -> Result<T, (Option<Vec<Seg>>, LocatedError)> {
     let de = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
+        let segs: Option<Vec<Seg>> = e
+            .path()
+            .iter()
+            .map(|s| match s {
+                serde_path_to_error::Segment::Map { key } => Some(Seg::Key(key.clone())),
+                serde_path_to_error::Segment::Seq { index } => Some(Seg::Index(*index)),
+                _ => None,
+            })
+            .collect();
         let inner = e.into_inner();
         let position = inner.location().map(|l| (l.line(), l.column()));
         let mut reason = inner.to_string();
@@ -154,13 +178,191 @@ pub fn parse<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, LocatedE
                 reason = rest.to_string();
             }
         }
-        LocatedError {
-            file: file.to_path_buf(),
-            position,
-            path,
-            reason,
-        }
+        (
+            segs,
+            LocatedError {
+                file: PathBuf::new(),
+                position,
+                path,
+                reason,
+            },
+        )
     })
+}
+
+/// Most errors one file reports ([`parse_all`]).
+pub const MAX_ERRORS: usize = 100;
+
+/// Time [`parse_all`] spends looking for further errors after the first, at most.
+const FURTHER_ERRORS_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// [`parse`], reporting every error of the file rather than the first: after an error, the
+/// offending node is set aside (a field, or a list element) and the rest is deserialized
+/// again, so errors in other fields and other list elements are found in the same run. An
+/// error that only follows from a node set aside (a required field now missing) is not
+/// reported. Syntax errors end the search (nothing after them can be read). At most
+/// [`MAX_ERRORS`] errors, and about two seconds of further searching.
+pub fn parse_all<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, LocatedErrors> {
+    let first = match parse::<T>(file, text) {
+        Ok(t) => return Ok(t),
+        Err(e) => e,
+    };
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut errors = vec![first];
+    let Ok(mut doc) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) else {
+        return Err(LocatedErrors(errors));
+    };
+    let Some(Ok(mut at)) = steps(&errors[0].path).map(|s| {
+        s.into_iter()
+            .map(|s| match s {
+                Step::Key(k) => Ok(Seg::Key(k.to_string())),
+                Step::Index(i) => Ok(Seg::Index(i)),
+            })
+            .collect::<Result<Vec<Seg>, ()>>()
+    }) else {
+        return Err(LocatedErrors(errors));
+    };
+    let mut set_aside = SetAside::default();
+    let started = std::time::Instant::now();
+    while errors.len() < MAX_ERRORS && started.elapsed() < FURTHER_ERRORS_BUDGET {
+        if at.is_empty() || !remove(&mut doc, &at) {
+            break;
+        }
+        set_aside.record(&at);
+        let Ok(again) = serde_yaml_ng::to_string(&doc) else {
+            break;
+        };
+        match deserialize::<T>(&again) {
+            Ok(_) => break,
+            Err((None, _)) => break,
+            Err((Some(segs), e)) => {
+                let original = set_aside.original(&segs);
+                if !set_aside.explains(&original) {
+                    let path = render(&original);
+                    errors.push(LocatedError {
+                        file: file.to_path_buf(),
+                        position: locate(text, &path),
+                        path,
+                        reason: e.reason,
+                    });
+                }
+                at = segs;
+            }
+        }
+    }
+    Err(LocatedErrors(errors))
+}
+
+/// `a.b[2].c`, as `serde_path_to_error` writes a path.
+fn render(segs: &[Seg]) -> String {
+    let mut out = String::new();
+    for s in segs {
+        match s {
+            Seg::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Seg::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+/// Removes the node at `at` from `doc`; false when there is none.
+fn remove(doc: &mut serde_yaml_ng::Value, at: &[Seg]) -> bool {
+    use serde_yaml_ng::Value;
+    let Some((last, parents)) = at.split_last() else {
+        return false;
+    };
+    let mut node = doc;
+    for s in parents {
+        node = match (node, s) {
+            (Value::Mapping(m), Seg::Key(k)) => {
+                match m.iter_mut().find(|(key, _)| key_is(key, k)) {
+                    Some((_, v)) => v,
+                    None => return false,
+                }
+            }
+            (Value::Sequence(v), Seg::Index(i)) => match v.get_mut(*i) {
+                Some(v) => v,
+                None => return false,
+            },
+            (Value::Tagged(t), _) => return remove(&mut t.value, std::slice::from_ref(s)),
+            _ => return false,
+        };
+    }
+    match (node, last) {
+        (Value::Mapping(m), Seg::Key(k)) => {
+            let key = m.keys().find(|key| key_is(key, k)).cloned();
+            key.is_some_and(|key| m.remove(&key).is_some())
+        }
+        (Value::Sequence(v), Seg::Index(i)) if *i < v.len() => {
+            v.remove(*i);
+            true
+        }
+        _ => false,
+    }
+}
+
+fn key_is(key: &serde_yaml_ng::Value, want: &str) -> bool {
+    match key {
+        serde_yaml_ng::Value::String(s) => s == want,
+        serde_yaml_ng::Value::Number(n) => n.to_string() == want,
+        serde_yaml_ng::Value::Bool(b) => b.to_string() == want,
+        _ => false,
+    }
+}
+
+/// The nodes [`parse_all`] set aside, in the original file's coordinates.
+#[derive(Default)]
+struct SetAside {
+    /// Every node set aside.
+    paths: Vec<Vec<Seg>>,
+    /// Per list (its original path), the original indices of its elements set aside, sorted.
+    elements: std::collections::HashMap<Vec<Seg>, Vec<usize>>,
+}
+
+impl SetAside {
+    /// A path in the document as it is now, in the original file's coordinates (list
+    /// elements set aside shift the later ones).
+    fn original(&self, now: &[Seg]) -> Vec<Seg> {
+        let mut out = Vec::with_capacity(now.len());
+        for s in now {
+            let mapped = match s {
+                Seg::Index(i) => {
+                    let gone = self.elements.get(&out).map(Vec::as_slice).unwrap_or(&[]);
+                    let mut original = *i;
+                    for g in gone {
+                        if *g <= original {
+                            original += 1;
+                        }
+                    }
+                    Seg::Index(original)
+                }
+                key => key.clone(),
+            };
+            out.push(mapped);
+        }
+        out
+    }
+
+    /// Records that the node now at `now` was set aside.
+    fn record(&mut self, now: &[Seg]) {
+        let original = self.original(now);
+        if let Some((Seg::Index(i), list)) = original.split_last() {
+            let gone = self.elements.entry(list.to_vec()).or_default();
+            let at = gone.partition_point(|g| g < i);
+            gone.insert(at, *i);
+        }
+        self.paths.push(original);
+    }
+
+    /// Whether an error at `original` may only follow from a node set aside within it.
+    fn explains(&self, original: &[Seg]) -> bool {
+        self.paths.iter().any(|p| p.starts_with(original))
+    }
 }
 
 /// Every error of one file, printed one per line.
@@ -339,6 +541,82 @@ mod tests {
         parse::<Doc>(Path::new("f.yaml"), text)
             .unwrap_err()
             .to_string()
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Item {
+        name: String,
+        n: Option<u32>,
+        kind: Option<Kind>,
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(rename_all = "snake_case")]
+    enum Kind {
+        Small,
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Items {
+        items: Vec<Item>,
+        title: Option<String>,
+    }
+
+    fn all(text: &str) -> Vec<String> {
+        parse_all::<Items>(Path::new("f.yaml"), text)
+            .unwrap_err()
+            .0
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_error_of_a_file_is_reported_in_one_run() {
+        let text = "items:\n  - name: a\n    n: -1\n  - name: b\n    kind: huge\n  - nam: c\n  - name: d\n    n: x\n    kind: tiny\ntitle: [1]\n";
+        let e = all(text);
+        assert_eq!(e.len(), 6, "{e:#?}");
+        assert!(
+            e[0].starts_with("f.yaml:3:8: items[0].n: invalid type"),
+            "{e:#?}"
+        );
+        assert!(
+            e[1].starts_with("f.yaml:5:11: items[1].kind: unknown variant `huge`"),
+            "{}",
+            e[1]
+        );
+        assert!(
+            e[2].starts_with("f.yaml:6:10: items[2].nam: unknown field `nam`"),
+            "{}",
+            e[2]
+        );
+        assert!(
+            e[3].starts_with("f.yaml:8:8: items[3].n: invalid type"),
+            "{}",
+            e[3]
+        );
+        assert!(
+            e[4].starts_with("f.yaml:9:11: items[3].kind: unknown variant `tiny`"),
+            "{}",
+            e[4]
+        );
+        assert!(
+            e[5].starts_with("f.yaml:10:8: title: invalid type"),
+            "{}",
+            e[5]
+        );
+        // A required field set aside is not reported again as missing.
+        let e = all("items:\n  - name: [x]\n  - name: ok\n    n: 1.5\n");
+        assert_eq!(e.len(), 2, "{e:#?}");
+        assert!(e[1].starts_with("f.yaml:4:8: items[1].n: "), "{}", e[1]);
+        // A syntax error ends the search.
+        assert_eq!(all("items: [\n").len(), 1);
+        // A valid file parses.
+        assert!(parse_all::<Items>(Path::new("f.yaml"), "items: [{name: a}]\n").is_ok());
     }
 
     #[test]

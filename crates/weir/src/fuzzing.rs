@@ -53,7 +53,12 @@ pub fn lyft_config(data: &[u8]) {
         Ok(domain) => {
             let _ = Engine::build(&[domain], EngineOptions::default(), None);
         }
-        Err(e) => assert!(e.to_string().starts_with("fuzz.yaml"), "{e}"),
+        Err(errors) => {
+            assert!(!errors.is_empty());
+            for e in errors {
+                assert!(e.to_string().starts_with("fuzz.yaml"), "{e}");
+            }
+        }
     }
 }
 

@@ -211,6 +211,10 @@ struct ServeArgs {
     /// (RateLimit-Policy, RateLimit, Retry-After).
     #[arg(long, value_name = "STYLE", default_value = "none", value_parser = ["none", "draft03", "ietf"])]
     response_headers: String,
+    /// Answer with Lyft's dynamic metadata (domain, descriptors, hits and the `metadata` of
+    /// the descriptors that passed), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA.
+    #[arg(long)]
+    response_metadata: bool,
     #[command(flatten)]
     connections: ConnectionArgs,
     /// Longest time from a request's head to the end of its body (then DEADLINE_EXCEEDED /
@@ -662,6 +666,11 @@ fn check_lyft(args: &CheckConfigArgs) -> ExitCode {
                     let l = &r.limit;
                     let what = if l.unlimited {
                         "unlimited".to_string()
+                    } else if l.denies_all() {
+                        format!(
+                            "0 per {}: every request over the limit",
+                            duration::format_duration(l.window)
+                        )
                     } else {
                         format!(
                             "{} per {} ({}{})",
@@ -673,9 +682,10 @@ fn check_lyft(args: &CheckConfigArgs) -> ExitCode {
                     };
                     let _ = writeln!(
                         out,
-                        "  {}: {what}{}{}",
+                        "  {}: {what}{}{}{}",
                         r.id,
                         if r.shadow { " [shadow]" } else { "" },
+                        if r.quota_mode { " [quota mode]" } else { "" },
                         l.name
                             .as_ref()
                             .map(|n| format!(" name={n}"))
@@ -745,6 +755,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         instances: args.instances,
         shadow: args.shadow,
         clock: args.clock,
+        response_metadata: args.response_metadata,
         ..Default::default()
     };
     let style = match args.response_headers.as_str() {

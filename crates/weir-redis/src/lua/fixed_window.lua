@@ -23,6 +23,10 @@ local function reset(c)
   return 0
 end
 if need > limit then
+  if count_denied and n > 0 then
+    count = count + n
+    store(count)
+  end
   return {0, limit, math.max(limit - count, 0), -1, reset(count), now}
 end
 if count + need > limit then

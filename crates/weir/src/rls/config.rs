@@ -137,8 +137,14 @@ impl Algorithm {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Replace {
-    /// Name of the limit this one replaces.
+    /// Name of the limit this one replaces (`- name:` with nothing reads as empty and is
+    /// refused, as Lyft refuses it).
+    #[serde(default, deserialize_with = "string_or_null")]
     pub name: String,
+}
+
+fn string_or_null<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 /// A validated `rate_limit`.
@@ -164,6 +170,12 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
+    /// `requests_per_unit: 0`: every request is over the limit (Lyft's way to block a
+    /// descriptor; nothing is counted).
+    pub fn denies_all(&self) -> bool {
+        !self.unlimited && self.requests_per_unit == 0
+    }
+
     /// The algorithm as weir-redis runs it (in Redis, and in memory as its local stand-in).
     pub fn redis_algorithm(&self) -> weir_redis::RedisAlgorithm {
         use weir_redis::RedisAlgorithm as R;
@@ -193,7 +205,7 @@ fn count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     impl<'de> de::Visitor<'de> for V {
         type Value = Option<u64>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            write!(f, "a whole number from 1 to {MAX_COUNT}")
+            write!(f, "a whole number from 0 to {MAX_COUNT}")
         }
         fn visit_unit<E: de::Error>(self) -> Result<Option<u64>, E> {
             Ok(None)
@@ -244,7 +256,7 @@ fn count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     struct Exp;
     impl std::fmt::Display for Exp {
         fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            write!(f, "a whole number from 1 to {MAX_COUNT}")
+            write!(f, "a whole number from 0 to {MAX_COUNT}")
         }
     }
     d.deserialize_any(V)
@@ -261,8 +273,7 @@ struct RawRateLimit {
     unlimited: bool,
     #[serde(default)]
     replaces: Vec<Replace>,
-    #[serde(default)]
-    algorithm: Algorithm,
+    algorithm: Option<Algorithm>,
     #[serde(default, deserialize_with = "count")]
     burst: Option<u64>,
     window: Option<String>,
@@ -282,6 +293,25 @@ impl<'de> Deserialize<'de> for RateLimit {
             })?),
             None => None,
         };
+        if raw.unlimited {
+            let given: Vec<&str> = [
+                ("unit", raw.unit.is_some()),
+                ("window", window.is_some()),
+                ("requests_per_unit", raw.requests_per_unit.is_some()),
+                ("burst", raw.burst.is_some()),
+                ("algorithm", raw.algorithm.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(f, set)| set.then_some(f))
+            .collect();
+            if !given.is_empty() {
+                return Err(de::Error::custom(format!(
+                    "unlimited: true takes no {}: an unlimited descriptor is never counted",
+                    given.join(", ")
+                )));
+            }
+        }
+        let algorithm = raw.algorithm.unwrap_or_default();
         let unit = match (raw.unit, window) {
             (Some(u), None) => u,
             (None, Some(w)) => unit_covering(w),
@@ -300,20 +330,29 @@ impl<'de> Deserialize<'de> for RateLimit {
             None if raw.unlimited => 0,
             None => return Err(de::Error::custom("missing requests_per_unit")),
         };
-        if !raw.unlimited && requests_per_unit == 0 {
-            return Err(de::Error::custom(
-                "requests_per_unit must be ≥ 1 (use unlimited: true for no limit)",
-            ));
-        }
         if raw.burst == Some(0) {
             return Err(de::Error::custom("burst must be ≥ 1"));
         }
-        if raw.burst.is_some() && !matches!(raw.algorithm, Algorithm::Gcra | Algorithm::TokenBucket)
-        {
+        if raw.burst.is_some() && !matches!(algorithm, Algorithm::Gcra | Algorithm::TokenBucket) {
             return Err(de::Error::custom(format!(
                 "burst applies to gcra and token_bucket, not {}",
-                raw.algorithm.name()
+                algorithm.name()
             )));
+        }
+        let mut replaces = Vec::with_capacity(raw.replaces.len());
+        for r in raw.replaces {
+            if r.name.is_empty() {
+                return Err(de::Error::custom(
+                    "replaces: an entry has an empty name (each entry names the limit it replaces)",
+                ));
+            }
+            if raw.name.as_deref() == Some(r.name.as_str()) {
+                return Err(de::Error::custom(format!(
+                    "replaces: {:?} is this limit's own name (a limit cannot replace itself)",
+                    r.name
+                )));
+            }
+            replaces.push(r.name);
         }
         let limit = RateLimit {
             unit,
@@ -321,11 +360,11 @@ impl<'de> Deserialize<'de> for RateLimit {
             window: window.unwrap_or_else(|| unit.duration()),
             name: raw.name,
             unlimited: raw.unlimited,
-            replaces: raw.replaces.into_iter().map(|r| r.name).collect(),
-            algorithm: raw.algorithm,
+            replaces,
+            algorithm,
             burst: raw.burst,
         };
-        if !limit.unlimited {
+        if !limit.unlimited && !limit.denies_all() {
             // What the store checks when the rule is built, said here with the location.
             weir_redis::RedisRule::check(
                 limit.redis_algorithm(),
@@ -369,7 +408,7 @@ impl RateLimit {
     /// exceeds the enforced rate; the IETF `RateLimit-Policy` header carries the exact window
     /// in seconds (`w=30`).
     pub fn reported(&self) -> (u64, Unit) {
-        if self.window == self.unit.duration() {
+        if self.window == self.unit.duration() || self.requests_per_unit == 0 {
             return (self.requests_per_unit, self.unit);
         }
         let unit = unit_covering(self.window);
@@ -393,12 +432,92 @@ pub struct Descriptor {
     /// Evaluate and count, always answer OK.
     #[serde(default)]
     pub shadow_mode: bool,
-    /// Per-value metrics (Lyft); accepted, metrics here are per rule.
+    /// Quota mode (Lyft): this descriptor over its limit makes the request OVER_LIMIT only
+    /// when every quota-mode descriptor of the request is over (its own status still says
+    /// OVER_LIMIT).
+    #[serde(default)]
+    pub quota_mode: bool,
+    /// Metrics per request value (the rule's label carries the values), bounded per rule.
     #[serde(default)]
     pub detailed_metric: bool,
+    /// The metric label carries the request's value at this level instead of the configured
+    /// pattern (or nothing, for a key without value).
+    #[serde(default)]
+    pub value_to_metric: bool,
+    /// Every value matching this wildcard shares one counter (and one metric label): the
+    /// pattern stands for the value. Only on a `value` with `*`.
+    #[serde(default)]
+    pub share_threshold: bool,
+    /// Any YAML map, returned in the response's dynamic metadata when the descriptor passes
+    /// (`weir serve --response-metadata`).
+    #[serde(default, deserialize_with = "metadata")]
+    pub metadata: Option<Metadata>,
     /// Nested descriptors.
     #[serde(default, deserialize_with = "unique_children")]
     pub descriptors: Vec<Descriptor>,
+}
+
+/// A descriptor's `metadata`: a JSON object (YAML map keys are written as strings).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Metadata(pub serde_json::Map<String, serde_json::Value>);
+
+// YAML has no NaN that survives into JSON (it becomes null), so equality is reflexive.
+impl Eq for Metadata {}
+
+fn metadata<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Metadata>, D::Error> {
+    let v = serde_yaml_ng::Value::deserialize(d)?;
+    if v.is_null() {
+        return Ok(None);
+    }
+    let mut v = v;
+    v.apply_merge().map_err(de::Error::custom)?;
+    match json_of(v).map_err(de::Error::custom)? {
+        serde_json::Value::Object(m) if m.is_empty() => Ok(None),
+        serde_json::Value::Object(m) => Ok(Some(Metadata(m))),
+        other => Err(de::Error::custom(format!(
+            "metadata must be a map, not {}",
+            match other {
+                serde_json::Value::Array(_) => "a list",
+                serde_json::Value::String(_) => "a string",
+                _ => "a scalar",
+            }
+        ))),
+    }
+}
+
+/// YAML → JSON; map keys that are scalars are written as text (Lyft's `%v`).
+fn json_of(v: serde_yaml_ng::Value) -> Result<serde_json::Value, String> {
+    use serde_yaml_ng::Value as Y;
+    Ok(match v {
+        Y::Null => serde_json::Value::Null,
+        Y::Bool(b) => b.into(),
+        Y::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                u.into()
+            } else if let Some(i) = n.as_i64() {
+                i.into()
+            } else {
+                n.as_f64()
+                    .map_or(serde_json::Value::Null, serde_json::Value::from)
+            }
+        }
+        Y::String(s) => s.into(),
+        Y::Sequence(items) => items.into_iter().map(json_of).collect::<Result<_, _>>()?,
+        Y::Mapping(m) => {
+            let mut out = serde_json::Map::new();
+            for (k, v) in m {
+                let key = match k {
+                    Y::String(s) => s,
+                    Y::Bool(b) => b.to_string(),
+                    Y::Number(n) => n.to_string(),
+                    _ => return Err("metadata map keys must be scalars".into()),
+                };
+                out.insert(key, json_of(v)?);
+            }
+            serde_json::Value::Object(out)
+        }
+        Y::Tagged(t) => json_of(t.value)?,
+    })
 }
 
 fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
@@ -418,6 +537,12 @@ fn unique_children<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Descriptor>, D
 fn check_unique(v: &[Descriptor]) -> Result<(), String> {
     let mut seen = std::collections::HashSet::new();
     for d in v {
+        if d.share_threshold && !d.value.as_deref().is_some_and(|v| v.contains('*')) {
+            return Err(format!(
+                "descriptor key {:?}: share_threshold applies only to a value with a `*` wildcard",
+                d.key
+            ));
+        }
         if !seen.insert((&d.key, &d.value)) {
             return Err(format!(
                 "duplicate descriptor key {:?}{} at one level",
@@ -439,14 +564,25 @@ pub struct DomainConfig {
     /// The domain.
     #[serde(deserialize_with = "non_empty")]
     pub domain: String,
+    /// Whether a fixed-window rule counts the hits it answers OVER_LIMIT (extension; default
+    /// true, as Lyft: every hit is added, so a client that keeps sending stays over the limit).
+    /// `false` is Weir's semantics: a refused hit consumes nothing. Other algorithms never
+    /// count refused hits.
+    #[serde(default = "yes")]
+    pub count_denied: bool,
     /// Top-level descriptors.
     #[serde(default, deserialize_with = "unique_children")]
     pub descriptors: Vec<Descriptor>,
 }
 
-/// Parses one YAML file's text.
-pub fn parse(file: &Path, text: &str) -> Result<DomainConfig, ConfigError> {
-    weir_rules::yaml::parse(file, text)
+fn yes() -> bool {
+    true
+}
+
+/// Parses one YAML file's text, reporting every error found (see
+/// `weir_rules::yaml::parse_all`).
+pub fn parse(file: &Path, text: &str) -> Result<DomainConfig, Vec<ConfigError>> {
+    weir_rules::yaml::parse_all(file, text).map_err(|e| e.0)
 }
 
 /// Loads `path`: a YAML file or a directory of `*.yaml` / `*.yml` files (sorted by name).
@@ -476,9 +612,12 @@ pub fn load(path: &Path) -> Result<Vec<DomainConfig>, Vec<ConfigError>> {
     let mut domains = Vec::new();
     let mut errors = Vec::new();
     for f in &files {
-        match weir_rules::yaml::read(f).and_then(|text| parse(f, &text)) {
+        match weir_rules::yaml::read(f)
+            .map_err(|e| vec![e])
+            .and_then(|text| parse(f, &text))
+        {
             Ok(d) => domains.push((f.clone(), d)),
-            Err(e) => errors.push(e),
+            Err(e) => errors.extend(e),
         }
     }
     let mut seen = std::collections::HashMap::new();
@@ -517,7 +656,7 @@ mod tests {
     use super::*;
 
     fn err(text: &str) -> String {
-        parse(Path::new("c.yaml"), text).unwrap_err().to_string()
+        parse(Path::new("c.yaml"), text).unwrap_err()[0].to_string()
     }
 
     #[test]
@@ -557,8 +696,6 @@ mod tests {
             e.contains("domain") && e.contains("must not be empty"),
             "{e}"
         );
-        let e = err("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 0}\n");
-        assert!(e.contains("requests_per_unit must be ≥ 1"), "{e}");
         let e = err("domain: d\n  bad: [\n");
         assert!(e.starts_with("c.yaml:"), "{e}");
     }

@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use weir_core::Decision;
 use weir_redis::{RedisLimiter, RedisRule, Retune, RuleOptions};
 
-use super::config::{Algorithm, Descriptor, DomainConfig, RateLimit, Unit};
+use super::config::{Algorithm, Descriptor, DomainConfig, Metadata, RateLimit, Unit};
 
 /// Request bounds: anything larger is INVALID_ARGUMENT, never unbounded work or memory.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -57,15 +57,23 @@ pub struct Status {
     pub over_limit: bool,
     /// The limit applied; none when no limit matched.
     pub limit: Option<AppliedLimit>,
-    /// Units left in the window.
+    /// Units left in the window: 0 whenever the limit was exceeded (shadow mode included),
+    /// [`UNLIMITED_REMAINING`] for an `unlimited` descriptor, as Lyft's service reports.
     pub remaining: u64,
-    /// Time until the limit is fully reset.
+    /// Time until the limit is fully reset; for a fixed window (Lyft's algorithm) the time to
+    /// the window's end.
     pub reset: Duration,
     /// Time until a denied request could pass (None = never).
     pub retry_after: Option<Duration>,
     /// The limit's window (the unit, or the `window` extension).
     pub window: Duration,
+    /// The descriptor's rule is in quota mode (see [`Response::over_limit`]).
+    pub quota_mode: bool,
 }
+
+/// `limit_remaining` of an `unlimited` descriptor: 2^32 − 1, what Lyft's service answers
+/// (and Envoy passes on in `x-ratelimit-remaining`).
+pub const UNLIMITED_REMAINING: u64 = u32::MAX as u64;
 
 /// The limit a descriptor was held to.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,10 +97,14 @@ pub struct AppliedLimit {
 /// The answer to a request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Response {
-    /// Any descriptor over its limit.
+    /// OVER_LIMIT: a descriptor not in quota mode is over its limit, or the request has
+    /// quota-mode descriptors and every one of them is over (Lyft's rule).
     pub over_limit: bool,
     /// One status per request descriptor, in order.
     pub statuses: Vec<Status>,
+    /// Lyft's response dynamic metadata (domain, descriptors, hits, and the `metadata` of the
+    /// rules that passed), when [`EngineOptions::response_metadata`] is on.
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// A request the service refuses (gRPC INVALID_ARGUMENT / HTTP 400).
@@ -117,13 +129,28 @@ pub struct Rule {
     pub limit: RateLimit,
     /// Shadow mode.
     pub shadow: bool,
+    /// Quota mode.
+    pub quota_mode: bool,
+    /// The descriptor's `metadata`, for the response's dynamic metadata.
+    pub metadata: Option<Arc<Metadata>>,
+    /// Whether the metric label depends on the request's values (`detailed_metric` on this
+    /// rule, or `value_to_metric` on its path).
+    per_value_metrics: bool,
+    detailed_metric: bool,
     store_rule: Option<Arc<RedisRule>>,
     metrics: RuleMetrics,
+    /// Per-value metric handles (bounded by [`MAX_METRIC_VALUES`]).
+    value_metrics: Mutex<HashMap<Box<str>, Arc<RuleMetrics>>>,
     /// The dashboard's counters, kept across reloads while the id stays.
     pub counts: Arc<RuleCounts>,
     /// Built once, cloned (two reference counts) into every status.
     applied: AppliedLimit,
 }
+
+/// Distinct metric labels one `detailed_metric` / `value_to_metric` rule creates at most;
+/// later values are counted under the rule's own label, so clients cannot grow the metrics
+/// without bound.
+pub const MAX_METRIC_VALUES: usize = 1_000;
 
 /// Metric handles registered once per rule (no label allocation per request).
 struct RuleMetrics {
@@ -177,7 +204,80 @@ struct Node {
     key: String,
     value: Option<String>,
     rule: Option<Arc<Rule>>,
+    share_threshold: bool,
+    value_to_metric: bool,
     children: Vec<Node>,
+}
+
+/// The configured nodes a request descriptor matched, one per entry.
+struct Matched<'a> {
+    nodes: [Option<&'a Node>; MAX_ENTRIES],
+    rule: &'a Arc<Rule>,
+}
+
+impl Matched<'_> {
+    /// The value a counter uses for entry `i`: the wildcard pattern where the node shares
+    /// its threshold, else the request's value.
+    fn counted<'v>(&'v self, i: usize, value: &'v str) -> &'v str {
+        match self.nodes[i] {
+            Some(Node {
+                share_threshold: true,
+                value: Some(pattern),
+                ..
+            }) if pattern != value => pattern,
+            _ => value,
+        }
+    }
+}
+
+/// The clock of a running engine: the shared process clock moved to the Unix epoch (modulo a
+/// span every Lyft unit divides), so that fixed windows start where Lyft's do — a MINUTE window
+/// at each minute of the wall clock, a DAY window at midnight UTC.
+#[derive(Clone)]
+pub struct EngineClock {
+    inner: Arc<dyn weir_core::Clock>,
+    offset: weir_core::Nanos,
+}
+
+/// 15 330 days: a multiple of a week, 30 days and 365 days (and so of every Lyft unit).
+const ALIGN_SPAN_NANOS: u128 = 15_330 * 86_400 * 1_000_000_000;
+
+impl EngineClock {
+    /// `kind`'s process-wide clock, aligned to the wall clock once per process (reloads and
+    /// every engine share the offset, so kept counters keep their windows).
+    pub fn aligned(kind: weir_core::ClockKind) -> Result<Self, String> {
+        use std::sync::OnceLock;
+        use weir_core::Clock;
+        static OFFSET: OnceLock<weir_core::Nanos> = OnceLock::new();
+        let inner = kind.build().map_err(|e| format!("clock: {e}"))?;
+        let offset = *OFFSET.get_or_init(|| {
+            let wall = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos()
+                % ALIGN_SPAN_NANOS;
+            let mono = u128::from(weir_core::MonotonicClock::new().now());
+            u64::try_from((wall + ALIGN_SPAN_NANOS - mono % ALIGN_SPAN_NANOS) % ALIGN_SPAN_NANOS)
+                .unwrap_or(0)
+        });
+        Ok(Self {
+            inner: Arc::new(inner),
+            offset,
+        })
+    }
+
+    /// A clock read as is (tests drive a manual clock; windows align to its zero).
+    pub fn unaligned(clock: Arc<dyn weir_core::Clock>) -> Self {
+        Self {
+            inner: clock,
+            offset: 0,
+        }
+    }
+
+    /// The time every decision of one request is made at.
+    pub fn now(&self) -> weir_core::Nanos {
+        self.inner.now().saturating_add(self.offset)
+    }
 }
 
 /// Everything a loaded configuration needs to decide.
@@ -185,8 +285,9 @@ pub struct Engine {
     domains: HashMap<String, Vec<Node>>,
     rules: Vec<Arc<Rule>>,
     overrides: Mutex<HashMap<(String, u32, Unit), Arc<RedisRule>>>,
-    /// For rules made from a request's limit override (never in shadow mode).
+    /// For rules made from a request's limit override (shadow only with `--shadow`).
     options: EngineOptions,
+    clock: EngineClock,
 }
 
 /// Options for building rules.
@@ -200,6 +301,8 @@ pub struct EngineOptions {
     pub shadow: bool,
     /// The clock of the in-memory limiters (`--clock`).
     pub clock: weir_core::ClockKind,
+    /// Fill [`Response::metadata`] (`--response-metadata`).
+    pub response_metadata: bool,
 }
 
 impl Default for EngineOptions {
@@ -209,15 +312,17 @@ impl Default for EngineOptions {
             local_keys: 100_000,
             shadow: false,
             clock: weir_core::ClockKind::Exact,
+            response_metadata: false,
         }
     }
 }
 
-fn rule_options(options: EngineOptions) -> RuleOptions {
+fn rule_options(options: EngineOptions, count_denied: bool) -> RuleOptions {
     RuleOptions {
         instances: options.instances,
         local_keys: options.local_keys,
         clock: options.clock,
+        count_denied,
         ..RuleOptions::default()
     }
 }
@@ -238,8 +343,9 @@ fn store_rule(
     id: &str,
     limit: &RateLimit,
     options: EngineOptions,
+    count_denied: bool,
 ) -> Result<Option<Arc<RedisRule>>, String> {
-    if limit.unlimited {
+    if limit.unlimited || limit.denies_all() {
         return Ok(None);
     }
     RedisRule::new(
@@ -247,34 +353,45 @@ fn store_rule(
         limit.redis_algorithm(),
         limit.requests_per_unit,
         limit.window,
-        rule_options(options),
+        rule_options(options, count_denied),
     )
     .map(|r| Some(Arc::new(r)))
     .map_err(|e| format!("rule {id}: {e}"))
 }
 
 /// The counters of a reloaded rule: the previous rule's when they still mean the same
-/// (same algorithm and window), retuned to the new limit once the whole configuration is
-/// valid (`retunes`); new ones otherwise.
+/// (same algorithm, window and counting of denied hits), retuned to the new limit once the
+/// whole configuration is valid (`retunes`); new ones otherwise.
 fn reloaded_store_rule(
     id: &str,
     limit: &RateLimit,
     previous: Option<&Rule>,
     options: EngineOptions,
+    count_denied: bool,
     retunes: &mut Vec<Retune>,
 ) -> Result<Option<Arc<RedisRule>>, String> {
     let kept = previous.filter(|p| {
         !limit.unlimited && p.limit.algorithm == limit.algorithm && p.limit.window == limit.window
     });
     let Some(old) = kept.and_then(|p| p.store_rule.as_ref()) else {
-        return store_rule(id, limit, options);
+        return store_rule(id, limit, options, count_denied);
     };
+    if limit.denies_all() {
+        return Ok(None);
+    }
     let algorithm = limit.redis_algorithm();
-    if old.limit() == limit.requests_per_unit && old.algorithm() == algorithm {
+    if old.limit() == limit.requests_per_unit
+        && old.algorithm() == algorithm
+        && old.counts_denied() == count_denied
+    {
         return Ok(Some(old.clone()));
     }
     let (rule, retune) = old
-        .retuned(algorithm, limit.requests_per_unit, rule_options(options))
+        .retuned(
+            algorithm,
+            limit.requests_per_unit,
+            rule_options(options, count_denied),
+        )
         .map_err(|e| format!("rule {id}: {e}"))?;
     retunes.push(retune);
     Ok(Some(Arc::new(rule)))
@@ -289,6 +406,20 @@ impl Engine {
         options: EngineOptions,
         previous: Option<&Engine>,
     ) -> Result<Self, String> {
+        let clock = match previous {
+            Some(p) => p.clock.clone(),
+            None => EngineClock::aligned(options.clock)?,
+        };
+        Self::build_with_clock(domains, options, previous, clock)
+    }
+
+    /// [`Engine::build`] on a given clock (tests: a manual clock).
+    pub fn build_with_clock(
+        domains: &[DomainConfig],
+        options: EngineOptions,
+        previous: Option<&Engine>,
+        clock: EngineClock,
+    ) -> Result<Self, String> {
         let old: HashMap<&str, &Arc<Rule>> = previous
             .map(|p| p.rules.iter().map(|r| (r.id.as_str(), r)).collect())
             .unwrap_or_default();
@@ -297,10 +428,12 @@ impl Engine {
             old: &old,
             rules: Vec::new(),
             retunes: Vec::new(),
+            count_denied: true,
         };
         let mut tree = HashMap::new();
         for d in domains {
-            let nodes = built.nodes(&d.domain, &d.descriptors)?;
+            built.count_denied = d.count_denied;
+            let nodes = built.nodes(&d.domain, &d.descriptors, false)?;
             tree.insert(d.domain.clone(), nodes);
         }
         // Everything is valid: now the kept counters may take their new limits.
@@ -312,10 +445,8 @@ impl Engine {
             domains: tree,
             rules: built.rules,
             overrides: Mutex::new(overrides),
-            options: EngineOptions {
-                shadow: false,
-                ..options
-            },
+            options,
+            clock,
         })
     }
 
@@ -329,19 +460,20 @@ impl Engine {
         self.domains.keys().map(String::as_str)
     }
 
-    fn find(&self, domain: &str, entries: &[(String, String)]) -> Option<&Arc<Rule>> {
+    fn find(&self, domain: &str, entries: &[(String, String)]) -> Option<Matched<'_>> {
         let mut level = self.domains.get(domain)?;
+        let mut nodes = [None; MAX_ENTRIES];
         let mut found = None;
         for (i, (k, v)) in entries.iter().enumerate() {
             let node = match_level(level, k, v)?;
+            *nodes.get_mut(i)? = Some(node);
             if i + 1 == entries.len() {
                 found = node.rule.as_ref();
             }
             level = &node.children;
         }
-        found
+        found.map(|rule| Matched { nodes, rule })
     }
-
     /// Validates a request (bounds, empty fields).
     pub fn validate(request: &Request) -> Result<(), BadRequest> {
         if request.domain.is_empty() {
@@ -420,10 +552,12 @@ impl Engine {
             algorithm: Algorithm::FixedWindow,
             burst: None,
         };
+        // Lyft counts every hit of an override (it has no domain setting to say otherwise).
         let rule = store_rule(
             &format!("{id}~{rpu}/{}", unit.proto_name()),
             &limit,
             self.options,
+            true,
         )
         .map_err(BadRequest)?
         .ok_or_else(|| BadRequest("override without limit".into()))?;
@@ -432,10 +566,13 @@ impl Engine {
     }
 
     /// Decides a request: every descriptor is evaluated (Lyft semantics, including
-    /// `replaces`); OVER_LIMIT if any is over.
+    /// `replaces`, `quota_mode` and request-supplied limit overrides); one clock reading for
+    /// the whole request.
     pub async fn decide(&self, store: &Store, request: &Request) -> Result<Response, BadRequest> {
         Self::validate(request)?;
-        let matched: Vec<Option<&Arc<Rule>>> = request
+        let now = self.clock.now();
+        let known_domain = self.domains.contains_key(&request.domain);
+        let matched: Vec<Option<Matched<'_>>> = request
             .descriptors
             .iter()
             .map(|d| self.find(&request.domain, &d.entries))
@@ -443,87 +580,274 @@ impl Engine {
         let replaced: Vec<&str> = matched
             .iter()
             .flatten()
-            .flat_map(|r| r.limit.replaces.iter().map(String::as_str))
+            .flat_map(|m| m.rule.limit.replaces.iter().map(String::as_str))
             .collect();
         let mut statuses = Vec::with_capacity(request.descriptors.len());
-        let mut over_limit = false;
-        for (d, rule) in request.descriptors.iter().zip(matched) {
+        for (d, m) in request.descriptors.iter().zip(&matched) {
             let hits = d
                 .hits_addend
                 .unwrap_or(u64::from(request.hits_addend.max(1)));
-            let status = match (rule, d.limit) {
+            let status = match (m, d.limit) {
+                // Lyft: an override applies on a known domain, matched or not; an unknown
+                // domain has no limit at all.
+                (_, Some(_)) if !known_domain => no_limit(),
+                (_, Some((0, unit))) => deny_all(
+                    override_applied(0, unit),
+                    unit.duration(),
+                    now,
+                    self.options.shadow,
+                ),
                 (_, Some((rpu, unit))) => {
-                    let id = rule
-                        .map_or_else(|| format!("{}.override", request.domain), |r| r.id.clone());
+                    let id = m.as_ref().map_or_else(
+                        || format!("{}.override", request.domain),
+                        |m| m.rule.id.clone(),
+                    );
                     let sr = self.override_rule(&id, rpu, unit)?;
-                    let key = counter_key(&d.entries, rule.is_none());
-                    let decision = acquire(store, &sr, &key, hits).await;
-                    let shadow = rule.is_some_and(|r| r.shadow);
+                    let key = counter_key(d.entries.iter().map(|(k, v)| (&**k, &**v)), m.is_none());
+                    let decision = acquire(store, &sr, &key, hits, now).await;
                     status_of(
                         &decision,
-                        AppliedLimit {
-                            name: None,
-                            policy: Arc::from(""),
-                            requests_per_unit: u64::from(rpu),
-                            unit,
-                            quota: u64::from(rpu),
-                        },
+                        override_applied(rpu, unit),
                         unit.duration(),
-                        shadow,
+                        self.options.shadow,
+                        Some(now),
                     )
                 }
                 (None, None) => no_limit(),
-                (Some(r), None) => {
+                (Some(m), None) => {
+                    let r = m.rule;
                     if r.limit
                         .name
                         .as_deref()
                         .is_some_and(|n| replaced.contains(&n))
                     {
                         no_limit()
-                    } else if let Some(sr) = &r.store_rule {
-                        let key = counter_key(&d.entries, false);
-                        let decision = acquire(store, sr, &key, hits).await;
-                        let status =
-                            status_of(&decision, r.applied.clone(), r.limit.window, r.shadow);
-                        metrics_for(r, &decision, hits, &d.entries);
-                        status
-                    } else {
-                        // unlimited: OK without counting
+                    } else if r.limit.unlimited {
                         Status {
-                            limit: None,
+                            remaining: UNLIMITED_REMAINING,
                             ..no_limit()
                         }
+                    } else if let Some(sr) = &r.store_rule {
+                        let key = counter_key(
+                            d.entries
+                                .iter()
+                                .enumerate()
+                                .map(|(i, (_, v))| ("", m.counted(i, v))),
+                            false,
+                        );
+                        let decision = acquire(store, sr, &key, hits, now).await;
+                        let fixed = r.limit.algorithm == Algorithm::FixedWindow;
+                        let mut status = status_of(
+                            &decision,
+                            r.applied.clone(),
+                            r.limit.window,
+                            r.shadow,
+                            fixed.then_some(now),
+                        );
+                        status.quota_mode = r.quota_mode;
+                        self.count(
+                            r,
+                            m,
+                            &request.domain,
+                            d,
+                            !decision.allowed(),
+                            decision.remaining(),
+                            hits,
+                        );
+                        status
+                    } else {
+                        // requests_per_unit: 0
+                        let mut status = deny_all(r.applied.clone(), r.limit.window, now, r.shadow);
+                        status.quota_mode = r.quota_mode;
+                        self.count(r, m, &request.domain, d, true, 0, hits);
+                        status
                     }
                 }
             };
-            over_limit |= status.over_limit;
             statuses.push(status);
         }
+        let over = |s: &&Status| s.limit.is_some() && s.over_limit;
+        let quota: Vec<&Status> = statuses.iter().filter(|s| s.quota_mode).collect();
+        let over_limit = statuses.iter().filter(|s| !s.quota_mode).any(|s| over(&s))
+            || (!quota.is_empty() && quota.iter().all(over));
+        let metadata = self
+            .options
+            .response_metadata
+            .then(|| response_metadata(request, &statuses, &matched));
         Ok(Response {
             over_limit,
             statuses,
+            metadata,
         })
+    }
+
+    /// Records a rule's hit in its metrics and the dashboard's counts.
+    #[allow(clippy::too_many_arguments)]
+    fn count(
+        &self,
+        rule: &Rule,
+        m: &Matched<'_>,
+        domain: &str,
+        d: &RequestDescriptor,
+        exceeded: bool,
+        remaining: u64,
+        hits: u64,
+    ) {
+        let per_value;
+        let metrics = if rule.per_value_metrics {
+            per_value =
+                rule.value_metrics(&metric_key(domain, rule.detailed_metric, m, &d.entries));
+            per_value.as_deref().unwrap_or(&rule.metrics)
+        } else {
+            &rule.metrics
+        };
+        let c = &rule.counts;
+        metrics.hits.increment(hits);
+        c.hits.fetch_add(hits, Ordering::Relaxed);
+        if exceeded {
+            if rule.shadow {
+                metrics.shadow_over_limit.increment(hits);
+                c.shadow_over_limit.fetch_add(hits, Ordering::Relaxed);
+            } else {
+                metrics.over_limit.increment(hits);
+                c.over_limit.fetch_add(hits, Ordering::Relaxed);
+            }
+            if let Some(mut top) = c.top.try_lock() {
+                top.record_n(&descriptor_text(&d.entries), hits);
+            }
+        } else if remaining * 10 < rule.limit.requests_per_unit {
+            metrics.near_limit.increment(hits);
+        }
     }
 }
 
-fn metrics_for(rule: &Rule, d: &Decision, hits: u64, entries: &[(String, String)]) {
-    let m = &rule.metrics;
-    let c = &rule.counts;
-    m.hits.increment(hits);
-    c.hits.fetch_add(hits, Ordering::Relaxed);
-    if !d.allowed() {
-        if rule.shadow {
-            m.shadow_over_limit.increment(hits);
-            c.shadow_over_limit.fetch_add(hits, Ordering::Relaxed);
-        } else {
-            m.over_limit.increment(hits);
-            c.over_limit.fetch_add(hits, Ordering::Relaxed);
+impl Rule {
+    /// The metric handles of one per-value label (`None` past [`MAX_METRIC_VALUES`] or when
+    /// the label is the rule's own).
+    fn value_metrics(&self, key: &str) -> Option<Arc<RuleMetrics>> {
+        if key == self.id {
+            return None;
         }
-        if let Some(mut top) = c.top.try_lock() {
-            top.record_n(&descriptor_text(entries), hits);
+        let mut map = self.value_metrics.lock();
+        if let Some(m) = map.get(key) {
+            return Some(m.clone());
         }
-    } else if d.remaining() * 10 < rule.limit.requests_per_unit {
-        m.near_limit.increment(hits);
+        if map.len() >= MAX_METRIC_VALUES {
+            return None;
+        }
+        let m = Arc::new(RuleMetrics::new(key));
+        map.insert(key.into(), m.clone());
+        Some(m)
+    }
+}
+
+/// The metric label of a matched descriptor, as Lyft names its stats: with `detailed_metric`
+/// `domain.key_value…` with the request's values; otherwise the rule's path where a level
+/// with `value_to_metric` shows the request's value. A value sharing its threshold always
+/// shows its pattern.
+fn metric_key(
+    domain: &str,
+    detailed: bool,
+    m: &Matched<'_>,
+    entries: &[(String, String)],
+) -> String {
+    let mut out = String::from(domain);
+    for (i, (k, v)) in entries.iter().enumerate() {
+        out.push('.');
+        out.push_str(k);
+        let node = m.nodes[i];
+        let shown = match node {
+            _ if detailed => Some(m.counted(i, v)),
+            None => None,
+            Some(n) => match &n.value {
+                Some(p) if p == v => Some(&**v),
+                Some(p) if n.share_threshold || !n.value_to_metric => Some(&**p),
+                Some(_) => Some(&**v),
+                None if n.value_to_metric => Some(&**v),
+                None => None,
+            },
+        };
+        if let Some(shown) = shown {
+            out.push('_');
+            out.push_str(shown);
+        }
+    }
+    out
+}
+
+fn override_applied(rpu: u32, unit: Unit) -> AppliedLimit {
+    AppliedLimit {
+        name: None,
+        policy: Arc::from(""),
+        requests_per_unit: u64::from(rpu),
+        unit,
+        quota: u64::from(rpu),
+    }
+}
+
+/// Lyft's dynamic metadata: `domain`, `descriptors` (`entries` as `key=value`, `limit`,
+/// `hitsAddend`), the request's `hitsAddend` when set, and `metadata`: the configured
+/// metadata of the descriptors answered OK (merged, the first value of a key wins, maps
+/// merged recursively).
+fn response_metadata(
+    request: &Request,
+    statuses: &[Status],
+    matched: &[Option<Matched<'_>>],
+) -> serde_json::Map<String, serde_json::Value> {
+    use serde_json::{json, Map, Value};
+    let mut out = Map::new();
+    out.insert("domain".into(), json!(request.domain));
+    let descriptors: Vec<Value> = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut v = Map::new();
+            let entries: Vec<String> = d.entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            v.insert("entries".into(), json!(entries));
+            if let Some((rpu, unit)) = d.limit {
+                v.insert(
+                    "limit".into(),
+                    json!(format!(
+                        "requests_per_unit:{rpu} unit:{}",
+                        unit.proto_name()
+                    )),
+                );
+            }
+            if let Some(h) = d.hits_addend {
+                v.insert("hitsAddend".into(), json!(h));
+            }
+            Value::Object(v)
+        })
+        .collect();
+    out.insert("descriptors".into(), Value::Array(descriptors));
+    if request.hits_addend != 0 {
+        out.insert("hitsAddend".into(), json!(request.hits_addend));
+    }
+    let mut merged = Map::new();
+    for ((s, m), d) in statuses.iter().zip(matched).zip(&request.descriptors) {
+        let passed = !s.over_limit && s.remaining != UNLIMITED_REMAINING && d.limit.is_none();
+        if let (true, Some(md)) = (passed, m.as_ref().and_then(|m| m.rule.metadata.as_ref())) {
+            merge(&mut merged, &md.0);
+        }
+    }
+    if !merged.is_empty() {
+        out.insert("metadata".into(), Value::Object(merged));
+    }
+    out
+}
+
+fn merge(
+    into: &mut serde_json::Map<String, serde_json::Value>,
+    from: &serde_json::Map<String, serde_json::Value>,
+) {
+    for (k, v) in from {
+        match (into.get_mut(k), v) {
+            (Some(serde_json::Value::Object(a)), serde_json::Value::Object(b)) => merge(a, b),
+            (Some(_), _) => {}
+            (None, v) => {
+                into.insert(k.clone(), v.clone());
+            }
+        }
     }
 }
 
@@ -544,9 +868,15 @@ fn descriptor_text(entries: &[(String, String)]) -> String {
     out
 }
 
-async fn acquire(store: &Store, rule: &RedisRule, key: &str, n: u64) -> Decision {
+async fn acquire(
+    store: &Store,
+    rule: &RedisRule,
+    key: &str,
+    n: u64,
+    now: weir_core::Nanos,
+) -> Decision {
     match store {
-        Store::Memory => rule.local_acquire(key, n),
+        Store::Memory => rule.local_acquire_at(key, n, now),
         Store::Redis(r) => r.check(rule, key, n).await,
     }
 }
@@ -559,21 +889,55 @@ fn no_limit() -> Status {
         reset: Duration::ZERO,
         retry_after: None,
         window: Duration::ZERO,
+        quota_mode: false,
     }
 }
 
-fn status_of(d: &Decision, limit: AppliedLimit, window: Duration, shadow: bool) -> Status {
+/// Time from `now` to the end of its aligned window of `window`.
+fn until_window_end(window: Duration, now: weir_core::Nanos) -> Duration {
+    let w = weir_core::clock::duration_to_nanos(window).max(1);
+    Duration::from_nanos(w - now % w)
+}
+
+/// A descriptor whose limit is 0: over the limit whatever it asks, until the window's end.
+fn deny_all(limit: AppliedLimit, window: Duration, now: weir_core::Nanos, shadow: bool) -> Status {
+    Status {
+        over_limit: !shadow,
+        limit: Some(limit),
+        remaining: 0,
+        reset: until_window_end(window, now),
+        retry_after: None,
+        window,
+        quota_mode: false,
+    }
+}
+
+/// A decision as a status. `window_end_from`: a fixed window's `now`, whose reset is the
+/// window's end whatever was counted (Lyft's `duration_until_reset`).
+fn status_of(
+    d: &Decision,
+    limit: AppliedLimit,
+    window: Duration,
+    shadow: bool,
+    window_end_from: Option<weir_core::Nanos>,
+) -> Status {
+    let reset = match window_end_from {
+        Some(_) if !d.reset_after().is_zero() => d.reset_after(),
+        Some(now) => until_window_end(window, now),
+        None => d.reset_after(),
+    };
     Status {
         window,
         over_limit: !d.allowed() && !shadow,
         limit: Some(limit),
-        remaining: d.remaining(),
-        reset: d.reset_after(),
+        remaining: if d.allowed() { d.remaining() } else { 0 },
+        reset,
         retry_after: if d.allowed() {
             Some(Duration::ZERO)
         } else {
             d.retry_after()
         },
+        quota_mode: false,
     }
 }
 
@@ -583,7 +947,7 @@ fn status_of(d: &Decision, limit: AppliedLimit, window: Duration, shadow: bool) 
 /// overrides without a matching rule, where `user=alice` and `org=alice` must differ). Stored
 /// as a digest when longer than 64 bytes (16 values of 1 KiB each would otherwise be kept as
 /// is in every counter, in memory and in Redis).
-fn counter_key(entries: &[(String, String)], with_keys: bool) -> String {
+fn counter_key<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>, with_keys: bool) -> String {
     use std::fmt::Write;
     let mut k = String::new();
     for (key, value) in entries {
@@ -644,52 +1008,82 @@ struct Built<'a> {
     old: &'a HashMap<&'a str, &'a Arc<Rule>>,
     rules: Vec<Arc<Rule>>,
     retunes: Vec<Retune>,
+    /// The domain's `count_denied`.
+    count_denied: bool,
 }
 
 impl Built<'_> {
-    fn nodes(&mut self, prefix: &str, descriptors: &[Descriptor]) -> Result<Vec<Node>, String> {
+    fn nodes(
+        &mut self,
+        prefix: &str,
+        descriptors: &[Descriptor],
+        value_to_metric_above: bool,
+    ) -> Result<Vec<Node>, String> {
         let mut nodes = Vec::with_capacity(descriptors.len());
         for d in descriptors {
             let id = match &d.value {
                 Some(v) => format!("{prefix}.{}_{v}", d.key),
                 None => format!("{prefix}.{}", d.key),
             };
+            let value_to_metric = value_to_metric_above || d.value_to_metric;
             let rule = match &d.rate_limit {
-                Some(limit) => {
-                    let shadow = d.shadow_mode || self.options.shadow;
-                    let previous = self.old.get(id.as_str()).map(|r| &***r);
-                    let store_rule =
-                        reloaded_store_rule(&id, limit, previous, self.options, &mut self.retunes)?;
-                    let (requests_per_unit, unit) = limit.reported();
-                    let rule = Arc::new(Rule {
-                        applied: AppliedLimit {
-                            name: limit.name.as_deref().map(Arc::from),
-                            policy: Arc::from(limit.name.as_deref().unwrap_or(&id)),
-                            requests_per_unit,
-                            unit,
-                            quota: limit.requests_per_unit,
-                        },
-                        metrics: RuleMetrics::new(&id),
-                        counts: previous.map(|p| p.counts.clone()).unwrap_or_default(),
-                        id: id.clone(),
-                        limit: limit.clone(),
-                        shadow,
-                        store_rule,
-                    });
-                    self.rules.push(rule.clone());
-                    Some(rule)
-                }
+                Some(limit) => Some(self.rule(&id, d, limit, value_to_metric)?),
                 None => None,
             };
-            let children = self.nodes(&id, &d.descriptors)?;
+            let children = self.nodes(&id, &d.descriptors, value_to_metric)?;
             nodes.push(Node {
                 key: d.key.clone(),
                 value: d.value.clone(),
                 rule,
+                share_threshold: d.share_threshold,
+                value_to_metric: d.value_to_metric,
                 children,
             });
         }
         Ok(nodes)
+    }
+
+    fn rule(
+        &mut self,
+        id: &str,
+        d: &Descriptor,
+        limit: &RateLimit,
+        value_to_metric: bool,
+    ) -> Result<Arc<Rule>, String> {
+        let shadow = d.shadow_mode || self.options.shadow;
+        let previous = self.old.get(id).map(|r| &***r);
+        let count_denied = self.count_denied && limit.algorithm == Algorithm::FixedWindow;
+        let store_rule = reloaded_store_rule(
+            id,
+            limit,
+            previous,
+            self.options,
+            count_denied,
+            &mut self.retunes,
+        )?;
+        let (requests_per_unit, unit) = limit.reported();
+        let rule = Arc::new(Rule {
+            applied: AppliedLimit {
+                name: limit.name.as_deref().map(Arc::from),
+                policy: Arc::from(limit.name.as_deref().unwrap_or(id)),
+                requests_per_unit,
+                unit,
+                quota: limit.requests_per_unit,
+            },
+            metrics: RuleMetrics::new(id),
+            value_metrics: Mutex::new(HashMap::new()),
+            per_value_metrics: d.detailed_metric || value_to_metric,
+            detailed_metric: d.detailed_metric,
+            counts: previous.map(|p| p.counts.clone()).unwrap_or_default(),
+            id: id.to_string(),
+            limit: limit.clone(),
+            shadow,
+            quota_mode: d.quota_mode,
+            metadata: d.metadata.clone().map(Arc::new),
+            store_rule,
+        });
+        self.rules.push(rule.clone());
+        Ok(rule)
     }
 }
 
@@ -697,6 +1091,10 @@ impl Built<'_> {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    fn ck(entries: &[(String, String)], keys: bool) -> String {
+        counter_key(entries.iter().map(|(k, v)| (&**k, &**v)), keys)
+    }
 
     fn engine(yaml: &str) -> Engine {
         let c = super::super::config::parse(Path::new("t.yaml"), yaml).unwrap();
@@ -754,7 +1152,7 @@ descriptors:
             pass(&e, &req("d", &[("a", "x"), ("b", &b)])).await,
             "another long value"
         );
-        let key = counter_key(&[("a".into(), "x".into()), ("b".into(), a)], false);
+        let key = ck(&[("a".into(), "x".into()), ("b".into(), a)], false);
         assert!(key.len() <= weir_rules::keys::MAX_KEY_LEN, "{key}");
     }
 
@@ -859,7 +1257,8 @@ descriptors:
         assert!(pass(&e1, &exact).await);
         let e2 = reloaded(&e1, CONFIG);
         assert!(!pass(&e2, &exact).await, "unchanged rule: counter kept");
-        // A higher limit and a new name: the one unit used still counts.
+        // A higher limit and a new name: the two hits counted (the refused one too, as Lyft
+        // counts every hit of a fixed window) still count.
         let raised = CONFIG.replace(
             "value: exact\n    rate_limit: {unit: minute, requests_per_unit: 1}",
             "value: exact\n    rate_limit: {unit: minute, requests_per_unit: 5, name: renamed}",
@@ -868,8 +1267,8 @@ descriptors:
         let e3 = reloaded(&e2, &raised);
         assert_eq!(
             passes(&e3, &exact, 10).await,
-            4,
-            "limit 5, one already used"
+            3,
+            "limit 5, two already counted"
         );
         // Lowering it during an incident hands out no fresh quota.
         let e4 = reloaded(&e3, CONFIG);
@@ -932,12 +1331,12 @@ descriptors:
         let one = e(&[("k", "x\u{1f}y")]);
         let glued = e(&[("k", "x1:y")]);
         for keys in [false, true] {
-            assert_ne!(counter_key(&two, keys), counter_key(&one, keys));
-            assert_ne!(counter_key(&two, keys), counter_key(&glued, keys));
+            assert_ne!(ck(&two, keys), ck(&one, keys));
+            assert_ne!(ck(&two, keys), ck(&glued, keys));
         }
         assert_ne!(
-            counter_key(&e(&[("user", "alice")]), true),
-            counter_key(&e(&[("org", "alice")]), true)
+            ck(&e(&[("user", "alice")]), true),
+            ck(&e(&[("org", "alice")]), true)
         );
     }
 

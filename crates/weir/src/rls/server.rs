@@ -165,7 +165,7 @@ pub fn load(path: Option<&std::path::Path>) -> Result<Vec<DomainConfig>, Vec<Str
         Some(p) => config::load(p).map_err(|es| es.iter().map(|e| e.to_string()).collect()),
         None => config::parse(std::path::Path::new("<bundled example>"), EXAMPLE)
             .map(|d| vec![d])
-            .map_err(|e| vec![e.to_string()]),
+            .map_err(|es| es.iter().map(|e| e.to_string()).collect()),
     }
 }
 
@@ -245,6 +245,7 @@ pub(super) fn to_proto(r: &Response, style: HeaderStyle) -> RateLimitResponse {
                 quota: None,
             })
             .collect(),
+        dynamic_metadata: r.metadata.as_ref().map(pb_struct),
         response_headers_to_add: r
             .headers(style)
             .into_iter()
@@ -260,11 +261,40 @@ pub(super) fn to_proto(r: &Response, style: HeaderStyle) -> RateLimitResponse {
     }
 }
 
+/// `duration_until_reset` in whole seconds, rounded up (Lyft's answers: from 1 up to the
+/// unit while a window runs).
 fn prost_types_duration(d: Duration) -> envoy_types::pb::google::protobuf::Duration {
     envoy_types::pb::google::protobuf::Duration {
-        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+        seconds: i64::try_from(whole_seconds(d)).unwrap_or(i64::MAX),
+        nanos: 0,
     }
+}
+
+/// Seconds rounded up.
+fn whole_seconds(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// JSON → `google.protobuf.Struct`.
+fn pb_struct(m: &serde_json::Map<String, Value>) -> envoy_types::pb::google::protobuf::Struct {
+    envoy_types::pb::google::protobuf::Struct {
+        fields: m.iter().map(|(k, v)| (k.clone(), pb_value(v))).collect(),
+    }
+}
+
+fn pb_value(v: &Value) -> envoy_types::pb::google::protobuf::Value {
+    use envoy_types::pb::google::protobuf::{value::Kind, ListValue};
+    let kind = match v {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Value::String(s) => Kind::StringValue(s.clone()),
+        Value::Array(a) => Kind::ListValue(ListValue {
+            values: a.iter().map(pb_value).collect(),
+        }),
+        Value::Object(m) => Kind::StructValue(pb_struct(m)),
+    };
+    envoy_types::pb::google::protobuf::Value { kind: Some(kind) }
 }
 
 /// Serves gRPC on `listener` until `shutdown` says stop and its connections have finished, at
@@ -488,13 +518,19 @@ fn to_json(r: &Response, style: HeaderStyle) -> Value {
                     None => json!({"requestsPerUnit": l.requests_per_unit, "unit": l.unit.proto_name()}),
                 };
                 v["limitRemaining"] = json!(s.remaining);
-                v["durationUntilReset"] = json!(format!("{}s", s.reset.as_secs_f64()));
+                v["durationUntilReset"] = json!(format!("{}s", whole_seconds(s.reset)));
+            } else if s.remaining > 0 {
+                // an unlimited descriptor
+                v["limitRemaining"] = json!(s.remaining);
             }
             v
         }).collect::<Vec<_>>(),
     });
     if !headers.is_empty() {
         out["responseHeadersToAdd"] = Value::Array(headers);
+    }
+    if let Some(m) = &r.metadata {
+        out["dynamicMetadata"] = Value::Object(m.clone());
     }
     out
 }
