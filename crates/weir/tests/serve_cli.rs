@@ -600,11 +600,12 @@ fn hot_reload_applies_changes_keeps_counters_and_survives_bad_files() {
         429,
         "nested rule kept its count across the reload"
     );
-    // The changed rule kept its counter too: kim used 3, the new limit leaves 7.
+    // The changed rule kept its counter too: kim's 4 hits (the refused one counted, as Lyft
+    // counts it) leave 6 of the new limit.
     let kim: Vec<u16> = (0..10)
         .map(|_| s.json(&body(&[("user", "kim")])).0)
         .collect();
-    assert_eq!(kim.iter().filter(|c| **c == 200).count(), 7, "{kim:?}");
+    assert_eq!(kim.iter().filter(|c| **c == 200).count(), 6, "{kim:?}");
     // Lowered back during an incident: no fresh quota for anyone who used it.
     std::fs::write(&config, CONFIG).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -637,7 +638,7 @@ fn check_config_prints_rules_or_every_error() {
         text.contains("shop.path_/cart.user: 2 per 30s (sliding_log)"),
         "{text}"
     );
-    std::fs::write(dir.join("b.yaml"), "domain: other\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 0}\n").unwrap();
+    std::fs::write(dir.join("b.yaml"), "domain: other\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 2.5}\n  - key: c\n    rate_limit: {unit: second, requests_per_unit: 4000000, algorithm: sliding_log}\n").unwrap();
     std::fs::write(dir.join("c.yml"), "domain: shop\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(["check-config", dir.to_str().unwrap()])
@@ -645,9 +646,18 @@ fn check_config_prints_rules_or_every_error() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
+    // Every error of a file in one run.
     assert!(
-        err.contains("b.yaml:3:")
-            && err.contains("descriptors[0].rate_limit: requests_per_unit must be ≥ 1"),
+        err.contains("b.yaml:4:") && err.contains("descriptors[0].rate_limit.unit: unknown unit"),
+        "{err}"
+    );
+    assert!(
+        err.contains("b.yaml:6:")
+            && err.contains("descriptors[1].rate_limit.requests_per_unit: 2.5 is not a whole number"),
+        "{err}"
+    );
+    assert!(
+        err.contains("b.yaml:8:17: descriptors[2].rate_limit: sliding_log 4000000"),
         "{err}"
     );
     assert!(
@@ -766,20 +776,21 @@ fn two_processes_on_one_redis_share_one_limit() {
         allowed, 3,
         "one global limit of 3 per minute across both processes"
     );
-    // A raised limit keeps the Redis counter: 3 used of the new 5 leaves 2, for both.
+    // A raised limit keeps the Redis counter: the 10 hits counted (refused ones too, as Lyft
+    // counts them) of the new 13 leave 3, for both.
     std::fs::write(
         &config,
-        CONFIG.replace("requests_per_unit: 3}", "requests_per_unit: 5}"),
+        CONFIG.replace("requests_per_unit: 3}", "requests_per_unit: 13}"),
     )
     .unwrap();
-    wait_for_limit(&a, 5);
-    wait_for_limit(&b, 5);
+    wait_for_limit(&a, 13);
+    wait_for_limit(&b, 13);
     let mut allowed = 0;
     for i in 0..6 {
         let s = if i % 2 == 0 { &a } else { &b };
         allowed += u32::from(s.json(&body(&[("user", "shared")])).0 == 200);
     }
-    assert_eq!(allowed, 2, "the counter in Redis survived the reload");
+    assert_eq!(allowed, 3, "the counter in Redis survived the reload");
     let _ = std::fs::remove_dir_all(dir);
 }
 
