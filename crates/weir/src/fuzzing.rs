@@ -30,7 +30,7 @@ pub const TARGETS: [(&str, Target); 7] = [
 fn example() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let domains = crate::rls::server::load(None).expect("the bundled example loads");
+        let domains = crate::rls::server::load(None, false).expect("the bundled example loads");
         Engine::build(&domains, EngineOptions::default(), None).expect("the bundled example builds")
     })
 }

@@ -215,6 +215,10 @@ struct ServeArgs {
     /// the descriptors that passed), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA.
     #[arg(long)]
     response_metadata: bool,
+    /// A domain defined in several files of a --config directory joins their descriptors
+    /// (Lyft's MERGE_DOMAIN_CONFIG) instead of being an error.
+    #[arg(long)]
+    merge_domains: bool,
     #[command(flatten)]
     connections: ConnectionArgs,
     /// Longest time from a request's head to the end of its body (then DEADLINE_EXCEEDED /
@@ -265,6 +269,10 @@ impl ConnectionArgs {
 struct CheckConfigArgs {
     /// The file or directory to check.
     path: PathBuf,
+    /// Lyft configurations: a domain in several files joins their descriptors (as
+    /// `weir serve --merge-domains`).
+    #[arg(long)]
+    merge_domains: bool,
 }
 
 #[derive(clap::Args)]
@@ -642,7 +650,7 @@ fn check_rules(path: &std::path::Path) -> ExitCode {
 }
 
 fn check_lyft(args: &CheckConfigArgs) -> ExitCode {
-    match rls::config::load(&args.path) {
+    match rls::config::load(&args.path, args.merge_domains) {
         Ok(domains) => {
             let engine = match rls::engine::Engine::build(
                 &domains,
@@ -756,6 +764,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         shadow: args.shadow,
         clock: args.clock,
         response_metadata: args.response_metadata,
+        merge_domains: args.merge_domains,
         ..Default::default()
     };
     let style = match args.response_headers.as_str() {

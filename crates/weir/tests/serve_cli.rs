@@ -653,7 +653,8 @@ fn check_config_prints_rules_or_every_error() {
     );
     assert!(
         err.contains("b.yaml:6:")
-            && err.contains("descriptors[1].rate_limit.requests_per_unit: 2.5 is not a whole number"),
+            && err
+                .contains("descriptors[1].rate_limit.requests_per_unit: 2.5 is not a whole number"),
         "{err}"
     );
     assert!(

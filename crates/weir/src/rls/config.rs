@@ -453,7 +453,7 @@ pub struct Descriptor {
     #[serde(default, deserialize_with = "metadata")]
     pub metadata: Option<Metadata>,
     /// Nested descriptors.
-    #[serde(default, deserialize_with = "unique_children")]
+    #[serde(default)]
     pub descriptors: Vec<Descriptor>,
 }
 
@@ -528,33 +528,42 @@ fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Ok(s)
 }
 
-fn unique_children<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Descriptor>, D::Error> {
-    let v: Vec<Descriptor> = Vec::deserialize(d)?;
-    check_unique(&v).map_err(de::Error::custom)?;
-    Ok(v)
-}
-
-fn check_unique(v: &[Descriptor]) -> Result<(), String> {
+/// Problems only the whole tree shows, as (field path, reason): a descriptor defined twice
+/// at one level, `share_threshold` on a value without a wildcard.
+fn problems(descriptors: &[Descriptor], at: &str, out: &mut Vec<(String, String)>) {
     let mut seen = std::collections::HashSet::new();
-    for d in v {
+    for (i, d) in descriptors.iter().enumerate() {
+        let path = format!("{at}descriptors[{i}]");
         if d.share_threshold && !d.value.as_deref().is_some_and(|v| v.contains('*')) {
-            return Err(format!(
-                "descriptor key {:?}: share_threshold applies only to a value with a `*` wildcard",
-                d.key
+            out.push((
+                format!("{path}.share_threshold"),
+                "applies only to a value with a `*` wildcard".into(),
             ));
         }
         if !seen.insert((&d.key, &d.value)) {
-            return Err(format!(
-                "duplicate descriptor key {:?}{} at one level",
-                d.key,
-                d.value
-                    .as_ref()
-                    .map(|v| format!(" value {v:?}"))
-                    .unwrap_or_default()
+            out.push((
+                path.clone(),
+                format!(
+                    "duplicate descriptor: key {:?}{} is already defined at this level",
+                    d.key,
+                    d.value
+                        .as_ref()
+                        .map(|v| format!(" value {v:?}"))
+                        .unwrap_or_default()
+                ),
             ));
         }
+        problems(&d.descriptors, &format!("{path}."), out);
     }
-    Ok(())
+}
+
+fn check_unique(v: &[Descriptor]) -> Result<(), String> {
+    let mut out = Vec::new();
+    problems(v, "", &mut out);
+    match out.into_iter().next() {
+        None => Ok(()),
+        Some((path, reason)) => Err(format!("{path}: {reason}")),
+    }
 }
 
 /// One Lyft configuration document.
@@ -571,7 +580,7 @@ pub struct DomainConfig {
     #[serde(default = "yes")]
     pub count_denied: bool,
     /// Top-level descriptors.
-    #[serde(default, deserialize_with = "unique_children")]
+    #[serde(default)]
     pub descriptors: Vec<Descriptor>,
 }
 
@@ -582,12 +591,20 @@ fn yes() -> bool {
 /// Parses one YAML file's text, reporting every error found (see
 /// `weir_rules::yaml::parse_all`).
 pub fn parse(file: &Path, text: &str) -> Result<DomainConfig, Vec<ConfigError>> {
-    weir_rules::yaml::parse_all(file, text).map_err(|e| e.0)
+    let domain: DomainConfig = weir_rules::yaml::parse_all(file, text).map_err(|e| e.0)?;
+    let mut found = Vec::new();
+    problems(&domain.descriptors, "", &mut found);
+    match weir_rules::yaml::located(file, text, found) {
+        None => Ok(domain),
+        Some(errors) => Err(errors.0),
+    }
 }
 
 /// Loads `path`: a YAML file or a directory of `*.yaml` / `*.yml` files (sorted by name).
-/// Answers every file's domain, or every error found (all files are read).
-pub fn load(path: &Path) -> Result<Vec<DomainConfig>, Vec<ConfigError>> {
+/// Answers every file's domain, or every error found (all files are read). A domain in two
+/// files is an error, unless `merge_domains` (Lyft's `MERGE_DOMAIN_CONFIG`): then the files'
+/// descriptors join, and a descriptor defined in both is the error.
+pub fn load(path: &Path, merge_domains: bool) -> Result<Vec<DomainConfig>, Vec<ConfigError>> {
     let files = if path.is_dir() {
         let mut files: Vec<PathBuf> = match std::fs::read_dir(path) {
             Ok(rd) => rd
@@ -620,23 +637,44 @@ pub fn load(path: &Path) -> Result<Vec<DomainConfig>, Vec<ConfigError>> {
             Err(e) => errors.extend(e),
         }
     }
-    let mut seen = std::collections::HashMap::new();
-    for (f, d) in &domains {
-        if let Some(first) = seen.insert(d.domain.clone(), f.clone()) {
-            errors.push(ConfigError {
-                file: f.clone(),
-                position: None,
-                path: "domain".into(),
-                reason: format!(
-                    "domain {:?} is also defined in {}",
+    let mut merged: Vec<(PathBuf, DomainConfig)> = Vec::with_capacity(domains.len());
+    for (f, d) in domains {
+        let Some((first, into)) = merged.iter_mut().find(|(_, m)| m.domain == d.domain) else {
+            merged.push((f, d));
+            continue;
+        };
+        let error = |path: &str, reason: String| ConfigError {
+            file: f.clone(),
+            position: None,
+            path: path.into(),
+            reason,
+        };
+        if !merge_domains {
+            errors.push(error(
+                "domain",
+                format!(
+                    "domain {:?} is also defined in {} (weir serve --merge-domains joins them)",
                     d.domain,
                     first.display()
                 ),
-            });
+            ));
+        } else if into.count_denied != d.count_denied {
+            errors.push(error(
+                "count_denied",
+                format!("differs from domain {:?} in {}", d.domain, first.display()),
+            ));
+        } else {
+            into.descriptors.extend(d.descriptors);
+            if let Err(e) = check_unique(&into.descriptors) {
+                errors.push(error(
+                    "descriptors",
+                    format!("{e} (merging domain {:?} of {})", d.domain, first.display()),
+                ));
+            }
         }
     }
     if errors.is_empty() {
-        Ok(domains.into_iter().map(|(_, d)| d).collect())
+        Ok(merged.into_iter().map(|(_, d)| d).collect())
     } else {
         Err(errors)
     }

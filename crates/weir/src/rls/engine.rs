@@ -303,6 +303,9 @@ pub struct EngineOptions {
     pub clock: weir_core::ClockKind,
     /// Fill [`Response::metadata`] (`--response-metadata`).
     pub response_metadata: bool,
+    /// How the configuration loads: a domain in several files joins their descriptors
+    /// (`--merge-domains`, Lyft's `MERGE_DOMAIN_CONFIG`) instead of being an error.
+    pub merge_domains: bool,
 }
 
 impl Default for EngineOptions {
@@ -313,6 +316,7 @@ impl Default for EngineOptions {
             shadow: false,
             clock: weir_core::ClockKind::Exact,
             response_metadata: false,
+            merge_domains: false,
         }
     }
 }

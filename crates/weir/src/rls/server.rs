@@ -54,7 +54,7 @@ impl Service {
         options: EngineOptions,
         prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     ) -> Result<Self, Vec<String>> {
-        let domains = load(config.as_deref())?;
+        let domains = load(config.as_deref(), options.merge_domains)?;
         let engine = Engine::build(&domains, options, None).map_err(|e| vec![e])?;
         Ok(Self {
             engine: RwLock::new(Arc::new(engine)),
@@ -120,7 +120,7 @@ impl Service {
     }
 
     fn try_reload(&self) -> Result<(), Vec<String>> {
-        let domains = load(self.config.as_deref())?;
+        let domains = load(self.config.as_deref(), self.options.merge_domains)?;
         let current = self.engine();
         let engine = Engine::build(&domains, self.options, Some(&current)).map_err(|e| vec![e])?;
         *self.engine.write() = Arc::new(engine);
@@ -160,9 +160,14 @@ impl Service {
 }
 
 /// Loads the configuration at `path`, or the bundled example.
-pub fn load(path: Option<&std::path::Path>) -> Result<Vec<DomainConfig>, Vec<String>> {
+pub fn load(
+    path: Option<&std::path::Path>,
+    merge_domains: bool,
+) -> Result<Vec<DomainConfig>, Vec<String>> {
     match path {
-        Some(p) => config::load(p).map_err(|es| es.iter().map(|e| e.to_string()).collect()),
+        Some(p) => {
+            config::load(p, merge_domains).map_err(|es| es.iter().map(|e| e.to_string()).collect())
+        }
         None => config::parse(std::path::Path::new("<bundled example>"), EXAMPLE)
             .map(|d| vec![d])
             .map_err(|es| es.iter().map(|e| e.to_string()).collect()),
