@@ -26,6 +26,9 @@ descriptors:
     descriptors:
       - key: user
         rate_limit: {unit: minute, requests_per_unit: 3}
+      - key: user
+        value: free
+        rate_limit: {unlimited: true}
       - key: tenant
         shadow_mode: true
         rate_limit: {window: 30s, requests_per_unit: 2}
@@ -137,6 +140,14 @@ fn get(port: u16, headers: &[(&str, &str)]) -> (u16, String, Duration) {
     (code, head, start.elapsed())
 }
 
+/// The value of header `name` (lower case) in a response head.
+fn header<'a>(head: &'a str, name: &str) -> &'a str {
+    head.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("no {name} in {head}"))
+}
+
 fn codes(port: u16, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
     (0..n).map(|_| get(port, headers).0).collect()
 }
@@ -157,8 +168,23 @@ fn envoy_limits_exactly_with_headers_nested_wildcards_and_shadow() {
     // An unnamed rule: Envoy's header carries no `name=` (current_limit.name is empty, as
     // Lyft's service leaves it).
     assert!(head.contains("x-ratelimit-limit: 3, 3;w=60\r\n"), "{head}");
-    assert!(head.contains("x-ratelimit-remaining: 0"), "{head}");
-    assert!(head.contains("x-ratelimit-reset:"), "{head}");
+    assert!(head.contains("x-ratelimit-remaining: 0\r\n"), "{head}");
+    // Whole seconds to the end of the wall clock's minute, as envoyproxy/ratelimit answers.
+    let reset: u64 = header(&head, "x-ratelimit-reset").parse().unwrap();
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let expect = 60 - unix % 60;
+    assert!(
+        (1..=60).contains(&reset) && (reset.abs_diff(expect) <= 1 || reset.abs_diff(expect) == 59),
+        "{reset} vs {expect}"
+    );
+    // An unlimited descriptor never blocks, and Envoy adds no limit headers for it (its
+    // status has no current limit; weir reports 2^32 − 1 remaining, as Lyft does).
+    assert_eq!(codes(e.port, &[("x-user", "free")], 6), [200; 6]);
+    let (_, head, _) = get(e.port, &[("x-user", "free")]);
+    assert!(!head.contains("x-ratelimit-remaining"), "{head}");
     // nested path + user under a wildcard value: 2 per minute
     assert_eq!(
         codes(e.port, &[("x-user", "zed"), ("x-path", "/cart/items")], 4),

@@ -25,6 +25,7 @@ fn fixtures() -> PathBuf {
 struct Serve {
     child: Child,
     http: u16,
+    grpc: u16,
 }
 
 impl Serve {
@@ -44,7 +45,7 @@ impl Serve {
             .read_line(&mut line)
             .unwrap();
         assert!(line.contains("gRPC RLS v3 on"), "{line}");
-        Self { child, http }
+        Self { child, http, grpc }
     }
 
     fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
@@ -517,4 +518,65 @@ fn a_domain_split_over_files_merges_only_when_asked() {
         status(&one(&s, "joined", &[("a", "one")]), 0),
         st("OK", 10, "HOUR", 9)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_answers_over_grpc() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    let s = tokio::task::spawn_blocking(loads).await.unwrap();
+    let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", s.grpc))
+        .await
+        .unwrap();
+    let request = |domain: &str, entries: &[(&str, &str)], hits: u32| RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: k.to_string(),
+                    value: v.to_string(),
+                })
+                .collect(),
+            ..Default::default()
+        }],
+        hits_addend: hits,
+    };
+    // Over the limit: 0 remaining, the whole seconds to the window's end.
+    let r = client
+        .should_rate_limit(request("basic", &[("client", "g1")], 21))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 2, "OVER_LIMIT");
+    let st = &r.statuses[0];
+    assert_eq!((st.code, st.limit_remaining), (2, 0));
+    let d = st.duration_until_reset.unwrap();
+    assert_eq!(d.nanos, 0, "whole seconds");
+    assert!((1..=3_600).contains(&d.seconds), "{d:?}");
+    // Unlimited: 2^32 − 1 remaining, no current limit, no reset.
+    let r = client
+        .should_rate_limit(request("basic", &[("free", "g")], 1))
+        .await
+        .unwrap()
+        .into_inner();
+    let st = &r.statuses[0];
+    assert_eq!(st.limit_remaining, u32::MAX);
+    assert!(st.current_limit.is_none() && st.duration_until_reset.is_none());
+    // Dynamic metadata (--response-metadata) as a protobuf Struct.
+    let r = client
+        .should_rate_limit(request("shop", &[("plan", "large")], 1))
+        .await
+        .unwrap()
+        .into_inner();
+    let md = r.dynamic_metadata.expect("dynamic metadata");
+    let domain = &md.fields["domain"].kind;
+    assert!(
+        matches!(domain, Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(d)) if d == "shop"),
+        "{domain:?}"
+    );
+    assert!(md.fields.contains_key("metadata"));
+    drop(s);
 }

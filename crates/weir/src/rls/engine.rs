@@ -1344,6 +1344,74 @@ descriptors:
         );
     }
 
+    fn on_clock(yaml: &str, clock: &Arc<weir_core::ManualClock>) -> Engine {
+        let c = super::super::config::parse(Path::new("t.yaml"), yaml).unwrap();
+        let clock = EngineClock::unaligned(clock.clone());
+        Engine::build_with_clock(&[c], EngineOptions::default(), None, clock).unwrap()
+    }
+
+    #[tokio::test]
+    async fn resets_are_the_fixed_windows_end_and_counts_follow_lyft() {
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 20}\n  - key: z\n    rate_limit: {unit: hour, requests_per_unit: 0}\n  - key: g\n    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: gcra}\n";
+        let clock = Arc::new(weir_core::ManualClock::new(0));
+        let e = on_clock(yaml, &clock);
+        let hits = |n: u64, key: &str| {
+            let mut r = req("d", &[(key, "v")]);
+            r.descriptors[0].hits_addend = Some(n);
+            r
+        };
+        let second = Duration::from_secs(1);
+        clock.advance(Duration::from_millis(60_000 + 1_500));
+        // A check on an empty window still reports the time to its end (58.5 s).
+        let s = &e
+            .decide(&Store::Memory, &hits(0, "k"))
+            .await
+            .unwrap()
+            .statuses[0];
+        assert_eq!((s.remaining, s.reset), (20, Duration::from_millis(58_500)));
+        let s = &e
+            .decide(&Store::Memory, &hits(21, "k"))
+            .await
+            .unwrap()
+            .statuses[0];
+        assert!(s.over_limit);
+        assert_eq!((s.remaining, s.reset), (0, Duration::from_millis(58_500)));
+        clock.advance(second);
+        // Counted though refused: the window holds 21 of 20.
+        let s = &e
+            .decide(&Store::Memory, &hits(0, "k"))
+            .await
+            .unwrap()
+            .statuses[0];
+        assert!(s.over_limit);
+        assert_eq!((s.remaining, s.reset), (0, Duration::from_millis(57_500)));
+        // The next minute starts from zero.
+        clock.advance(Duration::from_secs(58));
+        let s = &e
+            .decide(&Store::Memory, &hits(1, "k"))
+            .await
+            .unwrap()
+            .statuses[0];
+        assert!(!s.over_limit);
+        assert_eq!((s.remaining, s.reset), (19, Duration::from_millis(59_500)));
+        // A limit of 0: over, its window's end.
+        let s = &e
+            .decide(&Store::Memory, &hits(1, "z"))
+            .await
+            .unwrap()
+            .statuses[0];
+        assert!(s.over_limit && s.remaining == 0);
+        assert_eq!(s.reset, Duration::from_millis(3_600_000 - 120_500));
+        assert_eq!(s.limit.as_ref().unwrap().requests_per_unit, 0);
+        // Other algorithms report their own reset (GCRA: when the burst is whole again).
+        let s = &e
+            .decide(&Store::Memory, &hits(1, "g"))
+            .await
+            .unwrap()
+            .statuses[0];
+        assert_eq!(s.reset, Duration::from_secs(30));
+    }
+
     #[test]
     fn wildcards() {
         assert_eq!(wildcard_match("pre*", "prefix"), Some(3));
