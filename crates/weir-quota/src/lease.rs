@@ -15,9 +15,11 @@
 //! - **Leases expire**: a client that stops refreshing loses its grant at the lease's expiry,
 //!   and the capacity returns to the pool. [`LeaseTable::release`] gives it back at once.
 //! - **Learning after a restart**: a table that starts without a snapshot does not know what
-//!   was handed out before. For one lease length it only confirms what each client says it
-//!   holds (`has`, capped by its fair share and by what is left), granting no new capacity:
-//!   any lease from before the restart has expired by the end of it.
+//!   was handed out before. For one lease length it confirms what each client says it holds
+//!   (`has`, capped by its fair share and by what is left) and lets no such grant grow: any
+//!   lease from before the restart has expired by the end of it. A client that holds nothing
+//!   is granted its share of what no confirmed lease holds, at once. A capacity of 0 never
+//!   learns.
 //!   [`LeaseTable::resume`] starts from a snapshot instead, without learning.
 //! - **Holding**: a server that can no longer prove it is the leader ([`crate::ha`]) keeps
 //!   answering from memory but lets no grant grow, and no lease it gives outlives a cap
@@ -228,9 +230,10 @@ impl LeaseTable {
         self.shares_at = None;
     }
 
-    /// Whether the table is still confirming grants from before a restart.
+    /// Whether the table is still confirming grants from before a restart (never for a
+    /// capacity of 0: nothing can have been granted).
     pub fn learning(&self, now: Nanos) -> bool {
-        now < self.learning_until
+        now < self.learning_until && self.config.capacity > 0.0
     }
 
     /// The unexpired grants, one row per client.
@@ -380,10 +383,13 @@ impl LeaseTable {
         let room = (self.config.capacity - others).max(0.0);
         // A cached share may come from a larger demand: never more than wanted now.
         let fair = self.shares[i].min(ask.wants);
-        let mut granted = if learning {
-            // Confirm, never add: capacity granted before the restart may still be in use.
+        let mut granted = if learning && ask.has > 0.0 {
+            // A lease from before the restart: confirm it, never add (capacity granted before
+            // may still be in use elsewhere).
             fair.min(ask.has).min(room)
         } else {
+            // Not learning, or a client holding nothing: its share of what no confirmed lease
+            // holds.
             fair.min(room)
         };
         let mut expires_at = now.saturating_add(nanos(self.config.lease));
@@ -464,20 +470,33 @@ mod tests {
     }
 
     #[test]
-    fn learning_confirms_what_clients_hold_and_grants_nothing_new() {
+    fn learning_confirms_what_clients_hold_and_shares_what_no_one_confirmed() {
         let mut t = LeaseTable::new(config(10.0), 0);
         let ask = |wants, has| Ask {
             has,
             ..Ask::wants(wants)
         };
         assert!(t.learning(0));
-        // a held 6 before the restart: confirmed; b held 4: confirmed; c held nothing.
+        // a held 6 before the restart: confirmed; b held 4: confirmed; c held nothing, and
+        // nothing is left.
         assert_eq!(t.refresh("a", ask(9.0, 6.0), S).unwrap().granted, 6.0);
         assert_eq!(t.refresh("b", ask(9.0, 4.0), S).unwrap().granted, 4.0);
-        assert_eq!(t.refresh("c", ask(9.0, 0.0), S).unwrap().granted, 0.0);
+        let c = t.refresh("c", ask(9.0, 0.0), S).unwrap();
+        assert_eq!((c.granted, c.learning), (0.0, true));
         // a's fair share is now 10/3: its confirmed grant shrinks to it.
         let a = t.refresh("a", ask(9.0, 6.0), 2 * S).unwrap().granted;
         assert!((a - 10.0 / 3.0).abs() < 1e-9, "{a}");
+        // What a freed goes to c (holding nothing), up to its fair share and what is left.
+        let c = t.refresh("c", ask(9.0, 0.0), 2 * S).unwrap().granted;
+        assert!((c - (10.0 - 4.0 - 10.0 / 3.0)).abs() < 1e-9, "{c}");
+        assert!(t.outstanding() <= 10.0 + 1e-9);
+        // A lone newcomer of a learning table gets its share at once.
+        let mut alone = LeaseTable::new(config(10.0), 0);
+        assert_eq!(alone.refresh("n", ask(4.0, 0.0), S).unwrap().granted, 4.0);
+        // A capacity of 0 has nothing to learn: the answer is 0, not "learning".
+        let mut zero = LeaseTable::new(config(0.0), 0);
+        let z = zero.refresh("n", ask(4.0, 3.0), S).unwrap();
+        assert_eq!((z.granted, z.learning), (0.0, false));
         // After one lease length, the table grants again.
         assert!(!t.learning(31 * S));
         let c = t.refresh("c", ask(9.0, 0.0), 31 * S).unwrap().granted;

@@ -561,7 +561,10 @@ fn assign(
             let ask = Ask {
                 wants,
                 needs: Some(needs),
-                has: b.used.max(b.granted),
+                // What this server granted the bucket: a bucket new to it (a restart, a new
+                // stream) asks as a newcomer, so it gets its share of what no lease holds at
+                // once, and its assignment replaces whatever Envoy kept from before.
+                has: b.granted,
                 weight: 1.0,
                 priority: Criticality::Critical,
             };

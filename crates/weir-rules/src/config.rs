@@ -386,7 +386,13 @@ impl BreakerRule {
         if self.slow_ratio.is_some() {
             c.slow_ratio = self.slow_ratio;
         }
-        c.min_calls = self.min_calls.unwrap_or(c.min_calls);
+        // The preset's minimum is capped at a count window's size (as Resilience4j does), so a
+        // window of 20 calls trips after 20 calls; an explicit min_calls above it is an error.
+        c.min_calls = match (self.min_calls, c.window) {
+            (Some(n), _) => n,
+            (None, Window::Count(n)) => c.min_calls.min(u64::from(n)),
+            (None, _) => c.min_calls,
+        };
         c.slow_call = self.slow_call.unwrap_or(c.slow_call);
         if let Some(d) = self.open_for {
             c.open_duration = d;

@@ -110,6 +110,32 @@ fn breaker_opens_on_errors_and_blocks() {
 }
 
 #[test]
+fn a_small_count_window_caps_the_presets_minimum_of_calls() {
+    // Resilience4j's preset asks 100 calls; a window of 20 trips after its 20 calls.
+    let (r, _clock) = rules(
+        "resources:\n  - name: up\n    breaker: {id: up-breaker, error_ratio: 0.5, window_calls: 20, open_for: 10s}\n",
+    );
+    for _ in 0..20 {
+        r.entry("up", &CTX).unwrap().complete(Outcome::Error);
+    }
+    assert_eq!(r.entry("up", &CTX).err().unwrap().kind, RuleKind::Breaker);
+    // An explicit minimum the window cannot hold is refused, located.
+    let e = RuleSet::from_yaml(
+        Path::new("r.yaml"),
+        "resources:\n  - name: up\n    breaker: {id: b, window_calls: 20, min_calls: 30, error_ratio: 0.5}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("r.yaml:3:")
+            && e.contains(
+                "resources[0].breaker: min_calls 30 is more than the window holds (20 calls)"
+            ),
+        "{e}"
+    );
+}
+
+#[test]
 fn shadow_rules_count_but_never_block() {
     let (r, _) =
         rules("resources:\n  - name: api\n    flow:\n      - {id: trial, qps: 1, shadow: true}\n");

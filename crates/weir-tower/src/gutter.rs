@@ -49,9 +49,13 @@ struct Lane {
 }
 
 impl Lane {
-    fn new(c: &LaneConfig) -> Result<Self, ConfigError> {
+    /// A lane whose breaker logs its transitions (`upstream`: `primary` or `gutter`).
+    fn new(upstream: &'static str, c: &LaneConfig) -> Result<Self, ConfigError> {
+        let breaker = Breaker::new(c.breaker.clone())?.with_observer(move |t| {
+            tracing::warn!(upstream, from = ?t.from, to = ?t.to, "upstream breaker state changed");
+        });
         Ok(Self {
-            breaker: Breaker::new(c.breaker.clone())?,
+            breaker,
             limit: ConcurrencyLimiter::new(c.max_in_flight)?,
         })
     }
@@ -149,8 +153,8 @@ impl<P, G, C: Clock> Gutter<P, G, C> {
             primary,
             gutter,
             shared: Arc::new(Shared {
-                primary: Lane::new(p)?,
-                gutter: Lane::new(g)?,
+                primary: Lane::new("primary", p)?,
+                gutter: Lane::new("gutter", g)?,
                 clock,
                 counts: Counters::default(),
             }),

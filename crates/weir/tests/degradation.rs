@@ -444,3 +444,74 @@ fn a_bad_upstream_breaker_is_refused_with_its_field() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("error_ratio") && err.contains("1.5"), "{err}");
 }
+
+/// The `--upstream-breaker` value of docs/degradation.md's gutter example, as written there.
+fn documented_upstream_breaker() -> String {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/degradation.md"),
+    )
+    .unwrap();
+    let line = doc
+        .lines()
+        .find(|l| l.contains("--upstream-breaker '"))
+        .expect("the gutter example");
+    line.split('\'').nth(1).expect("a quoted value").to_string()
+}
+
+#[test]
+fn the_documented_gutter_example_trips_after_its_window_and_logs_it() {
+    use std::io::Read;
+    let dir = common::tempdir("gutter-doc");
+    let rules = dir.join("rules.yaml");
+    std::fs::write(&rules, "resources: []\n").unwrap();
+    let primary = Primary::start();
+    primary.mode.store(FAILING, Ordering::SeqCst);
+    let gutter = common::http1_upstream_status(|_, _| (200, "gutter".into()));
+    let (port, admin_port) = (common::free_port(), common::free_port());
+    let breaker = documented_upstream_breaker();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["proxy", "--rules", rules.to_str().unwrap()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin", &format!("127.0.0.1:{admin_port}")])
+        .args(["--upstream", &format!("http://127.0.0.1:{}", primary.port)])
+        .args(["--gutter", &format!("http://127.0.0.1:{gutter}")])
+        .args([
+            "--gutter-max-requests",
+            "64",
+            "--upstream-breaker",
+            &breaker,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("weir proxy:"), "{line}");
+    // A window of 20 calls trips after 20 failures (not the preset's 100), then the gutter.
+    let seen: Vec<u16> = (0..30).map(|_| get(port, "/").0).collect();
+    assert_eq!(seen[..20], [500; 20], "{breaker}: {seen:?}");
+    assert_eq!(seen[20..], [200; 10], "{breaker}: {seen:?}");
+    assert_eq!(
+        metric(admin_port, "weir_gutter_requests_total{route=\"gutter\"} "),
+        10
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        err.contains("upstream breaker state changed") && err.contains("upstream=\"primary\""),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -185,11 +185,22 @@ fn serve_quota_leases_fair_shares_over_http() {
             r#"{{"client":"{client}","resources":[{{"resource":"search","wants":{wants},"has":{has}}},{{"resource":"nope","wants":1}}]}}"#
         )
     };
-    // Just started: learning for one lease length (2 s), nothing new granted.
+    // Just started: learning for one lease length (2 s). A client that holds nothing gets its
+    // share at once; one that says it holds some from before gets that confirmed, not more.
     let (code, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("a", 8.0, 0.0));
     assert_eq!(code, 200, "{body}");
-    assert_eq!(granted(&body, 0), 0.0, "{body}");
+    assert_eq!(granted(&body, 0), 8.0, "{body}");
+    assert!(body.contains("\"learning\":true"), "{body}");
     assert!(body.contains("unknown resource \\\"nope\\\""), "{body}");
+    let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("old", 8.0, 1.5));
+    assert_eq!(granted(&body, 0), 1.5, "{body}");
+    let (code, _) = http(
+        s.1,
+        "POST",
+        "/quota/v1/release",
+        r#"{"client":"old","resources":["search"]}"#,
+    );
+    assert_eq!(code, 204);
     std::thread::sleep(std::time::Duration::from_millis(2_200));
     let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("a", 8.0, 0.0));
     assert_eq!(granted(&body, 0), 8.0, "{body}");

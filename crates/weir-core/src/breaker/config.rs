@@ -141,6 +141,14 @@ impl BreakerConfig {
         if self.probe_timeout.is_zero() {
             return bad("probe_timeout must be longer than zero");
         }
+        if let Window::Count(n) = self.window {
+            if self.min_calls > u64::from(n) {
+                return Err(ConfigError::Invalid(format!(
+                    "breaker: min_calls {} is more than the window holds ({n} calls): it could never trip",
+                    self.min_calls
+                )));
+            }
+        }
         Ok(())
     }
 }

@@ -728,7 +728,10 @@ mod tests {
             "{e}"
         );
         let e = err("domain: d\ndescriptors:\n  - key: a\n  - key: a\n");
-        assert!(e.contains("duplicate descriptor key \"a\""), "{e}");
+        assert!(
+            e.contains("c.yaml:4:5: descriptors[1]: duplicate descriptor: key \"a\""),
+            "{e}"
+        );
         let e = err("domain: ''\n");
         assert!(
             e.contains("domain") && e.contains("must not be empty"),
