@@ -209,6 +209,7 @@ impl ResourceClient {
             needs: None,
             wants,
             has,
+            safe: c.safe,
             weight: self.config.weight,
             priority: self.config.priority,
         }
@@ -240,12 +241,13 @@ impl ResourceClient {
         (d.as_nanos() as f64 * (1.0 - jitter + 2.0 * jitter * u)) as Nanos
     }
 
-    /// The server answered at `now` with `lease`. A learning server's grant below the safe
-    /// capacity does not replace the safe capacity of a client that holds no lease (it would
-    /// drop to nothing for a whole lease length after every server start).
+    /// The server answered at `now` with `lease`. A learning server that grants nothing does
+    /// not replace the safe capacity of a client that holds no lease (it would drop to nothing
+    /// until the server knows every client); any grant it makes is a share counted against
+    /// the capacity, and replaces the safe capacity.
     pub fn on_lease(&self, lease: Lease, now: Nanos) {
         let mut c = self.control();
-        if lease.learning && c.source == Source::Safe && lease.granted < c.safe {
+        if lease.learning && c.source == Source::Safe && lease.granted == 0.0 {
             let wait = Self::jittered(&mut c, self.config.jitter, lease.refresh);
             c.next_at = now.saturating_add(wait);
             c.failures = 0;

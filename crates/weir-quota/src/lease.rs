@@ -16,10 +16,11 @@
 //!   and the capacity returns to the pool. [`LeaseTable::release`] gives it back at once.
 //! - **Learning after a restart**: a table that starts without a snapshot does not know what
 //!   was handed out before. For one lease length it confirms what each client says it holds
-//!   (`has`, capped by its fair share and by what is left) and lets no such grant grow: any
-//!   lease from before the restart has expired by the end of it. A client that holds nothing
-//!   is granted its share of what no confirmed lease holds, at once. A capacity of 0 never
-//!   learns.
+//!   (`has`), or grants what the client uses on its own without a lease (`safe`, its safe
+//!   capacity), whichever is more — capped by its fair share and by what is left — and lets
+//!   no grant grow past that: any lease from before the restart has expired by the end of it,
+//!   and meanwhile no client uses more than it would without the server (the bound:
+//!   grants + the safe capacities of clients granted nothing). A capacity of 0 never learns.
 //!   [`LeaseTable::resume`] starts from a snapshot instead, without learning.
 //! - **Holding**: a server that can no longer prove it is the leader ([`crate::ha`]) keeps
 //!   answering from memory but lets no grant grow, and no lease it gives outlives a cap
@@ -75,6 +76,11 @@ pub struct Ask {
     pub needs: Option<f64>,
     /// What it holds now (its last grant, if unexpired; 0 otherwise).
     pub has: f64,
+    /// What it uses on its own while it holds no lease (its safe capacity; infinite for an
+    /// Envoy bucket without an assignment, 0 when unknown): a learning table grants up to the
+    /// larger of this and `has`, so a restart never lets a client use more than it would
+    /// without the server.
+    pub safe: f64,
     /// Its weight within its band (> 0).
     pub weight: f64,
     /// Its band.
@@ -88,6 +94,7 @@ impl Ask {
             wants,
             needs: None,
             has: 0.0,
+            safe: 0.0,
             weight: 1.0,
             priority: Criticality::Critical,
         }
@@ -131,6 +138,7 @@ pub struct LeaseTable {
     config: ResourceConfig,
     /// Until this time, only confirm what clients hold.
     learning_until: Nanos,
+
     holders: Vec<Holder>,
     index: HashMap<String, usize>,
     /// Reused buffers for allocation; `shares[i]` is `holders[i]`'s fair share as of
@@ -304,6 +312,12 @@ impl LeaseTable {
                 value: ask.has,
             });
         }
+        if ask.safe.is_nan() || ask.safe < 0.0 {
+            return Err(QuotaError::Wants {
+                client: 0,
+                value: ask.safe,
+            });
+        }
         let needs = match ask.needs {
             Some(n) if n.is_finite() && n >= 0.0 => n.min(ask.wants),
             Some(n) => {
@@ -383,13 +397,12 @@ impl LeaseTable {
         let room = (self.config.capacity - others).max(0.0);
         // A cached share may come from a larger demand: never more than wanted now.
         let fair = self.shares[i].min(ask.wants);
-        let mut granted = if learning && ask.has > 0.0 {
-            // A lease from before the restart: confirm it, never add (capacity granted before
-            // may still be in use elsewhere).
-            fair.min(ask.has).min(room)
+        let mut granted = if learning {
+            // Capacity granted before the restart may still be in use: confirm what the client
+            // holds, or grant what it uses on its own without a lease (its safe capacity),
+            // whichever is more — never more than it would use anyway.
+            fair.min(ask.has.max(ask.safe)).min(room)
         } else {
-            // Not learning, or a client holding nothing: its share of what no confirmed lease
-            // holds.
             fair.min(room)
         };
         let mut expires_at = now.saturating_add(nanos(self.config.lease));
@@ -415,7 +428,12 @@ impl LeaseTable {
             granted,
             expires_at,
             refresh,
-            safe_capacity: self.safe_capacity(),
+            // A learning table has seen only some of the clients: the even split it would
+            // advertise is too large, so it never raises what a client already uses alone.
+            safe_capacity: match ask.has.max(ask.safe) {
+                own if learning && own > 0.0 => self.safe_capacity().min(own),
+                _ => self.safe_capacity(),
+            },
             learning,
         })
     }
@@ -470,7 +488,7 @@ mod tests {
     }
 
     #[test]
-    fn learning_confirms_what_clients_hold_and_shares_what_no_one_confirmed() {
+    fn learning_grants_what_clients_hold_or_use_on_their_own_never_more() {
         let mut t = LeaseTable::new(config(10.0), 0);
         let ask = |wants, has| Ask {
             has,
@@ -486,13 +504,28 @@ mod tests {
         // a's fair share is now 10/3: its confirmed grant shrinks to it.
         let a = t.refresh("a", ask(9.0, 6.0), 2 * S).unwrap().granted;
         assert!((a - 10.0 / 3.0).abs() < 1e-9, "{a}");
-        // What a freed goes to c (holding nothing), up to its fair share and what is left.
-        let c = t.refresh("c", ask(9.0, 0.0), 2 * S).unwrap().granted;
-        assert!((c - (10.0 - 4.0 - 10.0 / 3.0)).abs() < 1e-9, "{c}");
+        // c holds nothing and uses 2 on its own: what a freed, up to that.
+        let c = t
+            .refresh(
+                "c",
+                Ask {
+                    safe: 2.0,
+                    ..ask(9.0, 0.0)
+                },
+                2 * S,
+            )
+            .unwrap();
+        assert_eq!((c.granted, c.learning), (2.0, true));
         assert!(t.outstanding() <= 10.0 + 1e-9);
-        // A lone newcomer of a learning table gets its share at once.
+        // A newcomer whose own rate is unbounded (an Envoy bucket without an assignment) gets
+        // its share of what is left at once; one that says nothing, nothing.
         let mut alone = LeaseTable::new(config(10.0), 0);
-        assert_eq!(alone.refresh("n", ask(4.0, 0.0), S).unwrap().granted, 4.0);
+        let open = Ask {
+            safe: f64::INFINITY,
+            ..ask(4.0, 0.0)
+        };
+        assert_eq!(alone.refresh("n", open, S).unwrap().granted, 4.0);
+        assert_eq!(alone.refresh("m", ask(4.0, 0.0), S).unwrap().granted, 0.0);
         // A capacity of 0 has nothing to learn: the answer is 0, not "learning".
         let mut zero = LeaseTable::new(config(0.0), 0);
         let z = zero.refresh("n", ask(4.0, 3.0), S).unwrap();

@@ -340,7 +340,7 @@ async fn refresh_all(
         .map(|r| {
             let a = r.ask(now);
             serde_json::json!({
-                "resource": r.name(), "wants": a.wants, "has": a.has,
+                "resource": r.name(), "wants": a.wants, "has": a.has, "safe": a.safe,
                 "weight": a.weight, "priority": a.priority.as_str(),
             })
         })

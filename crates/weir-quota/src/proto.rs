@@ -78,6 +78,9 @@ pub struct ResourceAsk {
     /// Its band.
     #[prost(enumeration = "Priority", tag = "5")]
     pub priority: i32,
+    /// What it uses on its own while it holds no lease (its safe capacity).
+    #[prost(double, tag = "6")]
+    pub safe: f64,
 }
 
 /// `weir.quota.v1.RefreshResponse`.

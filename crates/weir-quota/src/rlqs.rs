@@ -565,6 +565,8 @@ fn assign(
                 // stream) asks as a newcomer, so it gets its share of what no lease holds at
                 // once, and its assignment replaces whatever Envoy kept from before.
                 has: b.granted,
+                // Envoy's bucket without an assignment is bounded by nothing weir knows.
+                safe: f64::INFINITY,
                 weight: 1.0,
                 priority: Criticality::Critical,
             };

@@ -428,5 +428,8 @@ mod tests {
         let peak = r.down_peak_ratio.unwrap();
         assert!(mean > 0.5, "clients kept admitting: {mean}");
         assert!(peak <= 1.1, "and stayed near capacity: {peak}");
+        // Back without its table, the server learns: clients come back one by one, each
+        // granted at most what it used alone, so nothing overshoots.
+        assert!(r.peak_ratio <= 1.01, "after the return: {}", r.peak_ratio);
     }
 }

@@ -50,9 +50,15 @@ proptest! {
                 Op::Refresh { client, wants, has_factor } => {
                     // A client may over-claim after a restart (has > what it was granted).
                     let has = held[client] * f64::from(has_factor);
-                    let ask = Ask { needs: None, wants: f64::from(wants) / 10.0, has, weight: 1.0 + (client % 3) as f64, priority: Criticality::ALL[client % 4] };
+                    // What it uses on its own: unbounded (an Envoy bucket), a rate, or unknown.
+                    let safe = match client % 3 { 0 => f64::INFINITY, 1 => f64::from(wants) / 20.0, _ => 0.0 };
+                    let ask = Ask { needs: None, wants: f64::from(wants) / 10.0, has, safe, weight: 1.0 + (client % 3) as f64, priority: Criticality::ALL[client % 4] };
                     let lease = t.refresh(&format!("c{client}"), ask, now).unwrap();
                     prop_assert!(lease.granted <= ask.wants + 1e-9);
+                    // Learning: never more than the client holds or uses on its own.
+                    if lease.learning {
+                        prop_assert!(lease.granted <= has.max(safe) + 1e-9);
+                    }
                     prop_assert!(lease.granted >= 0.0);
                     held[client] = lease.granted;
                 }

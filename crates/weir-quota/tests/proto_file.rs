@@ -45,9 +45,11 @@ fn the_rust_messages_are_the_proto_files() {
         has: 0.5,
         weight: 2.0,
         priority: Priority::Sheddable as i32,
+        safe: 3.0,
     };
     let m = through_the_file(&pool, "ResourceAsk", &ask);
     assert_eq!(m.get_field_by_name("wants").unwrap().as_f64(), Some(1.5));
+    assert_eq!(m.get_field_by_name("safe").unwrap().as_f64(), Some(3.0));
     assert_eq!(
         m.get_field_by_name("priority").unwrap().as_enum_number(),
         Some(4)

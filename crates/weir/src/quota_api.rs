@@ -274,6 +274,8 @@ struct ResourceAsk {
     wants: f64,
     #[serde(default)]
     has: f64,
+    #[serde(default)]
+    safe: f64,
     #[serde(default = "one")]
     weight: f64,
     #[serde(default)]
@@ -337,6 +339,7 @@ async fn refresh(
                 needs: None,
                 wants: r.wants,
                 has: r.has,
+                safe: r.safe,
                 weight: r.weight,
                 priority,
             },

@@ -75,6 +75,7 @@ pub fn call(api: &QuotaApi, refresh: bool, message: Bytes) -> Response<GrpcBody>
                 needs: None,
                 wants: r.wants,
                 has: r.has,
+                safe: r.safe,
                 weight: if r.weight == 0.0 { 1.0 } else { r.weight },
                 priority: priority.criticality(),
             },
