@@ -64,6 +64,80 @@ fn allocate_refuses_bad_input_with_the_line_and_prints_nothing() {
 }
 
 #[test]
+fn the_server_down_figures_of_docs_quota_md_are_what_the_command_prints() {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/quota.md"),
+    )
+    .unwrap();
+    let text = doc
+        .split("(`--server-down 100s..200s`)")
+        .nth(1)
+        .expect("the server-down paragraph");
+    let number_after = |label: &str| -> f64 {
+        let rest = text
+            .split(label)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{label}"));
+        rest.trim_start()
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("a number after {label}"))
+    };
+    let (mean, peak) = (number_after("mean"), number_after("peak"));
+    let back = text
+        .split("learning, peak")
+        .nth(1)
+        .expect("the figure after the return");
+    let range: Vec<f64> = back
+        .split('%')
+        .next()
+        .unwrap()
+        .split('–')
+        .map(|n| n.trim().parse().unwrap())
+        .collect();
+    let pct = |x: f64| (x * 1000.0).round() / 10.0;
+    let mut after = Vec::new();
+    for seed in 1..=5 {
+        let seed = seed.to_string();
+        let (code, out, err) = weir(
+            &[
+                "simulate",
+                "quota",
+                "--capacity",
+                "1000",
+                "--server-down",
+                "100s..200s",
+                "--seed",
+                &seed,
+                "--json",
+            ],
+            "",
+        );
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            pct(common::json_number(&out, "server_down_mean_ratio")),
+            mean,
+            "seed {seed}: {out}"
+        );
+        assert_eq!(
+            pct(common::json_number(&out, "server_down_peak_ratio")),
+            peak,
+            "seed {seed}: {out}"
+        );
+        after.push(pct(common::json_number(&out, "peak_ratio")));
+    }
+    let (lo, hi) = after
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(l, h), x| (l.min(*x), h.max(*x)));
+    assert_eq!(
+        vec![lo, hi],
+        range,
+        "peak after the return, seeds 1 – 5: {after:?}"
+    );
+}
+
+#[test]
 fn simulate_quota_on_the_built_in_scenario_meets_its_goals() {
     let (code, out, err) = weir(&["simulate", "quota", "--capacity", "1000", "--json"], "");
     assert_eq!(code, 0, "{err}");
