@@ -880,9 +880,20 @@ async fn serve(args: ServeArgs) -> ExitCode {
         .unwrap_or("example")
         .to_string();
     println!(
-        "weir serve: gRPC RLS v3 on {g}, HTTP on http://{h} (config: {config}, store: {}, dashboard: http://{h}/)",
+        "weir serve: gRPC RLS v3 on {g}, HTTP on http://{h} (rate-limit config: {config}, store: {}, dashboard: http://{h}/)",
         args.store
     );
+    if let Some(q) = &args.quota {
+        println!(
+            "weir serve: quota {}: lease API on http://{h}/quota/v1/refresh and gRPC weir.quota.v1.QuotaService on {g}{}",
+            q.display(),
+            if service.quota().is_some_and(|q| q.serves_rlqs()) {
+                format!(", Envoy RLQS on {g}")
+            } else {
+                String::new()
+            }
+        );
+    }
     println!(
         "try: curl -s -XPOST http://{h}/json -d '{{\"domain\":\"{domain}\",\"descriptors\":[{{\"entries\":[{{\"key\":\"remote_address\",\"value\":\"10.0.0.1\"}}]}}]}}'"
     );

@@ -162,6 +162,20 @@ fn the_proxy_dashboard_shows_blocks_breakers_heavy_hitters_and_reloads_as_they_h
         dom.contains("login-rate") && dom.contains("qps 2"),
         "the rules table"
     );
+    // Charts stretch their shapes with the page, never their text: no text inside a stretched
+    // SVG; the axis labels are drawn beside it.
+    let mut charts = 0;
+    for svg in dom.split("<svg").skip(1) {
+        let svg = svg.split("</svg>").next().unwrap_or("");
+        if svg.contains("preserveAspectRatio=\"none\"") {
+            charts += 1;
+            assert!(!svg.contains("<text"), "stretched text in {svg}");
+        }
+    }
+    assert!(
+        charts > 0 && dom.contains("class=\"now\">now<"),
+        "charts drawn"
+    );
     if let Some(p) = screenshot("dashboard-proxy.png") {
         common::render_page(&url, 1280, 800, Some(&p), &[]);
         let phone = p.with_file_name("dashboard-phone.png");

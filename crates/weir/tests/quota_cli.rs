@@ -608,3 +608,40 @@ fn a_proxy_with_a_cluster_rule_admits_its_leased_share() {
     let _ = proxy.wait();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn serve_quota_says_what_it_serves_at_start() {
+    use std::io::BufRead;
+    let dir = common::tempdir("quota-banner");
+    let file = dir.join("quota.yaml");
+    std::fs::write(
+        &file,
+        "resources:\n  - {name: 'user-*', capacity: 10}\nrlqs:\n  buckets:\n    - {match: {name: u, user: '*'}, resource: 'user-{user}'}\n",
+    )
+    .unwrap();
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["serve", "--quota", file.to_str().unwrap()])
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let second = lines.next().unwrap().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        first.contains("rate-limit config: the bundled example"),
+        "{first}"
+    );
+    assert!(
+        second.contains(&format!(
+            "lease API on http://127.0.0.1:{http}/quota/v1/refresh"
+        )) && second.contains(&format!("Envoy RLQS on 127.0.0.1:{grpc}")),
+        "{second}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
