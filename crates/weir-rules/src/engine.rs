@@ -341,17 +341,21 @@ pub enum RulesError {
 #[error("no switch {0:?} in the rules in force")]
 pub struct UnknownSwitch(pub String);
 
-/// A switch's state.
+/// A switch's state: what the file says, what was set at run time, and what is in force.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct SwitchState {
     /// The switch's id.
     pub id: String,
     /// Its resource.
     pub resource: String,
-    /// On: the resource's calls are blocked.
-    pub on: bool,
-    /// The state set at run time, if any (it wins over the file's).
-    pub set_at_run_time: Option<bool>,
+    /// The rule file's `on`.
+    pub file: bool,
+    /// The state set at run time ([`Rules::set_switch`]), if any: it wins over the file's
+    /// until cleared ([`Rules::clear_switch`]).
+    #[serde(rename = "override")]
+    pub run_time: Option<bool>,
+    /// In force: on means the resource's calls are blocked.
+    pub effective: bool,
 }
 
 /// The rules in force. `Send + Sync`; share it (e.g. in an `Arc`).
@@ -493,8 +497,15 @@ impl<C: Clock + Clone> Rules<C> {
             .map(|(name, sw)| SwitchState {
                 id: sw.id.to_string(),
                 resource: name.clone(),
-                on: sw.on.load(Ordering::Acquire),
-                set_at_run_time: overrides.get(&*sw.id).copied(),
+                file: c
+                    .set
+                    .resources
+                    .iter()
+                    .filter_map(|r| r.switch.as_ref())
+                    .find(|f| *f.id == *sw.id)
+                    .is_some_and(|f| f.on),
+                run_time: overrides.get(&*sw.id).copied(),
+                effective: sw.on.load(Ordering::Acquire),
             })
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));

@@ -448,16 +448,16 @@ fn a_switch_blocks_its_resource_first_and_run_time_states_survive_reloads() {
     r.apply(&set(yaml)).unwrap();
     assert!(r.entry("recs", &web).is_err());
     assert!(r.entry("cart", &web).is_ok());
-    let states: Vec<(String, bool, Option<bool>)> = r
+    let states: Vec<(String, bool, Option<bool>, bool)> = r
         .switches()
         .into_iter()
-        .map(|s| (s.id, s.on, s.set_at_run_time))
+        .map(|s| (s.id, s.file, s.run_time, s.effective))
         .collect();
     assert_eq!(
         states,
         [
-            ("cart-off".to_string(), false, Some(false)),
-            ("recs-off".to_string(), true, Some(true))
+            ("cart-off".to_string(), true, Some(false), false),
+            ("recs-off".to_string(), false, Some(true), true)
         ]
     );
     // Cleared: back to the file.

@@ -23,7 +23,7 @@ const RULES: &str = r#"resources:
   - name: recs
     switch: {id: recs-off}
   - name: cart
-    switch: {id: cart-off}
+    switch: {id: cart-off, on: true}
   - name: login
     flow:
       - {id: login-rate, qps: 1, window: 1h}
@@ -117,14 +117,42 @@ fn switches_fallbacks_and_a_fallback_upstream() {
         admin(admin_port, "PUT", "/api/v1/switches/nope", "t0k"),
         404
     );
-    // Off again: the upstream answers.
+    // Back to the file (off): the upstream answers.
     assert_eq!(admin(admin_port, "DELETE", on, "t0k"), 200);
     assert_eq!(get(port, "/recs"), (200, "primary".into()));
-    // A switch without a fallback answers 503.
+    // cart-off is on in the file (503: no fallback); an explicit off wins over it, and DELETE
+    // hands it back to the file.
+    let auth = "Authorization: Bearer t0k\r\n";
+    let cart = "/api/v1/switches/cart-off";
+    assert_eq!(get(port, "/cart").0, 503);
+    let (code, body) = common::request(admin_port, "PUT", cart, auth, r#"{"on": false}"#).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let state: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
-        admin(admin_port, "PUT", "/api/v1/switches/cart-off", "t0k"),
-        200
+        state,
+        serde_json::json!({"id": "cart-off", "resource": "cart", "file": true, "override": false, "effective": false})
     );
+    assert_eq!(get(port, "/cart"), (200, "primary".into()));
+    let list = common::request(admin_port, "GET", "/api/v1/switches", auth, "")
+        .unwrap()
+        .1;
+    let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(
+        list,
+        serde_json::json!([
+            {"id": "cart-off", "resource": "cart", "file": true, "override": false, "effective": false},
+            {"id": "recs-off", "resource": "recs", "file": false, "override": null, "effective": false},
+        ])
+    );
+    assert_eq!(admin(admin_port, "DELETE", cart, "t0k"), 200);
+    assert_eq!(get(port, "/cart").0, 503);
+    let (code, body) = common::request(admin_port, "PUT", cart, auth, r#"{"on": "yes"}"#).unwrap();
+    assert!(
+        code == 400 && body.contains("expected {\\\"on\\\": true|false}"),
+        "{code} {body}"
+    );
+    // Set on at run time: kept across the restart below.
+    assert_eq!(admin(admin_port, "PUT", cart, "t0k"), 200);
     assert_eq!(get(port, "/cart").0, 503);
 
     // A limited route answers with its configured response, rate-limit headers kept.
@@ -166,7 +194,7 @@ fn switches_fallbacks_and_a_fallback_upstream() {
         "weir_resource_fallbacks_total{resource=\"search\"} 4",
         "weir_resource_fallbacks_total{resource=\"login\"} 2",
         "weir_resource_fallbacks_total{resource=\"recs\"} 1",
-        "weir_switch_changes_total 3",
+        "weir_switch_changes_total 5",
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     }

@@ -1,9 +1,11 @@
 //! Switches set at run time over the admin listener, persisted next to the rule file.
 //!
-//! `PUT /api/v1/switches/{id}` turns a switch on (its resource is degraded: blocked with kind
-//! `switch`, answered by the route's fallback or 503), `DELETE` turns it off, `GET
-//! /api/v1/switches` lists them. The routes exist only with `--admin-token` (and need the
-//! bearer token). Each change is applied at once, logged, counted
+//! `PUT /api/v1/switches/{id}` sets a switch at run time: on (its resource is degraded:
+//! blocked with kind `switch`, answered by the route's fallback or 503) without a body or with
+//! `{"on": true}`, off with `{"on": false}` — either wins over the rule file until `DELETE`
+//! hands the switch back to the file's `on`. `GET /api/v1/switches` lists them: `file`,
+//! `override` (the run-time state or null) and `effective`. The routes exist only with
+//! `--admin-token` (and need the bearer token). Each change is applied at once, logged, counted
 //! (`weir_switch_changes_total`) and written to `RULES.switches.json` beside the rule file
 //! (a temporary file, synced, then renamed over the old one), which the next start reads back.
 
@@ -108,16 +110,46 @@ pub fn routes(s: Switches) -> Router {
         )
         .route(
             "/api/v1/switches/{id}",
-            put(move |UrlPath(id): UrlPath<String>| set(on, id, true))
-                .delete(move |UrlPath(id): UrlPath<String>| set(off, id, false)),
+            put(
+                move |UrlPath(id): UrlPath<String>, body: axum::body::Bytes| async move {
+                    match requested_state(&body) {
+                        Ok(state) => set(on, id, Some(state)).await,
+                        Err(e) => {
+                            (StatusCode::BAD_REQUEST, Json(json!({"error": e}))).into_response()
+                        }
+                    }
+                },
+            )
+            .delete(move |UrlPath(id): UrlPath<String>| set(off, id, None)),
         )
 }
 
-async fn set(s: Switches, id: String, on: bool) -> Response {
+/// The state a `PUT` asks for: on without a body, else its `{"on": true|false}`.
+fn requested_state(body: &[u8]) -> Result<bool, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        on: bool,
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(true);
+    }
+    serde_json::from_slice::<Body>(body)
+        .map(|b| b.on)
+        .map_err(|e| format!("request body: expected {{\"on\": true|false}}: {e}"))
+}
+
+/// Sets switch `id` at run time (`Some`), or hands it back to the rule file (`None`).
+async fn set(s: Switches, id: String, state: Option<bool>) -> Response {
     let _one_at_a_time = s.lock.lock().await;
-    if let Err(e) = s.rules.set_switch(&id, on) {
+    let changed = match state {
+        Some(on) => s.rules.set_switch(&id, on),
+        None => s.rules.clear_switch(&id),
+    };
+    if let Err(e) = changed {
         return (StatusCode::NOT_FOUND, Json(json!({"error": e.to_string()}))).into_response();
     }
+    let on = state;
     s.stats.switch_changes.fetch_add(1, Ordering::Relaxed);
     let states = s.rules.switch_overrides();
     let path = s.path.clone();
@@ -125,13 +157,13 @@ async fn set(s: Switches, id: String, on: bool) -> Response {
     let state = s.rules.switches().into_iter().find(|x| x.id == id);
     match saved {
         Ok(Ok(())) => {
-            tracing::info!(switch = id, on, file = %s.path.display(), "switch set over the admin API");
+            tracing::info!(switch = id, on = ?on, file = %s.path.display(), "switch set over the admin API (on = None: back to the rule file)");
             (StatusCode::OK, Json(json!(state))).into_response()
         }
         Ok(Err(e)) => {
             tracing::error!(
                 switch = id,
-                on,
+                on = ?on,
                 "switch set but not saved to {}: {e}",
                 s.path.display()
             );
