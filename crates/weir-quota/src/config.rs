@@ -223,6 +223,60 @@ fn parse_rlqs(
 }
 
 impl QuotaConfig {
+    /// The settings in force, defaults filled in, one line per resource, template and RLQS
+    /// bucket rule (what `weir check-config` prints for a quota file).
+    pub fn describe(&self) -> String {
+        use std::fmt::Write;
+        let secs = |d: Duration| format!("{}s", d.as_secs_f64());
+        let mut out = String::new();
+        let rows = self
+            .resources
+            .iter()
+            .map(|r| ("resource", r))
+            .chain(self.templates.iter().map(|t| ("template", t)));
+        for (what, (name, c)) in rows {
+            let safe = c.safe_capacity.map_or_else(
+                || "capacity ÷ clients last seen".to_string(),
+                |s| format!("{s}/s"),
+            );
+            let _ = writeln!(
+                out,
+                "{what} {name}: {}/s, {}, lease {}, refresh {}, safe capacity {safe}",
+                c.capacity,
+                c.algorithm.as_str(),
+                secs(c.lease),
+                secs(c.refresh),
+            );
+        }
+        if let Some(r) = &self.rlqs {
+            let _ = writeln!(
+                out,
+                "rlqs: domain {}, burst {}, idle {}, at most {} buckets per stream and {} in all",
+                r.domain.as_deref().unwrap_or("(any)"),
+                secs(r.burst),
+                secs(r.idle),
+                r.max_buckets_per_stream,
+                r.max_buckets
+            );
+            for b in &r.buckets {
+                let m: Vec<String> = b
+                    .matches
+                    .iter()
+                    .map(|(k, v)| match v {
+                        ValuePattern::Any => format!("{k}=*"),
+                        ValuePattern::Exact(x) => format!("{k}={x}"),
+                    })
+                    .collect();
+                let to = match &b.target {
+                    BucketTarget::Resource(r) => format!("resource {r}"),
+                    BucketTarget::Unlimited => "unlimited (ALLOW_ALL)".to_string(),
+                };
+                let _ = writeln!(out, "  bucket {{{}}} -> {to}", m.join(", "));
+            }
+        }
+        out
+    }
+
     /// Parses and validates a quota file's text.
     pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedErrors> {
         let raw: RawConfig = yaml::parse_all(file, text)?;

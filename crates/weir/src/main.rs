@@ -273,6 +273,10 @@ struct CheckConfigArgs {
     /// `weir serve --merge-domains`).
     #[arg(long)]
     merge_domains: bool,
+    /// The file's kind: rules (weir proxy, weir-rules), lyft (weir serve --config) or quota
+    /// (weir serve --quota). Default: told by its top-level keys.
+    #[arg(long, value_name = "KIND", value_parser = ["rules", "lyft", "quota"])]
+    kind: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -485,6 +489,8 @@ enum Format {
     Rules,
     /// A Lyft rate-limit configuration (`domain`, `descriptors`).
     Lyft,
+    /// A quota file (`resources` with `capacity`, `rlqs`).
+    Quota,
 }
 
 fn detect_format(path: &std::path::Path) -> Result<Format, String> {
@@ -494,11 +500,20 @@ fn detect_format(path: &std::path::Path) -> Result<Format, String> {
     // Bounded in size and nesting like every configuration read; only the top-level keys are
     // kept.
     let text = weir_rules::yaml::read(path).map_err(|e| e.to_string())?;
-    let top: std::collections::BTreeMap<String, serde::de::IgnoredAny> =
-        weir_rules::yaml::parse(path, &text)
-            .map_err(|e| format!("{e} (expected a YAML mapping of weir rules or a Lyft config)"))?;
+    let top: std::collections::BTreeMap<String, serde_yaml_ng::Value> =
+        weir_rules::yaml::parse(path, &text).map_err(|e| {
+            format!("{e} (expected a YAML mapping: weir rules, a Lyft config or a quota file)")
+        })?;
     let keys: Vec<&str> = top.keys().map(String::as_str).collect();
     let has = |k: &str| keys.contains(&k);
+    // A quota file's resources have a capacity; a rule file's never do.
+    let quota_resources = top
+        .get("resources")
+        .and_then(|r| r.as_sequence())
+        .is_some_and(|r| r.iter().any(|x| x.get("capacity").is_some()));
+    if has("rlqs") || (quota_resources && !has("system") && !has("http")) {
+        return Ok(Format::Quota);
+    }
     match (
         has("resources") || has("system") || has("http"),
         has("domain") || has("descriptors"),
@@ -510,18 +525,42 @@ fn detect_format(path: &std::path::Path) -> Result<Format, String> {
             path.display()
         )),
         (false, false) => Err(format!(
-            "{}: cannot tell the format: expected top-level `resources`, `system` or `http` (weir rules) or `domain` and `descriptors` (Lyft rate-limit config)",
+            "{}: cannot tell the format: expected top-level `resources`, `system` or `http` (weir rules), `domain` and `descriptors` (Lyft rate-limit config) or `resources` with `capacity` and `rlqs` (quota file); or say it with --kind",
             path.display()
         )),
     }
 }
 
 fn run_check_config(args: CheckConfigArgs) -> ExitCode {
-    match detect_format(&args.path) {
+    let format = match args.kind.as_deref() {
+        Some("rules") => Ok(Format::Rules),
+        Some("lyft") => Ok(Format::Lyft),
+        Some("quota") => Ok(Format::Quota),
+        _ => detect_format(&args.path),
+    };
+    match format {
         Err(e) => fail(e),
         Ok(Format::Rules) => check_rules(&args.path),
         Ok(Format::Lyft) => check_lyft(&args),
+        Ok(Format::Quota) => check_quota(&args.path),
     }
+}
+
+/// A quota file: every resource with its settings in force (defaults filled in).
+fn check_quota(path: &std::path::Path) -> ExitCode {
+    let config = match weir_quota::config::QuotaConfig::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("weir: error: {e}");
+            }
+            return ExitCode::from(2);
+        }
+    };
+    let mut out = io::stdout().lock();
+    let _ = writeln!(out, "weir quota: {}", path.display());
+    let _ = write!(out, "{}", config.describe());
+    ExitCode::SUCCESS
 }
 
 fn check_rules(path: &std::path::Path) -> ExitCode {
@@ -544,6 +583,10 @@ fn check_rules(path: &std::path::Path) -> ExitCode {
     let _ = writeln!(out, "weir rules: {}", path.display());
     for r in &set.resources {
         let _ = writeln!(out, "resource {}", r.name);
+        if let Some(s) = &r.switch {
+            let on = if s.on { "on (blocked)" } else { "off" };
+            let _ = writeln!(out, "  switch {}: {on} in the file", s.id);
+        }
         if let Some(a) = &r.authority {
             let (what, list) = if a.allow.is_empty() {
                 ("deny", &a.deny)
@@ -597,10 +640,11 @@ fn check_rules(path: &std::path::Path) -> ExitCode {
         if let Some(b) = &r.breaker {
             let _ = writeln!(
                 out,
-                "  breaker {}: {:?}{}",
+                "  breaker {}: {:?} preset: {}{}",
                 b.id,
                 b.preset
                     .unwrap_or(weir_rules::config::BreakerPreset::Resilience4j),
+                describe_breaker(&b.config()),
                 if b.shadow { " [shadow]" } else { "" }
             );
         }
@@ -644,9 +688,63 @@ fn check_rules(path: &std::path::Path) -> ExitCode {
                 r.methods.join(",")
             };
             let _ = writeln!(out, "route {methods} {} -> {}", r.prefix, r.resource);
+            if let Some(f) = &r.fallback {
+                let on = if f.on.is_empty() {
+                    "every block".to_string()
+                } else {
+                    f.on.join(", ")
+                };
+                let what = match (&f.upstream, &f.body_file, &f.body) {
+                    (Some(u), _, _) => format!("forwarded to {u}"),
+                    (None, Some(file), _) => format!("{} with the body of {file}", f.status),
+                    (None, None, Some(b)) => format!("{} with a {}-byte body", f.status, b.len()),
+                    (None, None, None) => format!("{} without a body", f.status),
+                };
+                let _ = writeln!(out, "  fallback on {on}: {what}");
+            }
         }
     }
     ExitCode::SUCCESS
+}
+
+/// A breaker's parameters in force, the preset's filled in.
+fn describe_breaker(c: &weir_core::breaker::BreakerConfig) -> String {
+    use weir_core::breaker::Window;
+    let d = duration::format_duration;
+    let mut parts = vec![match c.window {
+        Window::Count(n) => format!("last {n} calls"),
+        Window::Time { length, buckets } => {
+            format!("calls of the last {} ({buckets} buckets)", d(length))
+        }
+    }];
+    parts.push(format!("min_calls {}", c.min_calls));
+    if let Some(r) = c.error_ratio {
+        parts.push(format!("error_ratio {r}"));
+    }
+    if let Some(n) = c.error_count {
+        parts.push(format!("error_count {n}"));
+    }
+    if let Some(r) = c.slow_ratio {
+        parts.push(format!("slow_ratio {r} of calls over {}", d(c.slow_call)));
+    }
+    parts.push(format!("open_for {}", d(c.open_duration)));
+    if c.open_backoff > 1.0 {
+        parts.push(format!(
+            "open_backoff {} up to {}",
+            c.open_backoff,
+            d(c.max_open)
+        ));
+    }
+    parts.push(format!(
+        "{} probe(s), {} success(es) to close, probe_timeout {}",
+        c.max_probes,
+        c.successes_to_close,
+        d(c.probe_timeout)
+    ));
+    if !c.slow_start.is_zero() {
+        parts.push(format!("slow_start {}", d(c.slow_start)));
+    }
+    parts.join(", ")
 }
 
 fn check_lyft(args: &CheckConfigArgs) -> ExitCode {

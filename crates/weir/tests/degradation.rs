@@ -543,3 +543,36 @@ fn the_documented_gutter_example_trips_after_its_window_and_logs_it() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn check_config_shows_switches_fallbacks_and_breakers_as_in_force() {
+    let dir = common::tempdir("check-rules");
+    let rules = dir.join("rules.yaml");
+    // The rules of the switch test, and a breaker.
+    let all = RULES.replace("FALLBACK", "9");
+    let (head, routes) = all.split_once("http:\n").unwrap();
+    std::fs::write(
+        &rules,
+        format!("{head}  - name: pay\n    breaker: {{id: pay-breaker, error_ratio: 0.5, window_calls: 20, open_for: 10s}}\nhttp:\n{routes}"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("slow-down.txt"), "slow down\n").unwrap();
+    let out = common::run(&["check-config", rules.to_str().unwrap()], "");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "switch cart-off: on (blocked) in the file",
+        "switch recs-off: off in the file",
+        "breaker pay-breaker: Resilience4j preset: last 20 calls, min_calls 20, error_ratio 0.5",
+        "fallback on switch: 200 with a 12-byte body",
+        "fallback on flow: 429 with the body of slow-down.txt",
+        "fallback on every block: forwarded to http://127.0.0.1:9",
+    ] {
+        assert!(text.contains(want), "{want} in\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

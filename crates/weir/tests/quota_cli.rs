@@ -645,3 +645,47 @@ fn serve_quota_says_what_it_serves_at_start() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn check_config_tells_a_quota_file_and_prints_its_settings_in_force() {
+    let dir = common::tempdir("check-quota");
+    // The README's example, as written there.
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+    )
+    .unwrap();
+    let line = readme
+        .lines()
+        .find(|l| l.contains("> quota.yaml"))
+        .expect("the README's quota file");
+    let text = line.split('\'').nth(1).unwrap().replace("\\n", "\n");
+    let file = dir.join("quota.yaml");
+    std::fs::write(&file, &text).unwrap();
+    let (code, out, err) = weir(&["check-config", file.to_str().unwrap()], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("resource search: 1000/s, fair_share, lease 30s, refresh 5s"),
+        "{out}"
+    );
+    // Errors of a quota file, every one, located; --kind says what a file is.
+    std::fs::write(
+        &file,
+        "resources:\n  - {name: a, capacity: 5/d}\n  - {name: b, capacity: -1}\n",
+    )
+    .unwrap();
+    let (code, _, err) = weir(&["check-config", file.to_str().unwrap()], "");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("quota.yaml:2:") && err.contains("quota.yaml:3:"),
+        "{err}"
+    );
+    let (code, _, err) = weir(
+        &["check-config", "--kind", "lyft", file.to_str().unwrap()],
+        "",
+    );
+    assert!(
+        code == 2 && err.contains("unknown field `resources`"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
