@@ -1141,6 +1141,10 @@ fn run_simulate(args: SimulateArgs) -> ExitCode {
         warmup: args.warmup,
         max_wait: args.max_wait,
     };
+    // Settings first (an empty trace runs nothing): a usage error is the only line printed.
+    if let Err(e) = simulate::simulate(&settings, &simulate::Trace::default(), &mut io::sink()) {
+        return fail(e);
+    }
     let trace = match &args.input {
         None => {
             eprintln!("weir: no --input given; using the bundled trace traces/boundary_burst.csv");

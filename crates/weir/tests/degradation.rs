@@ -257,6 +257,7 @@ fn a_bad_state_file_or_fallback_is_named_at_start() {
     std::fs::write(dir.join("rules.yaml.switches.json"), "{\"recs-off\": 1}").unwrap();
     let err = refused_start(&rules);
     assert!(err.contains("rules.yaml.switches.json:1:"), "{err}");
+    assert!(!err.contains(" at line "), "the position once: {err}");
     std::fs::remove_file(dir.join("rules.yaml.switches.json")).unwrap();
     std::fs::write(
         &rules,

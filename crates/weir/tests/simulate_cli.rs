@@ -171,6 +171,21 @@ fn bad_options_are_usage_errors() {
         "0,a,1\n",
     );
     assert_usage_error(&out, "limit must be at least 1");
+    // Without --input either: the error is the only line (no note about the bundled trace).
+    let out = weir(
+        &[
+            "simulate",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "0",
+            "--window",
+            "1s",
+        ],
+        "",
+    );
+    assert_usage_error(&out, "limit must be at least 1");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
     let out = weir(
         &[
             "simulate",

@@ -54,8 +54,13 @@ pub fn load(path: &Path) -> Result<HashMap<String, bool>, String> {
         ));
     }
     serde_json::from_str(&text).map_err(|e| {
+        // serde_json ends its message with the position, which the prefix already gives.
+        let reason = e.to_string();
+        let reason = reason
+            .rsplit_once(" at line ")
+            .map_or(reason.as_str(), |(r, _)| r);
         format!(
-            "{}:{}:{}: expected {{\"SWITCH_ID\": true|false, …}}: {e}",
+            "{}:{}:{}: expected {{\"SWITCH_ID\": true|false, …}}: {reason}",
             path.display(),
             e.line(),
             e.column()
