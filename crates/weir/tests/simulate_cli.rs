@@ -230,3 +230,47 @@ fn bad_options_are_usage_errors() {
     );
     assert_usage_error(&out, "cannot read /nonexistent/trace.csv");
 }
+
+/// The README's boundary-burst table is what `weir simulate` prints on the bundled trace.
+#[test]
+fn the_readmes_boundary_burst_table_is_what_the_command_prints() {
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+    )
+    .unwrap();
+    let table = readme
+        .split("| algorithm | allowed of 32 |")
+        .nth(1)
+        .expect("the table");
+    let mut rows = 0;
+    for row in table.lines().skip(2).take_while(|l| l.starts_with('|')) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let algorithm = cells[1].split('`').nth(1).unwrap();
+        let allowed = cells[2];
+        let most = cells[3].trim_matches('*');
+        let mut args = vec![
+            "simulate",
+            "--algorithm",
+            algorithm,
+            "--limit",
+            "10",
+            "--window",
+            "1s",
+        ];
+        if cells[1].contains("--max-wait 1s") {
+            args.extend(["--max-wait", "1s"]);
+        }
+        let out = weir(&args, "");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("allowed: {allowed} ")),
+            "{algorithm}: README says {allowed} allowed; the command: {err}"
+        );
+        assert!(
+            err.contains(&format!("alice: {most}\n")),
+            "{algorithm}: README says {most} in a span; the command: {err}"
+        );
+        rows += 1;
+    }
+    assert!(rows >= 7, "{rows} rows");
+}
