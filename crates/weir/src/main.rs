@@ -500,17 +500,22 @@ fn detect_format(path: &std::path::Path) -> Result<Format, String> {
     // Bounded in size and nesting like every configuration read; only the top-level keys are
     // kept.
     let text = weir_rules::yaml::read(path).map_err(|e| e.to_string())?;
-    let top: std::collections::BTreeMap<String, serde_yaml_ng::Value> =
-        weir_rules::yaml::parse(path, &text).map_err(|e| {
+    use serde::de::IgnoredAny;
+    let top: std::collections::BTreeMap<String, IgnoredAny> = weir_rules::yaml::parse(path, &text)
+        .map_err(|e| {
             format!("{e} (expected a YAML mapping: weir rules, a Lyft config or a quota file)")
         })?;
     let keys: Vec<&str> = top.keys().map(String::as_str).collect();
     let has = |k: &str| keys.contains(&k);
-    // A quota file's resources have a capacity; a rule file's never do.
-    let quota_resources = top
-        .get("resources")
-        .and_then(|r| r.as_sequence())
-        .is_some_and(|r| r.iter().any(|x| x.get("capacity").is_some()));
+    // A quota file's resources have a capacity; a rule file's never do (only the keys of
+    // each resource are read, whatever their values).
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        resources: Vec<std::collections::BTreeMap<String, IgnoredAny>>,
+    }
+    let quota_resources = has("resources")
+        && weir_rules::yaml::parse::<Probe>(path, &text)
+            .is_ok_and(|p| p.resources.iter().any(|r| r.contains_key("capacity")));
     if has("rlqs") || (quota_resources && !has("system") && !has("http")) {
         return Ok(Format::Quota);
     }
