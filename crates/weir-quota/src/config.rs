@@ -287,6 +287,11 @@ impl QuotaConfig {
             let at = |field: &str| format!("resources[{i}].{field}");
             if r.name.is_empty() || r.name.matches('*').count() > 1 {
                 problems.push((at("name"), "a name, with at most one `*`".into()));
+            } else if r.name.len() > crate::server::MAX_RESOURCE_NAME {
+                problems.push((
+                    at("name"),
+                    format!("longer than {} bytes", crate::server::MAX_RESOURCE_NAME),
+                ));
             } else if !names.insert(r.name.clone()) {
                 problems.push((at("name"), format!("{:?} is declared twice", r.name)));
             }

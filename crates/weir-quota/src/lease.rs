@@ -411,6 +411,10 @@ impl LeaseTable {
             granted = granted.min(self.holders[i].granted);
             expires_at = expires_at.min(cap);
         }
+        // -0.0 (from a `wants` of -0.0) is reported as 0.
+        if granted == 0.0 {
+            granted = 0.0;
+        }
         let learning = learning || self.hold.is_some();
         self.refreshes += 1;
         let h = &mut self.holders[i];

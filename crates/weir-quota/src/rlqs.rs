@@ -133,7 +133,10 @@ impl RlqsConfig {
                     for (k, p) in &rule.matches {
                         if *p == ValuePattern::Any {
                             if let Some(v) = id.bucket.get(k) {
-                                out = out.replace(&format!("{{{k}}}"), v);
+                                // A long value (up to the bucket id's 1 KiB) stands as its
+                                // digest, so the name stays within the lease server's bound.
+                                let v = weir_rules::keys::KeyShortener.bounded(v);
+                                out = out.replace(&format!("{{{k}}}"), &v);
                             }
                         }
                     }
@@ -694,6 +697,22 @@ mod tests {
                 num_requests_denied: denied,
             }],
         }
+    }
+
+    #[test]
+    fn a_long_bucket_value_names_its_resource_by_a_digest() {
+        let (_, rlqs) = setup(YAML);
+        let long = "u".repeat(900);
+        let Target::Resource(name) = rlqs.target(&id(&[("name", "per_user"), ("user", &long)]))
+        else {
+            panic!("a resource");
+        };
+        assert!(name.starts_with("user-~900:") && name.len() < 64, "{name}");
+        let Target::Resource(short) = rlqs.target(&id(&[("name", "per_user"), ("user", "ann")]))
+        else {
+            panic!("a resource");
+        };
+        assert_eq!(short, "user-ann");
     }
 
     fn strategy(a: &BucketAction) -> Option<Assignment> {

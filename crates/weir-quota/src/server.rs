@@ -32,6 +32,17 @@ pub enum Refusal {
     Unavailable(String),
 }
 
+impl Refusal {
+    /// The resource refused, as the answer may show it (a name over
+    /// [`MAX_RESOURCE_NAME`] bytes is cut).
+    pub fn resource(&self) -> &str {
+        match self {
+            Refusal::UnknownResource(r) | Refusal::Unavailable(r) => r,
+            Refusal::BadAsk { resource, .. } => resource,
+        }
+    }
+}
+
 /// One resource's state, for people, metrics and the dashboard.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Allocation {
@@ -65,6 +76,67 @@ pub struct TableState {
     pub holders: Vec<Holder>,
 }
 
+/// Template instances (resources a template created on demand), each with the client whose
+/// ask created it, and how many each client created.
+#[derive(Debug, Default)]
+struct Instances {
+    creator: HashMap<String, String>,
+    per_client: HashMap<String, usize>,
+}
+
+impl Instances {
+    fn len(&self) -> usize {
+        self.creator.len()
+    }
+
+    fn contains(&self, resource: &str) -> bool {
+        self.creator.contains_key(resource)
+    }
+
+    fn created_by(&self, client: &str) -> usize {
+        self.per_client.get(client).copied().unwrap_or(0)
+    }
+
+    fn insert(&mut self, resource: &str, client: &str) {
+        if let Some(old) = self
+            .creator
+            .insert(resource.to_string(), client.to_string())
+        {
+            self.forget_creator(&old);
+        }
+        *self.per_client.entry(client.to_string()).or_default() += 1;
+    }
+
+    fn remove(&mut self, resource: &str) {
+        if let Some(client) = self.creator.remove(resource) {
+            self.forget_creator(&client);
+        }
+    }
+
+    fn forget_creator(&mut self, client: &str) {
+        if let Some(n) = self.per_client.get_mut(client) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_client.remove(client);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.creator.clear();
+        self.per_client.clear();
+    }
+}
+
+/// At most `n` bytes of `s`, cut at a character boundary.
+fn truncated(s: &str, n: usize) -> &str {
+    let mut end = n.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 fn lease_nanos(c: &crate::lease::ResourceConfig) -> Nanos {
     Nanos::try_from(c.lease.as_nanos()).unwrap_or(Nanos::MAX)
 }
@@ -74,6 +146,8 @@ fn lease_nanos(c: &crate::lease::ResourceConfig) -> Nanos {
 pub struct LeaseServer {
     config: Mutex<QuotaConfig>,
     tables: Mutex<HashMap<String, LeaseTable>>,
+    /// Template instances and the clients who created them.
+    instances: Mutex<Instances>,
     /// Tables made in the first lease length after this time learn (the server started then
     /// without a snapshot); `None`: nothing to learn.
     started_at: Mutex<Option<Nanos>>,
@@ -81,8 +155,15 @@ pub struct LeaseServer {
     hold: Mutex<Option<Nanos>>,
 }
 
-/// Most resources one server tracks (templates create them on demand).
+/// Most template instances one server tracks (a template creates one on a client's first
+/// ask with a demand); resources named in the configuration always have their table.
 pub const MAX_RESOURCES: usize = 10_000;
+
+/// Most template instances one client may have created that still exist.
+pub const MAX_INSTANCES_PER_CLIENT: usize = 1_000;
+
+/// Longest resource name (bytes) a client may ask for, and a quota file may declare.
+pub const MAX_RESOURCE_NAME: usize = 256;
 
 impl LeaseServer {
     /// A server started at `now` with `config`; its tables learn for one lease length.
@@ -90,6 +171,7 @@ impl LeaseServer {
         Self {
             config: Mutex::new(config),
             tables: Mutex::new(HashMap::new()),
+            instances: Mutex::new(Instances::default()),
             started_at: Mutex::new(Some(now)),
             hold: Mutex::new(None),
         }
@@ -161,11 +243,17 @@ impl LeaseServer {
     pub fn restore(&self, states: Vec<TableState>, now: Nanos) {
         let config = self.config.lock();
         let mut tables = self.tables.lock();
+        let mut instances = self.instances.lock();
         tables.clear();
+        instances.clear();
         for s in states.into_iter().take(MAX_RESOURCES) {
             let Some(c) = config.resource(&s.resource) else {
                 continue;
             };
+            if !config.resources.iter().any(|(n, _)| *n == s.resource) {
+                // A template instance from the snapshot: counted, its creator unknown.
+                instances.insert(&s.resource, "");
+            }
             let holders = s
                 .holders
                 .into_iter()
@@ -188,16 +276,76 @@ impl LeaseServer {
         *self.started_at.lock() = None;
     }
 
+    /// Checks that `client` may create the template instance `resource`, dropping lapsed
+    /// instances to make room: at most [`MAX_RESOURCES`] instances in all and
+    /// [`MAX_INSTANCES_PER_CLIENT`] created by one client. Records the creator.
+    fn make_room_for_instance(
+        &self,
+        tables: &mut HashMap<String, LeaseTable>,
+        client: &str,
+        resource: &str,
+        now: Nanos,
+    ) -> Result<(), Refusal> {
+        let mut instances = self.instances.lock();
+        let full = |i: &Instances| {
+            i.len() >= MAX_RESOURCES || i.created_by(client) >= MAX_INSTANCES_PER_CLIENT
+        };
+        if full(&instances) {
+            // Make room: instances whose leases all lapsed.
+            let mut dropped = Vec::new();
+            tables.retain(|name, t| {
+                if !instances.contains(name) {
+                    return true;
+                }
+                t.expire(now);
+                let keep = !t.holders().is_empty() || t.learning(now);
+                if !keep {
+                    dropped.push(name.clone());
+                }
+                keep
+            });
+            for name in dropped {
+                instances.remove(&name);
+            }
+        }
+        if instances.len() >= MAX_RESOURCES {
+            return Err(Refusal::BadAsk {
+                resource: resource.to_string(),
+                reason: format!(
+                    "more than {MAX_RESOURCES} template instances in use (resources named in the quota file are not affected)"
+                ),
+            });
+        }
+        if instances.created_by(client) >= MAX_INSTANCES_PER_CLIENT {
+            return Err(Refusal::BadAsk {
+                resource: resource.to_string(),
+                reason: format!(
+                    "client {client:?} created {MAX_INSTANCES_PER_CLIENT} template instances in use already"
+                ),
+            });
+        }
+        instances.insert(resource, client);
+        Ok(())
+    }
+
     /// A new configuration: tables of resources still configured keep their leases and take
     /// the new parameters; tables of removed resources are dropped.
     pub fn reload(&self, config: QuotaConfig) {
         let mut tables = self.tables.lock();
+        let mut instances = self.instances.lock();
         tables.retain(|name, t| match config.resource(name) {
             Some(c) => {
                 t.reconfigure(c);
+                // A template instance the file now names is a configured resource.
+                if config.resources.iter().any(|(n, _)| n == name) {
+                    instances.remove(name);
+                }
                 true
             }
-            None => false,
+            None => {
+                instances.remove(name);
+                false
+            }
         });
         *self.config.lock() = config;
     }
@@ -212,25 +360,46 @@ impl LeaseServer {
         let mut tables = self.tables.lock();
         asks.iter()
             .map(|(resource, ask)| {
+                if resource.len() > MAX_RESOURCE_NAME {
+                    return Err(Refusal::BadAsk {
+                        resource: format!("{}…", truncated(resource, 64)),
+                        reason: format!("resource name longer than {MAX_RESOURCE_NAME} bytes"),
+                    });
+                }
+                if resource.chars().any(char::is_control) {
+                    return Err(Refusal::BadAsk {
+                        resource: resource.escape_debug().to_string(),
+                        reason: "resource name with a control character".into(),
+                    });
+                }
                 if !tables.contains_key(resource) {
                     // The configuration is read only to create a table (first use).
-                    let c = self
-                        .config
-                        .lock()
-                        .resource(resource)
-                        .ok_or_else(|| Refusal::UnknownResource(resource.clone()))?;
-                    if tables.len() >= MAX_RESOURCES {
-                        // Make room: tables whose leases all lapsed.
-                        tables.retain(|_, t| {
-                            t.expire(now);
-                            !t.holders().is_empty() || t.learning(now)
-                        });
-                    }
-                    if tables.len() >= MAX_RESOURCES {
-                        return Err(Refusal::BadAsk {
-                            resource: resource.clone(),
-                            reason: format!("more than {MAX_RESOURCES} resources in use"),
-                        });
+                    let (c, configured) = {
+                        let config = self.config.lock();
+                        let configured = config.resources.iter().any(|(n, _)| n == resource);
+                        let c = config
+                            .resource(resource)
+                            .ok_or_else(|| Refusal::UnknownResource(resource.clone()))?;
+                        (c, configured)
+                    };
+                    if !configured {
+                        if !(ask.wants.is_finite() && ask.wants >= 0.0) {
+                            return Err(Refusal::BadAsk {
+                                resource: resource.clone(),
+                                reason: format!("wants {}: a finite number ≥ 0", ask.wants),
+                            });
+                        }
+                        if ask.wants == 0.0 {
+                            // Nothing to grant: no table for a template instance nobody wants.
+                            return Ok(Lease {
+                                granted: 0.0,
+                                expires_at: now,
+                                refresh: c.refresh,
+                                safe_capacity: c.safe_capacity.unwrap_or(c.capacity),
+                                learning: false,
+                            });
+                        }
+                        self.make_room_for_instance(&mut tables, client, resource, now)?;
                     }
                     // A table created in the first lease length after the start learns for
                     // what is left of it; later ones start empty (nothing was handed out).
@@ -272,6 +441,7 @@ impl LeaseServer {
                 t.release(client);
                 if t.holders().is_empty() && t.learning_until() == 0 {
                     tables.remove(r);
+                    self.instances.lock().remove(r);
                 }
             }
         }
@@ -422,5 +592,61 @@ mod tests {
         );
         s.reload(config("resources: []\n"));
         assert!(s.allocations(S).is_empty());
+    }
+
+    #[test]
+    fn names_are_bounded_and_template_instances_cannot_lock_anyone_out() {
+        let s = LeaseServer::new(
+            config("resources:\n  - {name: search, capacity: 10}\n  - {name: 'tenant-*', capacity: 5}\n"),
+            0,
+        );
+        s.restore(Vec::new(), 0); // no learning
+                                  // A name over 256 bytes is refused, and named in the answer by its start only.
+        let long = format!("tenant-{}", "x".repeat(MAX_RESOURCE_NAME));
+        match &s.refresh("c", &[ask(&long, 1.0)], S)[0] {
+            Err(Refusal::BadAsk { resource, reason }) => {
+                assert!(resource.len() < 80 && reason.contains("longer than 256 bytes"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A zero demand creates no instance.
+        let zero = s.refresh("c", &[ask("tenant-idle", 0.0)], S);
+        assert_eq!(zero[0].as_ref().unwrap().granted, 0.0);
+        assert!(s.allocations(S).iter().all(|a| a.resource != "tenant-idle"));
+        // One client creates at most MAX_INSTANCES_PER_CLIENT instances…
+        let asks: Vec<(String, Ask)> = (0..=MAX_INSTANCES_PER_CLIENT)
+            .map(|i| ask(&format!("tenant-junk{i}"), 1.0))
+            .collect();
+        let answers = s.refresh("mallory", &asks, S);
+        assert!(answers[..MAX_INSTANCES_PER_CLIENT]
+            .iter()
+            .all(Result::is_ok));
+        assert!(matches!(
+            &answers[MAX_INSTANCES_PER_CLIENT],
+            Err(Refusal::BadAsk { reason, .. }) if reason.contains("template instances in use already")
+        ));
+        // … ten clients fill the server's instances, yet configured resources and other
+        // clients' existing instances are served.
+        for c in 1..10 {
+            let asks: Vec<(String, Ask)> = (0..MAX_INSTANCES_PER_CLIENT)
+                .map(|i| ask(&format!("tenant-junk{c}-{i}"), 1.0))
+                .collect();
+            s.refresh(&format!("mallory{c}"), &asks, S);
+        }
+        let new = s.refresh("alice", &[ask("tenant-alice", 1.0), ask("search", 4.0)], S);
+        assert!(
+            matches!(&new[0], Err(Refusal::BadAsk { reason, .. }) if reason.contains("resources named in the quota file are not affected"))
+        );
+        assert_eq!(new[1].as_ref().unwrap().granted, 4.0);
+        // Once their leases lapse, the instances make room.
+        let later = 100 * S;
+        let new = s.refresh("alice", &[ask("tenant-alice", 1.0)], later);
+        assert_eq!(new[0].as_ref().unwrap().granted, 1.0);
+        // -0.0 is 0.
+        let g = s.refresh("bob", &[ask("search", -0.0)], later)[0]
+            .as_ref()
+            .unwrap()
+            .granted;
+        assert!(g == 0.0 && g.is_sign_positive());
     }
 }

@@ -647,6 +647,10 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         .map(Duration::from_millis)
 }
 
+/// Longest resource name (bytes): names become metric labels, dashboard rows and, for
+/// cluster rules, lease-server resources (which bound names the same).
+pub const MAX_NAME_BYTES: usize = 256;
+
 impl RuleSet {
     /// Parses and validates a YAML rule set. A file that is not of the right shape reports
     /// every field of the wrong type or with an impossible value ([`yaml::parse_all`]); a
@@ -713,6 +717,11 @@ impl RuleSet {
                 fail(
                     format!("resources[{i}].name"),
                     &format!("resource name {:?} empty or duplicated", r.name),
+                );
+            } else if r.name.len() > MAX_NAME_BYTES {
+                fail(
+                    format!("resources[{i}].name"),
+                    &format!("longer than {MAX_NAME_BYTES} bytes"),
                 );
             }
         }

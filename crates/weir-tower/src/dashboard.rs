@@ -400,10 +400,11 @@ fn since(query: Option<&str>) -> u64 {
 }
 
 /// Every route of `router` answers 401 unless the request carries
-/// `Authorization: Bearer TOKEN` (compared in constant time); no token: unchanged.
+/// `Authorization: Bearer TOKEN` (the scheme in any case, as RFC 9110 has it; the token
+/// compared in constant time); no token: unchanged.
 pub fn require_bearer(router: Router, token: Option<&str>) -> Router {
     let Some(token) = token else { return router };
-    let expected: Arc<[u8]> = Arc::from(format!("Bearer {token}").into_bytes());
+    let expected: Arc<[u8]> = Arc::from(token.as_bytes());
     router.route_layer(axum::middleware::from_fn(
         move |req: Request, next: Next| {
             let expected = expected.clone();
@@ -412,7 +413,11 @@ pub fn require_bearer(router: Router, token: Option<&str>) -> Router {
                     .headers()
                     .get(header::AUTHORIZATION)
                     .map_or(&b""[..], HeaderValue::as_bytes);
-                if constant_time_eq(given, &expected) {
+                let token = given
+                    .get(..7)
+                    .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
+                    .map_or(&b""[..], |_| &given[7..]);
+                if !token.is_empty() && constant_time_eq(token, &expected) {
                     next.run(req).await
                 } else {
                     unauthorized()

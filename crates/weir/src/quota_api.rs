@@ -139,9 +139,7 @@ impl QuotaApi {
         asks: &[(String, Ask)],
         now: weir_core::Nanos,
     ) -> Result<Vec<Result<weir_quota::Lease, weir_quota::server::Refusal>>, String> {
-        if client.is_empty() || client.len() > 256 {
-            return Err("client: 1 to 256 bytes".into());
-        }
+        check_client(client)?;
         if count > MAX_RESOURCES_PER_CALL {
             return Err(format!(
                 "resources: at most {MAX_RESOURCES_PER_CALL} per call"
@@ -151,8 +149,10 @@ impl QuotaApi {
     }
 
     /// Gives `client`'s leases on `resources` back.
-    pub(crate) fn release(&self, client: &str, resources: &[String]) {
+    pub(crate) fn release(&self, client: &str, resources: &[String]) -> Result<(), String> {
+        check_client(client)?;
         self.server.release(client, resources);
+        Ok(())
     }
 
     /// The allocation table for the dashboard: per resource its capacity, the clients'
@@ -286,6 +286,18 @@ fn one() -> f64 {
     1.0
 }
 
+/// A client id: 1 to 256 bytes, no control characters (ids become metric labels and log
+/// fields).
+fn check_client(client: &str) -> Result<(), String> {
+    if client.is_empty() || client.len() > 256 {
+        return Err("client: 1 to 256 bytes".into());
+    }
+    if client.chars().any(char::is_control) {
+        return Err("client: no control characters".into());
+    }
+    Ok(())
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReleaseBody {
@@ -366,7 +378,7 @@ async fn refresh(
                 "safeCapacity": l.safe_capacity,
                 "learning": l.learning,
             }),
-            Err(e) => json!({"resource": resource, "error": e.to_string()}),
+            Err(e) => json!({"resource": e.resource(), "error": e.to_string()}),
         })
         .collect();
     axum::Json(json!({ "leases": leases })).into_response()
@@ -384,8 +396,10 @@ async fn release(
     if let Some(r) = crate::quota_ha::not_leader(&api, api.clock.now()) {
         return r;
     }
-    api.server.release(&b.client, &b.resources);
-    StatusCode::NO_CONTENT.into_response()
+    match api.release(&b.client, &b.resources) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => bad(e),
+    }
 }
 
 async fn allocations(State(api): State<Arc<QuotaApi>>) -> axum::response::Response {

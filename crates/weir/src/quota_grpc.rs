@@ -42,10 +42,10 @@ pub fn call(api: &QuotaApi, refresh: bool, message: Bytes) -> Response<GrpcBody>
     }
     if !refresh {
         return match ReleaseRequest::decode(message) {
-            Ok(r) => {
-                api.release(&r.client, &r.resources);
-                ok(&ReleaseResponse {})
-            }
+            Ok(r) => match api.release(&r.client, &r.resources) {
+                Ok(()) => ok(&ReleaseResponse {}),
+                Err(e) => status(Code::InvalidArgument, &e),
+            },
             Err(e) => status(Code::InvalidArgument, &format!("bad ReleaseRequest: {e}")),
         };
     }
@@ -99,7 +99,7 @@ pub fn call(api: &QuotaApi, refresh: bool, message: Bytes) -> Response<GrpcBody>
                 error: String::new(),
             },
             Err(e) => ResourceLease {
-                resource,
+                resource: e.resource().to_string(),
                 error: e.to_string(),
                 ..ResourceLease::default()
             },

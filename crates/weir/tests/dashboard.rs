@@ -230,6 +230,12 @@ fn with_a_token_the_data_need_the_bearer_and_health_checks_do_not() {
     assert_eq!(get(admin, api, ""), 401);
     assert_eq!(get(admin, api, "Authorization: Bearer wrong\r\n"), 401);
     assert_eq!(get(admin, api, "Authorization: Bearer s3cret\r\n"), 200);
+    // The scheme is case-insensitive (RFC 9110); the token is not.
+    assert_eq!(get(admin, api, "authorization: bearer s3cret\r\n"), 200);
+    assert_eq!(get(admin, api, "authorization: BEARER s3cret\r\n"), 200);
+    assert_eq!(get(admin, api, "authorization: bearer S3CRET\r\n"), 401);
+    assert_eq!(get(admin, api, "authorization: Basic s3cret\r\n"), 401);
+    assert_eq!(get(admin, api, "authorization: bearer \r\n"), 401);
     assert_eq!(get(admin, "/metrics", ""), 401);
     assert_eq!(
         get(admin, "/metrics", "Authorization: Bearer s3cret\r\n"),

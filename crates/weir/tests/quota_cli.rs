@@ -689,3 +689,54 @@ fn check_config_tells_a_quota_file_and_prints_its_settings_in_force() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn lease_api_ids_and_names_are_bounded_and_clean() {
+    let dir = common::tempdir("quota-bounds");
+    let file = dir.join("quota.yaml");
+    std::fs::write(
+        &file,
+        "resources:\n  - {name: search, capacity: 10}\n  - {name: 'tenant-*', capacity: 5}\n",
+    )
+    .unwrap();
+    let s = serve_quota(&file);
+    // A 500 KB name: refused with a bounded answer, nothing kept.
+    let long = format!("tenant-{}", "x".repeat(500_000));
+    let body = format!(r#"{{"client":"c","resources":[{{"resource":"{long}","wants":1}}]}}"#);
+    let (code, answer) = http(s.1, "POST", "/quota/v1/refresh", &body);
+    assert_eq!(code, 200);
+    assert!(
+        answer.len() < 400 && answer.contains("longer than 256 bytes"),
+        "{}",
+        &answer[..answer.len().min(400)]
+    );
+    // A NUL in a client id or a resource name never reaches a metric label.
+    let (code, answer) = http(
+        s.1,
+        "POST",
+        "/quota/v1/refresh",
+        r#"{"client":"a\u0000b","resources":[{"resource":"search","wants":1}]}"#,
+    );
+    assert!(
+        code == 400 && answer.contains("control characters"),
+        "{answer}"
+    );
+    let (_, answer) = http(
+        s.1,
+        "POST",
+        "/quota/v1/refresh",
+        r#"{"client":"c","resources":[{"resource":"tenant-\u0000","wants":1}]}"#,
+    );
+    assert!(answer.contains("control character"), "{answer}");
+    // An empty client id cannot release anything.
+    let (code, _) = http(
+        s.1,
+        "POST",
+        "/quota/v1/release",
+        r#"{"client":"","resources":["search"]}"#,
+    );
+    assert_eq!(code, 400);
+    let (_, metrics) = http(s.1, "GET", "/metrics", "");
+    assert!(!metrics.contains('\0') && !metrics.contains("xxxxxxxx"));
+    let _ = std::fs::remove_dir_all(dir);
+}
