@@ -121,11 +121,18 @@ impl QuotaApi {
         Ok(())
     }
 
-    /// The routes, to merge into the HTTP API.
+    /// The lease routes (refresh, release), to merge into the HTTP API.
     pub fn routes(self: &Arc<Self>) -> Router {
         Router::new()
             .route("/quota/v1/refresh", post(refresh))
             .route("/quota/v1/release", post(release))
+            .with_state(self.clone())
+    }
+
+    /// `GET /quota/v1/allocations`: every client's id, demand and grant — data for
+    /// operators, served beside the dashboard's data (behind `--admin-token` when set).
+    pub fn data_routes(self: &Arc<Self>) -> Router {
+        Router::new()
             .route("/quota/v1/allocations", get(allocations))
             .with_state(self.clone())
     }

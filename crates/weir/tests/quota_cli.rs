@@ -740,3 +740,46 @@ fn lease_api_ids_and_names_are_bounded_and_clean() {
     assert!(!metrics.contains('\0') && !metrics.contains("xxxxxxxx"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn allocations_are_behind_the_admin_token_leases_are_not() {
+    let dir = common::tempdir("quota-token");
+    let file = dir.join("quota.yaml");
+    std::fs::write(&file, "resources:\n  - {name: search, capacity: 10}\n").unwrap();
+    let (http_port, grpc) = (common::free_port(), common::free_port());
+    let (child, line) = common::start(&[
+        "serve",
+        "--quota",
+        file.to_str().unwrap(),
+        "--http-addr",
+        &format!("127.0.0.1:{http_port}"),
+        "--grpc-addr",
+        &format!("127.0.0.1:{grpc}"),
+        "--admin-token",
+        "t0k",
+    ]);
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _child = Kill(child);
+    assert!(line.contains("HTTP on"), "{line}");
+    let alloc = |auth: &str| {
+        common::request(http_port, "GET", "/quota/v1/allocations", auth, "")
+            .unwrap()
+            .0
+    };
+    assert_eq!(alloc(""), 401);
+    assert_eq!(alloc("Authorization: Bearer t0k\r\n"), 200);
+    let (code, body) = http(
+        http_port,
+        "POST",
+        "/quota/v1/refresh",
+        r#"{"client":"c","resources":[{"resource":"search","wants":1,"safe":1}]}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let _ = std::fs::remove_dir_all(dir);
+}

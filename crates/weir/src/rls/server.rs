@@ -634,10 +634,13 @@ pub async fn serve_http(
 ) {
     use weir_tower::dashboard;
     let quota = service.quota.as_ref().map(|q| q.routes());
-    let data = Router::new()
+    let mut data = Router::new()
         .route("/metrics", get(metrics_handler))
         .with_state(service.clone())
         .merge(admin.dashboard.api_router());
+    if let Some(q) = &service.quota {
+        data = data.merge(q.data_routes());
+    }
     let mut app = Router::new()
         .route("/json", post(json_handler))
         .route("/healthz", get(|| async { "OK\n" }))
