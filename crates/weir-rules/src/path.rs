@@ -18,9 +18,10 @@
 //! hex digits, and a path that is not origin-form (does not start with `/`; `*` of
 //! `OPTIONS *` passes unchanged).
 //!
-//! [`match_path`] additionally drops `;parameters` from each segment, for route matching
-//! only: servlet containers and others serve `/api;x=1/checkout` as `/api/checkout`, so a
-//! route on `/api/checkout` must count it. The request is still forwarded with its
+//! [`match_path`] additionally drops `;parameters` from each segment and trims its trailing
+//! dots and encoded spaces, for route matching only: servlet containers and others serve
+//! `/api;x=1/checkout` as `/api/checkout`, servers on Windows `/api/checkout.` and
+//! `/api/checkout%20`, so a route on `/api/checkout` must count them. The request is still forwarded with its
 //! parameters (a server that does not strip them sees another resource, which is then limited
 //! as the one it resembles: stricter, never looser).
 //!
@@ -218,12 +219,12 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
 /// dropped, then dot segments and empty segments resolved again (`/api;v=1/checkout;s=2` and
 /// `/api/x/..;y/checkout` → `/api/checkout`, as a servlet container reads them).
 pub fn match_path(normal: &str) -> Cow<'_, str> {
-    if !normal.contains(';') {
+    if !normal.contains(';') && !trimmed_ends(normal) {
         return Cow::Borrowed(normal);
     }
     let stripped: Vec<&str> = normal
         .split('/')
-        .map(|segment| segment.split(';').next().unwrap_or(""))
+        .map(|segment| trim_segment_end(segment.split(';').next().unwrap_or("")))
         .collect();
     let joined = stripped.join("/");
     // `joined` has no new `%` or `\`: normalising it only resolves segments, and cannot fail.
@@ -233,9 +234,53 @@ pub fn match_path(normal: &str) -> Cow<'_, str> {
     }
 }
 
+/// Whether a segment of `path` ends with `.` or an encoded space (`%20`): servers that trim
+/// them (Windows' file APIs, and frameworks on them) serve `/api/checkout.` and
+/// `/api/checkout%20` as `/api/checkout`, so [`match_path`] matches them as that path. A
+/// plain path ([`is_plain`]) may still have one: check both.
+pub fn trimmed_ends(path: &str) -> bool {
+    path.ends_with('.') || path.ends_with("%20") || path.contains("./") || path.contains("%20/")
+}
+
+/// A segment without its trailing dots and encoded spaces (a segment of dots only is kept).
+fn trim_segment_end(segment: &str) -> &str {
+    let mut s = segment;
+    loop {
+        let shorter = s
+            .strip_suffix('.')
+            .or_else(|| s.strip_suffix("%20"))
+            .filter(|rest| !rest.is_empty() && !rest.bytes().all(|b| b == b'.'));
+        match shorter {
+            Some(rest) => s = rest,
+            None => return s,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trailing_dots_and_encoded_spaces_match_as_the_plain_path() {
+        for p in [
+            "/api/checkout.",
+            "/api/checkout..",
+            "/api/checkout%20",
+            "/api/checkout.%20.",
+        ] {
+            assert!(trimmed_ends(p), "{p}");
+            let n = normalize(p).unwrap();
+            assert_eq!(match_path(&n), "/api/checkout", "{p}");
+        }
+        let n = normalize("/api./checkout%20/x").unwrap();
+        assert_eq!(match_path(&n), "/api/checkout/x");
+        // Dots inside a segment, and segments of dots only, are left alone.
+        for p in ["/v1.0/file.txt", "/a/.../b"] {
+            assert!(!trimmed_ends(p) || p.contains("..."), "{p}");
+            assert_eq!(match_path(&normalize(p).unwrap()), p);
+        }
+    }
 
     /// The byte-at-a-time definition `is_plain` computes eight bytes at a time.
     fn is_plain_bytewise(path: &str) -> bool {

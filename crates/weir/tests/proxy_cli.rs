@@ -253,6 +253,10 @@ http:
         "/api/%63heckout",
         "/%61pi/checkout",
         "/api/checkout;v=1",
+        // Trailing dots and encoded spaces: some servers trim them; matched as the plain path.
+        "/api/checkout.",
+        "/api/checkout..",
+        "/api/checkout%20",
     ] {
         let (code, body) = raw_request(p.port, "GET", target).await;
         assert_eq!(code, 429, "{target}: {body}");
