@@ -73,16 +73,17 @@ fn unreserved(b: u8) -> bool {
 }
 
 /// Whether `path` is already in normal form and route form alike: origin-form with no `%`,
-/// `\`, `;`, `//` or `.` right after a `/`. One scan, eight bytes at a time; the common case
-/// needs nothing more.
+/// `\`, `;`, `//`, `.` right after a `/`, or a segment ending with `.`. One scan, eight bytes
+/// at a time; the common case needs nothing more.
 #[inline]
 pub fn is_plain(path: &str) -> bool {
     let bytes = path.as_bytes();
-    if bytes.first() != Some(&b'/') {
+    if bytes.first() != Some(&b'/') || bytes.last() == Some(&b'.') {
         return false;
     }
     let mut chunks = bytes.chunks_exact(8);
-    // 0x80 in the lowest byte when the previous eight ended with a `/`.
+    // 0x80 in the lowest byte when the previous eight ended with a `/`, in the second byte
+    // when they ended with a `.`.
     let mut carry = 0;
     for chunk in &mut chunks {
         let word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
@@ -108,18 +109,21 @@ fn bytes_equal(word: u64, b: u8) -> u64 {
     !(((x & LOW7) + LOW7) | x | LOW7)
 }
 
-/// Eight bytes of a path (little-endian) after a word whose last byte was a `/` (`carry` =
-/// 0x80) or not (0): `None` if they hold `%`, `\`, `;`, or a `/` followed by `/` or `.`; else
-/// the carry for the next eight.
+/// Eight bytes of a path (little-endian) after a word whose last byte was a `/` (`carry` has
+/// 0x80 in its lowest byte) or a `.` (0x80 in its second byte): `None` if they hold `%`, `\`,
+/// `;`, a `/` followed by `/` or `.`, or a `.` followed by `/`; else the carry for the next
+/// eight.
 #[inline]
 fn plain_word(word: u64, carry: u64) -> Option<u64> {
     let refused = bytes_equal(word, b'%') | bytes_equal(word, b'\\') | bytes_equal(word, b';');
     let slash = bytes_equal(word, b'/');
-    let after_slash = (slash << 8) | carry;
-    if refused | (after_slash & (slash | bytes_equal(word, b'.'))) != 0 {
+    let dot = bytes_equal(word, b'.');
+    let after_slash = (slash << 8) | (carry & 0xff);
+    let after_dot = (dot << 8) | ((carry >> 8) & 0xff);
+    if refused | (after_slash & (slash | dot)) | (after_dot & slash) != 0 {
         return None;
     }
-    Some(slash >> 56)
+    Some((slash >> 56) | ((dot >> 56) << 8))
 }
 
 /// Whether `path` might need rewriting: a `%`, `//`, a `.` right after `/`, or a `\`.
@@ -288,9 +292,15 @@ mod tests {
         if bytes.first() != Some(&b'/') {
             return false;
         }
+        if bytes.last() == Some(&b'.') {
+            return false;
+        }
         let mut prev = 0u8;
         for &b in bytes {
-            if matches!(b, b'%' | b'\\' | b';') || (prev == b'/' && matches!(b, b'/' | b'.')) {
+            if matches!(b, b'%' | b'\\' | b';')
+                || (prev == b'/' && matches!(b, b'/' | b'.'))
+                || (prev == b'.' && b == b'/')
+            {
                 return false;
             }
             prev = b;

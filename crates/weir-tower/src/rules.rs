@@ -551,8 +551,7 @@ where
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         // Plain paths (the common case) are their own normal and route forms: one scan.
-        let plain =
-            crate::path::is_plain(req.uri().path()) && !crate::path::trimmed_ends(req.uri().path());
+        let plain = crate::path::is_plain(req.uri().path());
         if !plain {
             match crate::path::normalize(req.uri().path()) {
                 Ok(std::borrow::Cow::Borrowed(_)) => {}
