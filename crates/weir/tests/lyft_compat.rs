@@ -10,10 +10,12 @@
 #[path = "../../weir-redis/tests/support/mod.rs"]
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
@@ -31,19 +33,10 @@ struct Serve {
 impl Serve {
     fn start(args: &[&str]) -> Self {
         let (http, grpc) = (support::free_port(), support::free_port());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-            .arg("serve")
-            .args(["--http-addr", &format!("127.0.0.1:{http}")])
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("weir serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (h, g) = (format!("127.0.0.1:{http}"), format!("127.0.0.1:{grpc}"));
+        let mut all = vec!["serve", "--http-addr", &h, "--grpc-addr", &g];
+        all.extend_from_slice(args);
+        let (child, line) = common::start(&all);
         assert!(line.contains("gRPC RLS v3 on"), "{line}");
         Self { child, http, grpc }
     }
