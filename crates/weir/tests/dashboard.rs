@@ -297,6 +297,8 @@ fn the_api_sends_only_the_seconds_asked_for() {
 
 /// `weir serve` with `args` on free ports, once it answers: the process and its HTTP port.
 fn serve(args: &[&str]) -> (Process, u16) {
+    // Minute limits: the test counts within one window (they start on the minute).
+    common::inside_minute(std::time::Duration::from_secs(15));
     let (http, grpc) = (common::free_port(), common::free_port());
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_weir"));
     cmd.arg("serve")

@@ -48,6 +48,8 @@ fn upstream() -> u16 {
 struct Weir(Child, u16);
 
 fn weir(config: &std::path::Path, extra: &[&str]) -> Weir {
+    // Minute limits: a test counts within one window.
+    common::inside_minute(Duration::from_secs(15));
     let (http, grpc) = (support::free_port(), support::free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .arg("serve")

@@ -4,6 +4,8 @@
 #[path = "../../weir-redis/tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -30,6 +32,8 @@ impl Serve {
     }
 
     fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        // Minute limits: the longest test (a reload) counts within one window.
+        common::inside_minute(Duration::from_secs(15));
         let (http, grpc) = (support::free_port(), support::free_port());
         let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
             .envs(env.iter().copied())

@@ -348,3 +348,16 @@ pub fn failover(http: u16) -> Option<serde_json::Value> {
     let v: serde_json::Value = serde_json::from_str(&body).ok()?;
     Some(v["failover"].clone())
 }
+
+/// Waits until at least `margin` is left before the wall clock's next minute: `weir serve`'s
+/// fixed windows start on the minute (as envoyproxy/ratelimit's do), so a test counting in a
+/// MINUTE window must not straddle one.
+pub fn inside_minute(margin: std::time::Duration) {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let left =
+        Duration::from_secs(60) - Duration::from_nanos((now.as_nanos() % 60_000_000_000) as u64);
+    if left < margin {
+        std::thread::sleep(left + Duration::from_millis(50));
+    }
+}
