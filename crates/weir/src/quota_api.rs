@@ -73,6 +73,16 @@ impl QuotaApi {
         }))
     }
 
+    /// Refuses the id of an open RLQS stream's bucket ([`crate::rlqs::Rlqs::owns`]).
+    fn not_an_envoy(&self, client: &str) -> Result<(), String> {
+        match self.rlqs.get() {
+            Some(r) if r.owns(client) => Err(format!(
+                "client: {client:?} is an Envoy's RLQS bucket; the lease API cannot act for it"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The lease server.
     pub fn lease_server(&self) -> &LeaseServer {
         &self.server
@@ -147,6 +157,7 @@ impl QuotaApi {
         now: weir_core::Nanos,
     ) -> Result<Vec<Result<weir_quota::Lease, weir_quota::server::Refusal>>, String> {
         check_client(client)?;
+        self.not_an_envoy(client)?;
         if count > MAX_RESOURCES_PER_CALL {
             return Err(format!(
                 "resources: at most {MAX_RESOURCES_PER_CALL} per call"
@@ -158,6 +169,7 @@ impl QuotaApi {
     /// Gives `client`'s leases on `resources` back.
     pub(crate) fn release(&self, client: &str, resources: &[String]) -> Result<(), String> {
         check_client(client)?;
+        self.not_an_envoy(client)?;
         self.server.release(client, resources);
         Ok(())
     }

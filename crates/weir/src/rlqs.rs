@@ -76,6 +76,14 @@ impl Rlqs {
         &self.totals
     }
 
+    /// Whether `client` is the allocator id of a bucket of an open stream (`STREAM/BUCKET`):
+    /// the lease API refuses such ids, so no caller can release or take over an Envoy's share.
+    pub fn owns(&self, client: &str) -> bool {
+        client
+            .split_once('/')
+            .is_some_and(|(stream, _)| self.ids.lock().contains(stream))
+    }
+
     /// A unique client id for a new stream.
     fn claim(&self, wanted: Option<&str>) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
@@ -276,5 +284,31 @@ pub fn health(quota: Option<&QuotaApi>) -> HealthCheckResponse {
     let follower = quota.is_some_and(|q| crate::quota_ha::elsewhere(q, q.clock.now()).is_some());
     HealthCheckResponse {
         status: if follower { 2 } else { 1 },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_api_cannot_act_for_an_envoys_bucket() {
+        let dir = std::env::temp_dir().join(format!("weir-rlqs-owns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("q.yaml");
+        std::fs::write(&file, "resources:\n  - {name: search, capacity: 10}\n").unwrap();
+        let api = QuotaApi::load(file).unwrap();
+        let rlqs = api.rlqs();
+        let id = rlqs.claim(Some("envoy-1"));
+        let bucket = format!("{id}/3:name4:open");
+        assert!(rlqs.owns(&bucket));
+        assert!(!rlqs.owns("envoy-2/k") && !rlqs.owns(&id));
+        let e = api.release(&bucket, &["search".to_string()]).unwrap_err();
+        assert!(e.contains("RLQS bucket"), "{e}");
+        let ask = ("search".to_string(), weir_quota::Ask::wants(1.0));
+        let e = api.refresh(&bucket, 1, &[ask], 0).unwrap_err();
+        assert!(e.contains("RLQS bucket"), "{e}");
+        assert!(api.release("envoy-2/k", &[]).is_ok());
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
