@@ -24,7 +24,67 @@ use weir_rules::yaml::{self, LocatedErrors};
 
 use crate::allocate::Algorithm;
 use crate::lease::ResourceConfig;
-use crate::rlqs::{BucketRule, BucketTarget, RlqsConfig, ValuePattern};
+
+/// Longest resource name (bytes) a quota file may declare and a client may ask for.
+pub const MAX_RESOURCE_NAME: usize = 256;
+
+/// The `rlqs` section of a quota file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RlqsConfig {
+    /// Only this domain is served (`None`: any).
+    pub domain: Option<String>,
+    /// A bucket's token bucket holds this much time of its share (at least one token).
+    pub burst: Duration,
+    /// A bucket without requests for this long is abandoned (Envoy forgets it).
+    pub idle: Duration,
+    /// Most buckets tracked per stream (one Envoy).
+    pub max_buckets_per_stream: usize,
+    /// Most buckets tracked in total.
+    pub max_buckets: usize,
+    /// First match wins.
+    pub buckets: Vec<BucketRule>,
+}
+
+impl Default for RlqsConfig {
+    fn default() -> Self {
+        Self {
+            domain: None,
+            burst: Duration::from_secs(1),
+            idle: Duration::from_secs(60),
+            max_buckets_per_stream: 10_000,
+            max_buckets: 100_000,
+            buckets: Vec::new(),
+        }
+    }
+}
+
+/// A bucket id's value in a [`BucketRule`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValuePattern {
+    /// `*`: any value (usable as `{key}` in the resource name).
+    Any,
+    /// This value only.
+    Exact(String),
+}
+
+/// What a matched bucket draws from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BucketTarget {
+    /// A resource; `{key}` is replaced by the bucket's value of `key` (so `user-{user}` with
+    /// a template `user-*` gives every user its own capacity).
+    Resource(String),
+    /// Never limited (ALLOW_ALL).
+    Unlimited,
+}
+
+/// Buckets whose id has every key of `matches` (with a matching value) draw from `target`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketRule {
+    /// Keys and values the bucket id must have (other keys are ignored).
+    pub matches: Vec<(String, ValuePattern)>,
+    /// What it draws from.
+    pub target: BucketTarget,
+}
 
 /// A whole quota configuration.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -287,10 +347,10 @@ impl QuotaConfig {
             let at = |field: &str| format!("resources[{i}].{field}");
             if r.name.is_empty() || r.name.matches('*').count() > 1 {
                 problems.push((at("name"), "a name, with at most one `*`".into()));
-            } else if r.name.len() > crate::server::MAX_RESOURCE_NAME {
+            } else if r.name.len() > MAX_RESOURCE_NAME {
                 problems.push((
                     at("name"),
-                    format!("longer than {} bytes", crate::server::MAX_RESOURCE_NAME),
+                    format!("longer than {} bytes", MAX_RESOURCE_NAME),
                 ));
             } else if !names.insert(r.name.clone()) {
                 problems.push((at("name"), format!("{:?} is declared twice", r.name)));

@@ -42,63 +42,7 @@ use weir_core::{Criticality, Nanos};
 use crate::lease::Ask;
 use crate::server::LeaseServer;
 
-/// The `rlqs` section of a quota file.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RlqsConfig {
-    /// Only this domain is served (`None`: any).
-    pub domain: Option<String>,
-    /// A bucket's token bucket holds this much time of its share (at least one token).
-    pub burst: Duration,
-    /// A bucket without requests for this long is abandoned (Envoy forgets it).
-    pub idle: Duration,
-    /// Most buckets tracked per stream (one Envoy).
-    pub max_buckets_per_stream: usize,
-    /// Most buckets tracked in total.
-    pub max_buckets: usize,
-    /// First match wins.
-    pub buckets: Vec<BucketRule>,
-}
-
-impl Default for RlqsConfig {
-    fn default() -> Self {
-        Self {
-            domain: None,
-            burst: Duration::from_secs(1),
-            idle: Duration::from_secs(60),
-            max_buckets_per_stream: 10_000,
-            max_buckets: 100_000,
-            buckets: Vec::new(),
-        }
-    }
-}
-
-/// A bucket id's value in a [`BucketRule`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ValuePattern {
-    /// `*`: any value (usable as `{key}` in the resource name).
-    Any,
-    /// This value only.
-    Exact(String),
-}
-
-/// What a matched bucket draws from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BucketTarget {
-    /// A resource; `{key}` is replaced by the bucket's value of `key` (so `user-{user}` with
-    /// a template `user-*` gives every user its own capacity).
-    Resource(String),
-    /// Never limited (ALLOW_ALL).
-    Unlimited,
-}
-
-/// Buckets whose id has every key of `matches` (with a matching value) draw from `target`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BucketRule {
-    /// Keys and values the bucket id must have (other keys are ignored).
-    pub matches: Vec<(String, ValuePattern)>,
-    /// What it draws from.
-    pub target: BucketTarget,
-}
+pub use crate::config::{BucketRule, BucketTarget, RlqsConfig, ValuePattern};
 
 /// Longest bucket id accepted (keys and values together), bytes.
 pub const MAX_BUCKET_ID: usize = 1024;

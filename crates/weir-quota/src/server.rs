@@ -163,7 +163,7 @@ pub const MAX_RESOURCES: usize = 10_000;
 pub const MAX_INSTANCES_PER_CLIENT: usize = 1_000;
 
 /// Longest resource name (bytes) a client may ask for, and a quota file may declare.
-pub const MAX_RESOURCE_NAME: usize = 256;
+pub use crate::config::MAX_RESOURCE_NAME;
 
 impl LeaseServer {
     /// A server started at `now` with `config`; its tables learn for one lease length.
@@ -448,7 +448,7 @@ impl LeaseServer {
     }
 
     /// The `rlqs` section in force, if any.
-    pub fn rlqs_config(&self) -> Option<std::sync::Arc<crate::rlqs::RlqsConfig>> {
+    pub fn rlqs_config(&self) -> Option<std::sync::Arc<crate::config::RlqsConfig>> {
         self.config.lock().rlqs.clone()
     }
 

@@ -61,6 +61,47 @@ impl Detail {
     }
 }
 
+/// A breaker rule as in force: its preset's values with the rule's fields applied, e.g.
+/// `preset resilience4j · window_calls 20 · min_calls 20 · error_ratio 0.5 · …`.
+fn breaker_detail(b: &crate::config::BreakerRule) -> Detail {
+    use weir_core::breaker::Window;
+    let c = b.config();
+    let mut d = Detail::default();
+    d.add(
+        "preset",
+        match b.preset.unwrap_or(BreakerPreset::Resilience4j) {
+            BreakerPreset::Hystrix => "hystrix",
+            BreakerPreset::Sentinel => "sentinel",
+            BreakerPreset::Resilience4j => "resilience4j",
+        },
+    );
+    match c.window {
+        Window::Count(n) => d.add("window_calls", n),
+        Window::Time { length, buckets } => d
+            .add("window", duration_text(length))
+            .add("buckets", buckets),
+    };
+    d.add("min_calls", c.min_calls)
+        .opt("error_ratio", c.error_ratio)
+        .opt("error_count", c.error_count);
+    if c.slow_ratio.is_some() {
+        d.opt("slow_ratio", c.slow_ratio)
+            .add("slow_call", duration_text(c.slow_call));
+    }
+    d.add("open_for", duration_text(c.open_duration));
+    if c.open_backoff > 1.0 {
+        d.add("open_backoff", c.open_backoff)
+            .add("max_open", duration_text(c.max_open));
+    }
+    d.add("max_probes", c.max_probes)
+        .add("successes_to_close", c.successes_to_close)
+        .add("probe_timeout", duration_text(c.probe_timeout));
+    if !c.slow_start.is_zero() {
+        d.add("slow_start", duration_text(c.slow_start));
+    }
+    d
+}
+
 /// Every rule of `set`, resource by resource in file order, the system rule last.
 pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
     let mut out = Vec::new();
@@ -120,25 +161,7 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
             out.push(row(&sw.id, "switch", d, false));
         }
         if let Some(b) = &r.breaker {
-            let mut d = Detail::default();
-            d.opt(
-                "preset",
-                b.preset.map(|p| match p {
-                    BreakerPreset::Hystrix => "hystrix",
-                    BreakerPreset::Sentinel => "sentinel",
-                    BreakerPreset::Resilience4j => "resilience4j",
-                }),
-            )
-            .opt("error_ratio", b.error_ratio)
-            .opt("error_count", b.error_count)
-            .opt("slow_ratio", b.slow_ratio)
-            .dur("slow_call", b.slow_call)
-            .opt("window_calls", b.window_calls)
-            .dur("window", b.window)
-            .opt("min_calls", b.min_calls)
-            .dur("open_for", b.open_for)
-            .opt("max_probes", b.max_probes);
-            out.push(row(&b.id, "breaker", d, b.shadow));
+            out.push(row(&b.id, "breaker", breaker_detail(b), b.shadow));
         }
     }
     if let Some(s) = &set.system {
@@ -215,7 +238,11 @@ system: {max_in_flight: 500}
             "{}",
             rows[1].detail
         );
-        assert_eq!(rows[2].detail, "error_ratio 0.5 · open_for 30s");
+        // The breaker as in force: Resilience4j's values with the rule's applied.
+        assert_eq!(
+            rows[2].detail,
+            "preset resilience4j · window_calls 100 · min_calls 100 · error_ratio 0.5 · slow_ratio 1 · slow_call 1m · open_for 30s · max_probes 10 · successes_to_close 10 · probe_timeout 1m"
+        );
         assert_eq!(rows[3].detail, "max_in_flight 500");
         assert_eq!(duration_text(Duration::from_micros(1500)), "1500us");
         assert_eq!(duration_text(Duration::from_millis(250)), "250ms");

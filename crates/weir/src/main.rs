@@ -584,6 +584,7 @@ fn check_rules(path: &std::path::Path) -> ExitCode {
     if let Err(e) = weir_rules::engine::Rules::new(&set) {
         return fail(format_args!("{}: {e}", path.display()));
     }
+    let rows = weir_rules::describe::rows(&set);
     let mut out = io::stdout().lock();
     let _ = writeln!(out, "weir rules: {}", path.display());
     for r in &set.resources {
@@ -642,15 +643,17 @@ fn check_rules(path: &std::path::Path) -> ExitCode {
                 if f.shadow { " [shadow]" } else { "" }
             );
         }
-        if let Some(b) = &r.breaker {
+        // Breakers as in force (the preset's values filled in), as the dashboard shows them.
+        for row in rows
+            .iter()
+            .filter(|row| row.kind == "breaker" && row.resource == r.name)
+        {
             let _ = writeln!(
                 out,
-                "  breaker {}: {:?} preset: {}{}",
-                b.id,
-                b.preset
-                    .unwrap_or(weir_rules::config::BreakerPreset::Resilience4j),
-                describe_breaker(&b.config()),
-                if b.shadow { " [shadow]" } else { "" }
+                "  breaker {}: {}{}",
+                row.id,
+                row.detail,
+                if row.shadow { " [shadow]" } else { "" }
             );
         }
     }
@@ -710,46 +713,6 @@ fn check_rules(path: &std::path::Path) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
-}
-
-/// A breaker's parameters in force, the preset's filled in.
-fn describe_breaker(c: &weir_core::breaker::BreakerConfig) -> String {
-    use weir_core::breaker::Window;
-    let d = duration::format_duration;
-    let mut parts = vec![match c.window {
-        Window::Count(n) => format!("last {n} calls"),
-        Window::Time { length, buckets } => {
-            format!("calls of the last {} ({buckets} buckets)", d(length))
-        }
-    }];
-    parts.push(format!("min_calls {}", c.min_calls));
-    if let Some(r) = c.error_ratio {
-        parts.push(format!("error_ratio {r}"));
-    }
-    if let Some(n) = c.error_count {
-        parts.push(format!("error_count {n}"));
-    }
-    if let Some(r) = c.slow_ratio {
-        parts.push(format!("slow_ratio {r} of calls over {}", d(c.slow_call)));
-    }
-    parts.push(format!("open_for {}", d(c.open_duration)));
-    if c.open_backoff > 1.0 {
-        parts.push(format!(
-            "open_backoff {} up to {}",
-            c.open_backoff,
-            d(c.max_open)
-        ));
-    }
-    parts.push(format!(
-        "{} probe(s), {} success(es) to close, probe_timeout {}",
-        c.max_probes,
-        c.successes_to_close,
-        d(c.probe_timeout)
-    ));
-    if !c.slow_start.is_zero() {
-        parts.push(format!("slow_start {}", d(c.slow_start)));
-    }
-    parts.join(", ")
 }
 
 fn check_lyft(args: &CheckConfigArgs) -> ExitCode {

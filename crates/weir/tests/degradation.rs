@@ -568,7 +568,7 @@ fn check_config_shows_switches_fallbacks_and_breakers_as_in_force() {
     for want in [
         "switch cart-off: on (blocked) in the file",
         "switch recs-off: off in the file",
-        "breaker pay-breaker: Resilience4j preset: last 20 calls, min_calls 20, error_ratio 0.5",
+        "breaker pay-breaker: preset resilience4j · window_calls 20 · min_calls 20 · error_ratio 0.5",
         "fallback on switch: 200 with a 12-byte body",
         "fallback on flow: 429 with the body of slow-down.txt",
         "fallback on every block: forwarded to http://127.0.0.1:9",

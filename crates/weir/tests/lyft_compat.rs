@@ -12,8 +12,6 @@ mod support;
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -42,19 +40,8 @@ impl Serve {
     }
 
     fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let mut s = TcpStream::connect(("127.0.0.1", self.http)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        (code, body.to_string())
+        let json = "Content-Type: application/json\r\n";
+        common::request(self.http, method, path, json, body).expect("an answer")
     }
 
     fn json(&self, body: &Value) -> Value {

@@ -611,7 +611,6 @@ fn a_proxy_with_a_cluster_rule_admits_its_leased_share() {
 
 #[test]
 fn serve_quota_says_what_it_serves_at_start() {
-    use std::io::BufRead;
     let dir = common::tempdir("quota-banner");
     let file = dir.join("quota.yaml");
     std::fs::write(
@@ -620,17 +619,19 @@ fn serve_quota_says_what_it_serves_at_start() {
     )
     .unwrap();
     let (http, grpc) = (common::free_port(), common::free_port());
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["serve", "--quota", file.to_str().unwrap()])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    let second = lines.next().unwrap().unwrap();
+    let (h, g) = (format!("127.0.0.1:{http}"), format!("127.0.0.1:{grpc}"));
+    let quota = file.to_str().unwrap();
+    let args = [
+        "serve",
+        "--quota",
+        quota,
+        "--http-addr",
+        &h,
+        "--grpc-addr",
+        &g,
+    ];
+    let (mut child, lines) = common::start_lines(&args, 2);
+    let (first, second) = (&lines[0], &lines[1]);
     let _ = child.kill();
     let _ = child.wait();
     assert!(

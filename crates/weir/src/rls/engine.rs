@@ -464,8 +464,9 @@ impl Engine {
         self.domains.keys().map(String::as_str)
     }
 
-    fn find(&self, domain: &str, entries: &[(String, String)]) -> Option<Matched<'_>> {
-        let mut level = self.domains.get(domain)?;
+    /// The rule a descriptor's `entries` match under a domain's top-level nodes.
+    fn find<'a>(top: &'a [Node], entries: &[(String, String)]) -> Option<Matched<'a>> {
+        let mut level = top;
         let mut nodes = [None; MAX_ENTRIES];
         let mut found = None;
         for (i, (k, v)) in entries.iter().enumerate() {
@@ -575,11 +576,13 @@ impl Engine {
     pub async fn decide(&self, store: &Store, request: &Request) -> Result<Response, BadRequest> {
         Self::validate(request)?;
         let now = self.clock.now();
-        let known_domain = self.domains.contains_key(&request.domain);
+        // One domain lookup per request; an unknown domain matches nothing.
+        let top = self.domains.get(&request.domain);
+        let known_domain = top.is_some();
         let matched: Vec<Option<Matched<'_>>> = request
             .descriptors
             .iter()
-            .map(|d| self.find(&request.domain, &d.entries))
+            .map(|d| top.and_then(|top| Self::find(top, &d.entries)))
             .collect();
         let replaced: Vec<&str> = matched
             .iter()

@@ -96,6 +96,12 @@ pub fn run(args: &[&str], stdin: &str) -> std::process::Output {
 /// Starts the binary with `args` (stdout piped, stderr dropped) and waits for the first line it
 /// prints (where it listens): the process and that line.
 pub fn start(args: &[&str]) -> (std::process::Child, String) {
+    let (child, mut lines) = start_lines(args, 1);
+    (child, lines.pop().unwrap_or_default())
+}
+
+/// [`start`], waiting for the first `n` lines it prints.
+pub fn start_lines(args: &[&str], n: usize) -> (std::process::Child, Vec<String>) {
     use std::process::{Command, Stdio};
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(args)
@@ -103,11 +109,15 @@ pub fn start(args: &[&str]) -> (std::process::Child, String) {
         .stderr(Stdio::null())
         .spawn()
         .expect("weir starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    (child, line)
+    let mut out = BufReader::new(child.stdout.as_mut().unwrap());
+    let lines = (0..n)
+        .map(|_| {
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            line
+        })
+        .collect();
+    (child, lines)
 }
 
 /// The number at `"key":` in a one-line JSON object (the simulators' `--json` output).
