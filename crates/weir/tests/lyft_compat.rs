@@ -13,7 +13,7 @@ mod support;
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
@@ -398,11 +398,9 @@ fn wildcards_share_threshold_and_metric_names_answer_as_lyft() {
 }
 
 fn check(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .arg("check-config")
-        .args(args)
-        .output()
-        .unwrap();
+    let mut all = vec!["check-config"];
+    all.extend_from_slice(args);
+    let out = common::run(&all, "");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
