@@ -82,6 +82,9 @@ pub enum QuotaError {
     /// An unknown algorithm name.
     #[error("unknown algorithm {0:?}: expected fair_share, proportional_share or static")]
     UnknownAlgorithm(String),
+    /// A lease table already has its most holders ([`crate::lease::MAX_HOLDERS`]).
+    #[error("more than {0} clients hold leases on this resource; nothing granted")]
+    Full(usize),
 }
 
 /// One client's demand.

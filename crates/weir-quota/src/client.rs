@@ -99,6 +99,8 @@ struct Control {
     last_wants: f64,
     last_ask_at: Option<Nanos>,
     rng: u64,
+    /// The id of the last lease (proof of holding it, sent back with each ask).
+    lease_id: u64,
 }
 
 /// One resource as a client sees it (see the module documentation).
@@ -138,6 +140,7 @@ impl ResourceClient {
                 last_wants: 0.0,
                 last_ask_at: None,
                 rng: seed | 1,
+                lease_id: 0,
             }),
             counters: Counters::default(),
         }
@@ -212,7 +215,13 @@ impl ResourceClient {
             safe: c.safe,
             weight: self.config.weight,
             priority: self.config.priority,
+            lease_id: c.lease_id,
         }
+    }
+
+    /// The id of the lease last granted (0: none yet), to send with a release.
+    pub fn lease_id(&self) -> u64 {
+        self.control().lease_id
     }
 
     /// The demand rate (units/s) over the most recent second or two before `now`; 0 before
@@ -247,6 +256,7 @@ impl ResourceClient {
     /// the capacity, and replaces the safe capacity.
     pub fn on_lease(&self, lease: Lease, now: Nanos) {
         let mut c = self.control();
+        c.lease_id = lease.lease_id;
         if lease.learning && c.source == Source::Safe && lease.granted == 0.0 {
             let wait = Self::jittered(&mut c, self.config.jitter, lease.refresh);
             c.next_at = now.saturating_add(wait);
@@ -360,6 +370,7 @@ mod tests {
             refresh: Duration::from_secs(5),
             safe_capacity: 2.0,
             learning: false,
+            lease_id: 7,
         }
     }
 

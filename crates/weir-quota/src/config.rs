@@ -11,6 +11,8 @@
 //!                                  # (default: capacity ÷ clients last seen)
 //!   - name: "tenant-*"             # a template: each name it matches is its own resource,
 //!     capacity: 100/s              # created on first use
+//! clients:                         # optional: who may ask, with what weight ([`crate::clients`])
+//!   - {id: "checkout-*", weight: 3, priority: CRITICAL_PLUS, token_sha256: 9f86d0…}
 //! ```
 //!
 //! Errors name the file, line, column and field (every validation error of a file at once),
@@ -23,6 +25,7 @@ use serde::Deserialize;
 use weir_rules::yaml::{self, LocatedErrors};
 
 use crate::allocate::Algorithm;
+use crate::clients::{parse_digest, ClientRule};
 use crate::lease::ResourceConfig;
 
 /// Longest resource name (bytes) a quota file may declare and a client may ask for.
@@ -95,6 +98,8 @@ pub struct QuotaConfig {
     pub templates: Vec<(String, ResourceConfig)>,
     /// Envoy's RLQS buckets and the resources they draw from (`None`: RLQS not served).
     pub rlqs: Option<std::sync::Arc<RlqsConfig>>,
+    /// Who may ask for leases, in file order (empty: anyone, weight 1, CRITICAL).
+    pub clients: Vec<ClientRule>,
 }
 
 #[derive(Deserialize)]
@@ -104,6 +109,22 @@ struct RawConfig {
     resources: Vec<RawResource>,
     #[serde(default)]
     rlqs: Option<RawRlqs>,
+    #[serde(default)]
+    clients: Option<Vec<RawClient>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClient {
+    id: String,
+    #[serde(default)]
+    token_sha256: Option<String>,
+    #[serde(default)]
+    weight: Option<f64>,
+    #[serde(default)]
+    priority: Option<String>,
+    #[serde(default)]
+    own_values: bool,
 }
 
 #[derive(Deserialize)]
@@ -282,6 +303,50 @@ fn parse_rlqs(
     out
 }
 
+/// The `clients` section.
+fn parse_clients(raw: &[RawClient], problems: &mut Vec<(String, String)>) -> Vec<ClientRule> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let at = |field: &str| format!("clients[{i}].{field}");
+            let mut rule = ClientRule {
+                id: c.id.clone(),
+                own_values: c.own_values,
+                ..ClientRule::anyone()
+            };
+            if c.id.is_empty() || c.id.matches('*').count() > 1 || c.id.len() > 256 {
+                problems.push((
+                    at("id"),
+                    "a client id of 1 to 256 bytes, at most one `*`".into(),
+                ));
+            }
+            if let Some(t) = &c.token_sha256 {
+                match parse_digest(t) {
+                    Some(d) => rule.token_sha256 = Some(d),
+                    None => problems.push((
+                        at("token_sha256"),
+                        "64 hex digits: the SHA-256 of the token (sha256sum prints it)".into(),
+                    )),
+                }
+            }
+            if let Some(w) = c.weight {
+                if w.is_finite() && w > 0.0 && w <= 1e6 {
+                    rule.weight = w;
+                } else {
+                    problems.push((at("weight"), format!("{w}: a number > 0 and ≤ 1000000")));
+                }
+            }
+            if let Some(p) = &c.priority {
+                match p.parse() {
+                    Ok(p) => rule.priority = p,
+                    Err(e) => problems.push((at("priority"), format!("{e}"))),
+                }
+            }
+            rule
+        })
+        .collect()
+}
+
 impl QuotaConfig {
     /// The settings in force, defaults filled in, one line per resource, template and RLQS
     /// bucket rule (what `weir check-config` prints for a quota file).
@@ -333,6 +398,34 @@ impl QuotaConfig {
                 };
                 let _ = writeln!(out, "  bucket {{{}}} -> {to}", m.join(", "));
             }
+        }
+        if self.clients.is_empty() {
+            let _ = writeln!(
+                out,
+                "clients: anyone, weight 1, CRITICAL (weights and priorities clients send are ignored)"
+            );
+        }
+        for c in &self.clients {
+            let _ = writeln!(
+                out,
+                "client {}: weight {}, {}{}{}",
+                c.id,
+                c.weight,
+                c.priority.as_str(),
+                if c.own_values {
+                    ", or the weight and priority it sends"
+                } else {
+                    ""
+                },
+                if c.token_sha256.is_some() {
+                    ", bearer token required"
+                } else {
+                    ", no token"
+                },
+            );
+        }
+        if !self.clients.is_empty() {
+            let _ = writeln!(out, "clients no entry covers are refused");
         }
         out
     }
@@ -396,6 +489,16 @@ impl QuotaConfig {
         }
         if let Some(r) = &raw.rlqs {
             out.rlqs = Some(std::sync::Arc::new(parse_rlqs(r, &out, &mut problems)));
+        }
+        if let Some(clients) = &raw.clients {
+            if clients.is_empty() {
+                problems.push((
+                    "clients".into(),
+                    "an empty list would refuse every client; remove the section to allow anyone"
+                        .into(),
+                ));
+            }
+            out.clients = parse_clients(clients, &mut problems);
         }
         yaml::located(file, text, problems).map_or(Ok(out), Err)
     }

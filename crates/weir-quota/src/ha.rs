@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use weir_core::{Criticality, Nanos};
 
 use crate::allocate::Demand;
-use crate::lease::Holder;
+use crate::lease::{Holder, Released};
 use crate::server::TableState;
 
 /// Timing of the leader key.
@@ -239,6 +239,9 @@ pub struct SnapshotTable {
     pub learning_for_ms: u64,
     /// Its leases.
     pub holders: Vec<SnapshotHolder>,
+    /// Grants released without proof, still counted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub released: Vec<SnapshotReleased>,
 }
 
 /// One client's lease in a [`Snapshot`].
@@ -257,6 +260,20 @@ pub struct SnapshotHolder {
     /// Its band.
     pub priority: String,
     /// What it holds (units/s).
+    pub granted: f64,
+    /// Until when, from the snapshot's time (ms).
+    pub expires_in_ms: u64,
+    /// The lease's id (absent in snapshots of older servers: the holder then proves
+    /// nothing and its next refresh starts a new lease).
+    #[serde(default)]
+    pub lease_id: u64,
+}
+
+/// A grant released without proof in a [`Snapshot`], still counted until it expires.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SnapshotReleased {
+    /// Units per second.
     pub granted: f64,
     /// Until when, from the snapshot's time (ms).
     pub expires_in_ms: u64,
@@ -290,6 +307,15 @@ impl Snapshot {
                             priority: h.demand.priority.as_str().to_string(),
                             granted: h.granted,
                             expires_in_ms: ms(h.expires_at),
+                            lease_id: h.lease_id,
+                        })
+                        .collect(),
+                    released: t
+                        .released
+                        .into_iter()
+                        .map(|r| SnapshotReleased {
+                            granted: r.granted,
+                            expires_in_ms: ms(r.expires_at),
                         })
                         .collect(),
                 })
@@ -332,6 +358,23 @@ impl Snapshot {
                             },
                             granted: h.granted,
                             expires_at: h.expires_in_ms.saturating_mul(1_000_000),
+                            lease_id: h.lease_id,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let released = t
+                    .released
+                    .into_iter()
+                    .map(|r| {
+                        if !(r.granted.is_finite() && r.granted >= 0.0) {
+                            return Err(SnapshotError(format!(
+                                "{}: released grant out of range",
+                                t.resource
+                            )));
+                        }
+                        Ok(Released {
+                            granted: r.granted,
+                            expires_at: r.expires_in_ms.saturating_mul(1_000_000),
                         })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
@@ -339,6 +382,7 @@ impl Snapshot {
                     resource: t.resource,
                     learning_for: t.learning_for_ms.saturating_mul(1_000_000),
                     holders,
+                    released,
                 })
             })
             .collect()
@@ -474,6 +518,11 @@ mod tests {
                 },
                 granted: 3.0,
                 expires_at: 7 * S,
+                lease_id: 99,
+            }],
+            released: vec![Released {
+                granted: 1.5,
+                expires_at: 4 * S,
             }],
         }];
         let s = Snapshot::new(9, 1000, tables.clone());

@@ -14,6 +14,12 @@
 //!   still capped by the current demand and by what is left.
 //! - **Leases expire**: a client that stops refreshing loses its grant at the lease's expiry,
 //!   and the capacity returns to the pool. [`LeaseTable::release`] gives it back at once.
+//! - **Only the holder gives a lease back**: every holder's lease carries an unguessable
+//!   [`Lease::lease_id`]; a refresh or release that does not present it (another process
+//!   using the same client id, or one that lost its id) cannot prove the grant unused, so the
+//!   grant it replaces or releases keeps counting against the capacity until it would have
+//!   expired. Whatever ids and calls a caller sends, grants in force never sum past the
+//!   capacity.
 //! - **Learning after a restart**: a table that starts without a snapshot does not know what
 //!   was handed out before. For one lease length it confirms what each client says it holds
 //!   (`has`), or grants what the client uses on its own without a lease (`safe`, its safe
@@ -85,6 +91,10 @@ pub struct Ask {
     pub weight: f64,
     /// Its band.
     pub priority: Criticality,
+    /// The [`Lease::lease_id`] of the lease it holds (0: none or unknown). A refresh that
+    /// presents the current id may shrink or release the grant at once; one that does not is
+    /// served as a new holder, the old grant counting until it would have expired.
+    pub lease_id: u64,
 }
 
 impl Ask {
@@ -97,6 +107,7 @@ impl Ask {
             safe: 0.0,
             weight: 1.0,
             priority: Criticality::Critical,
+            lease_id: 0,
         }
     }
 }
@@ -115,6 +126,10 @@ pub struct Lease {
     /// The table is learning (just started): it confirmed what the client holds and granted
     /// nothing new. A client holding nothing keeps its safe capacity meanwhile.
     pub learning: bool,
+    /// Proof of holding this lease, to present on the next refresh or release
+    /// ([`Ask::lease_id`]); unchanged while the client keeps presenting it (0: no table was
+    /// made, nothing to prove).
+    pub lease_id: u64,
 }
 
 /// One client's row.
@@ -130,7 +145,24 @@ pub struct Holder {
     pub granted: f64,
     /// Until when.
     pub expires_at: Nanos,
+    /// The lease's id, known only to the holder (and the snapshot).
+    pub lease_id: u64,
 }
+
+/// A grant given back, or replaced, by a caller that did not prove it held it: it may still
+/// be in use, so it counts against the capacity until it would have expired.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Released {
+    /// Units per second.
+    pub granted: f64,
+    /// When the lease would have expired.
+    pub expires_at: Nanos,
+}
+
+/// Most holders of one resource's table; a newcomer past it is refused
+/// ([`QuotaError::Full`]) and gets nothing — a lease client keeps its lease, then its safe
+/// capacity, and an Envoy bucket is denied.
+pub const MAX_HOLDERS: usize = 100_000;
 
 /// The lease table of one resource.
 #[derive(Debug)]
@@ -141,6 +173,15 @@ pub struct LeaseTable {
 
     holders: Vec<Holder>,
     index: HashMap<String, usize>,
+    /// Grants given back or replaced without proof that they are unused (see [`Released`]),
+    /// merged by expiry so that there are at most about 17.
+    released: Vec<Released>,
+    /// The sum of `holders[].granted` and `released[].granted` (kept as they change, and
+    /// summed again whenever leases expire).
+    outstanding: f64,
+    /// No lease (held or released) expires before this time: [`Self::expire`] scans only
+    /// from then on.
+    next_expiry: Nanos,
     /// Reused buffers for allocation; `shares[i]` is `holders[i]`'s fair share as of
     /// `shares_at` (`None`: to recompute — a holder came or went since).
     demands: Vec<Demand>,
@@ -155,6 +196,32 @@ pub struct LeaseTable {
     /// Refreshes answered and leases expired since the table was made.
     refreshes: u64,
     expirations: u64,
+    /// Makes lease ids.
+    ids: LeaseIds,
+}
+
+/// Lease ids: a keyed hash (SipHash with keys from the operating system's random source, as
+/// std's `RandomState` draws them) of a counter, so one id tells nothing about another.
+#[derive(Debug)]
+struct LeaseIds {
+    key: std::collections::hash_map::RandomState,
+    next: u64,
+}
+
+impl LeaseIds {
+    fn new() -> Self {
+        Self {
+            key: std::collections::hash_map::RandomState::new(),
+            next: 0,
+        }
+    }
+
+    fn make(&mut self) -> u64 {
+        use std::hash::BuildHasher;
+        self.next += 1;
+        // 0 means "no id".
+        self.key.hash_one(self.next).max(1)
+    }
 }
 
 fn nanos(d: Duration) -> Nanos {
@@ -172,17 +239,15 @@ impl LeaseTable {
 
     /// A table continuing from `holders` (a snapshot), without learning.
     pub fn resume(config: ResourceConfig, holders: Vec<Holder>) -> Self {
-        let index = holders
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (h.client.clone(), i))
-            .collect();
-        Self {
+        let mut t = Self {
             config,
             learning_until: 0,
             clients_seen: holders.len(),
             holders,
-            index,
+            index: HashMap::new(),
+            released: Vec::new(),
+            outstanding: 0.0,
+            next_expiry: 0,
             demands: Vec::new(),
             shares: Vec::new(),
             extra: Vec::new(),
@@ -190,17 +255,25 @@ impl LeaseTable {
             hold: None,
             refreshes: 0,
             expirations: 0,
-        }
+            ids: LeaseIds::new(),
+        };
+        t.holders.truncate(MAX_HOLDERS);
+        t.reindex();
+        t
     }
 
-    /// A table continuing from `holders` that still learns until `learning_until` (a snapshot
-    /// taken while its writer was learning).
+    /// A table continuing from `holders` and `released` grants that still learns until
+    /// `learning_until` (a snapshot, possibly taken while its writer was learning).
     pub fn resume_learning(
         config: ResourceConfig,
         holders: Vec<Holder>,
+        released: Vec<Released>,
         learning_until: Nanos,
     ) -> Self {
         let mut t = Self::resume(config, holders);
+        for r in released {
+            t.retire(r);
+        }
         t.learning_until = learning_until;
         t
     }
@@ -249,9 +322,20 @@ impl LeaseTable {
         &self.holders
     }
 
-    /// The sum of unexpired grants.
+    /// `client`'s row, if it holds one.
+    pub fn holder(&self, client: &str) -> Option<&Holder> {
+        self.index.get(client).map(|&i| &self.holders[i])
+    }
+
+    /// Grants given back or replaced without proof, still counted until they would have
+    /// expired.
+    pub fn released(&self) -> &[Released] {
+        &self.released
+    }
+
+    /// The sum of unexpired grants, released ones included.
     pub fn outstanding(&self) -> f64 {
-        self.holders.iter().map(|h| h.granted).sum()
+        self.outstanding.max(0.0)
     }
 
     /// The capacity a client should use when it cannot reach the server.
@@ -261,28 +345,84 @@ impl LeaseTable {
             .unwrap_or(self.config.capacity / self.clients_seen.max(1) as f64)
     }
 
-    /// Drops the leases expired at `now`; answers how many.
+    /// Drops the leases expired at `now`; answers how many holders lost theirs. O(1) until
+    /// the earliest lease expires.
     pub fn expire(&mut self, now: Nanos) -> usize {
+        if now < self.next_expiry {
+            return 0;
+        }
         let before = self.holders.len();
         self.holders.retain(|h| h.expires_at > now);
+        self.released.retain(|r| r.expires_at > now);
         let expired = before - self.holders.len();
         if expired != 0 {
             self.reindex();
             self.shares_at = None;
             self.expirations += expired as u64;
         }
+        self.resum();
         expired
     }
 
-    /// Gives `client`'s grant back at once (a client shutting down).
-    pub fn release(&mut self, client: &str) {
-        if let Some(i) = self.index.remove(client) {
-            self.shares_at = None;
-            self.holders.swap_remove(i);
-            if let Some(moved) = self.holders.get(i) {
-                self.index.insert(moved.client.clone(), i);
-            }
+    /// Sums the outstanding grants and finds the next expiry again.
+    fn resum(&mut self) {
+        let held = self.holders.iter().map(|h| (h.granted, h.expires_at));
+        let released = self.released.iter().map(|r| (r.granted, r.expires_at));
+        let (mut sum, mut next) = (0.0, Nanos::MAX);
+        for (g, at) in held.chain(released) {
+            sum += g;
+            next = next.min(at);
         }
+        self.outstanding = sum;
+        self.next_expiry = next;
+    }
+
+    /// Counts `r` until it would have expired.
+    fn retire(&mut self, r: Released) {
+        if r.granted <= 0.0 {
+            return;
+        }
+        self.outstanding += r.granted;
+        self.next_expiry = self.next_expiry.min(r.expires_at);
+        // Merged with one expiring within a sixteenth of a lease length (keeping the later
+        // expiry): at most about 17 entries, whatever the number of calls.
+        let slack = nanos(self.config.lease / 16);
+        if let Some(m) = self
+            .released
+            .iter_mut()
+            .find(|m| m.expires_at.abs_diff(r.expires_at) <= slack)
+        {
+            m.granted += r.granted;
+            m.expires_at = m.expires_at.max(r.expires_at);
+        } else {
+            self.released.push(r);
+        }
+    }
+
+    /// Gives `client`'s grant back. With the holder's `lease_id` the capacity is free at
+    /// once; without it (0 or another id) the grant keeps counting until it would have
+    /// expired — the caller may not be the holder. Answers whether it was freed at once.
+    pub fn release(&mut self, client: &str, lease_id: u64) -> bool {
+        let Some(i) = self.index.remove(client) else {
+            return false;
+        };
+        self.shares_at = None;
+        let h = self.holders.swap_remove(i);
+        if let Some(moved) = self.holders.get(i) {
+            self.index.insert(moved.client.clone(), i);
+        }
+        let proven = lease_id != 0 && lease_id == h.lease_id;
+        if proven {
+            self.outstanding -= h.granted;
+        } else {
+            // Moved from the holders to the released grants: the sum does not change.
+            self.outstanding -= h.granted;
+            self.retire(Released {
+                granted: h.granted,
+                expires_at: h.expires_at,
+            });
+        }
+        proven
     }
 
     fn reindex(&mut self) {
@@ -292,8 +432,8 @@ impl LeaseTable {
         }
     }
 
-    /// `client` refreshes at `now` with `ask`: its new lease.
-    pub fn refresh(&mut self, client: &str, ask: Ask, now: Nanos) -> Result<Lease, QuotaError> {
+    /// Checks an ask's numbers; answers its demand and needs.
+    fn check(&self, ask: &Ask) -> Result<(Demand, f64), QuotaError> {
         let demand = Demand {
             wants: ask.wants,
             weight: ask.weight,
@@ -328,73 +468,100 @@ impl LeaseTable {
             }
             None => ask.wants,
         };
+        Ok((demand, needs))
+    }
+
+    /// `client`'s row, made if it has none (or if the caller does not present its lease id:
+    /// the old grant is then released unproven and a new row starts from nothing).
+    fn row(
+        &mut self,
+        client: &str,
+        ask: &Ask,
+        demand: Demand,
+        needs: f64,
+        learning: bool,
+    ) -> Result<usize, QuotaError> {
+        if let Some(&i) = self.index.get(client) {
+            if ask.lease_id != 0 && ask.lease_id == self.holders[i].lease_id {
+                return Ok(i);
+            }
+            self.release(client, 0);
+        }
+        if self.holders.len() >= MAX_HOLDERS {
+            return Err(QuotaError::Full(MAX_HOLDERS));
+        }
+        // Unknown to this table: while learning, what the client says it holds may still be
+        // out there; otherwise it holds nothing from us.
+        let granted = if learning { ask.has } else { 0.0 };
+        self.outstanding += granted;
+        self.holders.push(Holder {
+            client: client.to_string(),
+            demand,
+            needs,
+            granted,
+            expires_at: 0,
+            lease_id: self.ids.make(),
+        });
+        self.index
+            .insert(client.to_string(), self.holders.len() - 1);
+        self.shares_at = None;
+        Ok(self.holders.len() - 1)
+    }
+
+    /// Recomputes the fair shares when they are older than `recompute` (or a holder came or
+    /// went): needs first, then what nobody needs goes to the headroom above the needs.
+    fn shares(&mut self, now: Nanos) -> Result<(), QuotaError> {
+        // At most every `recompute`: O(n log n) per refresh would cost a resource with
+        // thousands of clients more than the rest of the call. A share at most that old only
+        // delays a demand change; grants stay bounded by what is left, so never past the
+        // capacity.
+        let recompute = nanos(self.config.refresh / 10).min(100_000_000);
+        let fresh = self
+            .shares_at
+            .is_some_and(|at| now.saturating_sub(at) < recompute);
+        if fresh {
+            return Ok(());
+        }
+        self.demands.clear();
+        self.demands.extend(self.holders.iter().map(|h| Demand {
+            wants: h.needs,
+            ..h.demand
+        }));
+        allocate(
+            self.config.capacity,
+            self.config.algorithm,
+            &self.demands,
+            &mut self.shares,
+        )?;
+        let left = self.config.capacity - self.shares.iter().sum::<f64>();
+        if left > 1e-9 && self.holders.iter().any(|h| h.demand.wants > h.needs) {
+            for (d, (h, s)) in self
+                .demands
+                .iter_mut()
+                .zip(self.holders.iter().zip(&self.shares))
+            {
+                d.wants = (h.demand.wants - s).max(0.0);
+            }
+            allocate(left, self.config.algorithm, &self.demands, &mut self.extra)?;
+            for (s, e) in self.shares.iter_mut().zip(&self.extra) {
+                *s += e;
+            }
+        }
+        self.shares_at = Some(now);
+        Ok(())
+    }
+
+    /// `client` refreshes at `now` with `ask`: its new lease.
+    pub fn refresh(&mut self, client: &str, ask: Ask, now: Nanos) -> Result<Lease, QuotaError> {
+        let (demand, needs) = self.check(&ask)?;
         self.expire(now);
         let learning = self.learning(now);
-        let i = match self.index.get(client) {
-            Some(&i) => i,
-            None => {
-                self.holders.push(Holder {
-                    client: client.to_string(),
-                    demand,
-                    needs,
-                    // Unknown to this table: while learning, what the client says it holds
-                    // may still be out there; otherwise it holds nothing from us.
-                    granted: if learning { ask.has } else { 0.0 },
-                    expires_at: now,
-                });
-                self.index
-                    .insert(client.to_string(), self.holders.len() - 1);
-                self.shares_at = None;
-                self.holders.len() - 1
-            }
-        };
+        let i = self.row(client, &ask, demand, needs, learning)?;
         self.holders[i].demand = demand;
         self.holders[i].needs = needs;
-        // The fair shares are recomputed at most every `recompute` (and at once when a holder
-        // came or went): O(n log n) per refresh would cost a resource with thousands of
-        // clients more than the rest of the call. A share at most that old only delays a
-        // demand change; grants stay bounded by what is left, so never past the capacity.
-        let recompute = nanos(self.config.refresh / 10).min(100_000_000);
-        let stale = self
-            .shares_at
-            .is_none_or(|at| now.saturating_sub(at) >= recompute);
-        if stale {
-            // Needs first; then what nobody needs goes to the headroom above the needs.
-            self.demands.clear();
-            self.demands.extend(self.holders.iter().map(|h| Demand {
-                wants: h.needs,
-                ..h.demand
-            }));
-            allocate(
-                self.config.capacity,
-                self.config.algorithm,
-                &self.demands,
-                &mut self.shares,
-            )?;
-            let left = self.config.capacity - self.shares.iter().sum::<f64>();
-            if left > 1e-9 && self.holders.iter().any(|h| h.demand.wants > h.needs) {
-                for (d, (h, s)) in self
-                    .demands
-                    .iter_mut()
-                    .zip(self.holders.iter().zip(&self.shares))
-                {
-                    d.wants = (h.demand.wants - s).max(0.0);
-                }
-                allocate(left, self.config.algorithm, &self.demands, &mut self.extra)?;
-                for (s, e) in self.shares.iter_mut().zip(&self.extra) {
-                    *s += e;
-                }
-            }
-            self.shares_at = Some(now);
-        }
-        let others: f64 = self
-            .holders
-            .iter()
-            .enumerate()
-            .filter(|(j, _)| *j != i)
-            .map(|(_, h)| h.granted)
-            .sum();
-        let room = (self.config.capacity - others).max(0.0);
+        self.shares(now)?;
+        let held = self.holders[i].granted;
+        let room = (self.config.capacity - (self.outstanding - held)).max(0.0);
         // A cached share may come from a larger demand: never more than wanted now.
         let fair = self.shares[i].min(ask.wants);
         let mut granted = if learning {
@@ -408,7 +575,7 @@ impl LeaseTable {
         let mut expires_at = now.saturating_add(nanos(self.config.lease));
         if let Some(cap) = self.hold {
             // Holding: what the client held at most, for no longer than the cap.
-            granted = granted.min(self.holders[i].granted);
+            granted = granted.min(held);
             expires_at = expires_at.min(cap);
         }
         // -0.0 (from a `wants` of -0.0) is reported as 0.
@@ -417,9 +584,12 @@ impl LeaseTable {
         }
         let learning = learning || self.hold.is_some();
         self.refreshes += 1;
+        self.outstanding += granted - held;
+        self.next_expiry = self.next_expiry.min(expires_at);
         let h = &mut self.holders[i];
         h.granted = granted;
         h.expires_at = expires_at;
+        let lease_id = h.lease_id;
         self.clients_seen = self.holders.len();
         // Held below its fair share (waiting for others to shrink): come back sooner, so the
         // room they free is taken within a fraction of the interval.
@@ -439,6 +609,7 @@ impl LeaseTable {
                 _ => self.safe_capacity(),
             },
             learning,
+            lease_id,
         })
     }
 }
@@ -448,6 +619,22 @@ mod tests {
     use super::*;
 
     const S: Nanos = 1_000_000_000;
+
+    impl LeaseTable {
+        /// A refresh by the holder itself: it presents its lease id.
+        fn refresh_held(
+            &mut self,
+            client: &str,
+            ask: Ask,
+            now: Nanos,
+        ) -> Result<Lease, QuotaError> {
+            let lease_id = self
+                .index
+                .get(client)
+                .map_or(0, |&i| self.holders[i].lease_id);
+            self.refresh(client, Ask { lease_id, ..ask }, now)
+        }
+    }
 
     fn config(capacity: f64) -> ResourceConfig {
         ResourceConfig {
@@ -460,33 +647,46 @@ mod tests {
     fn grants_follow_fair_shares_without_overshoot() {
         let mut t = LeaseTable::resume(config(10.0), Vec::new());
         // a alone gets all it wants.
-        let a = t.refresh("a", Ask::wants(8.0), 0).unwrap();
+        let a = t.refresh_held("a", Ask::wants(8.0), 0).unwrap();
         assert_eq!(a.granted, 8.0);
         // b's fair share is 5, but only 2 are free until a shrinks.
-        let b = t.refresh("b", Ask::wants(8.0), S).unwrap();
+        let b = t.refresh_held("b", Ask::wants(8.0), S).unwrap();
         assert_eq!(b.granted, 2.0);
         assert!(t.outstanding() <= 10.0);
         // a refreshes: shrinks to its fair 5; b's next refresh gets the freed capacity.
-        assert_eq!(t.refresh("a", Ask::wants(8.0), 5 * S).unwrap().granted, 5.0);
-        assert_eq!(t.refresh("b", Ask::wants(8.0), 6 * S).unwrap().granted, 5.0);
+        assert_eq!(
+            t.refresh_held("a", Ask::wants(8.0), 5 * S).unwrap().granted,
+            5.0
+        );
+        assert_eq!(
+            t.refresh_held("b", Ask::wants(8.0), 6 * S).unwrap().granted,
+            5.0
+        );
         assert_eq!(t.outstanding(), 10.0);
     }
 
     #[test]
     fn expired_and_released_leases_return_their_capacity() {
         let mut t = LeaseTable::resume(config(10.0), Vec::new());
-        t.refresh("a", Ask::wants(10.0), 0).unwrap();
-        assert_eq!(t.refresh("b", Ask::wants(10.0), S).unwrap().granted, 0.0);
+        t.refresh_held("a", Ask::wants(10.0), 0).unwrap();
+        assert_eq!(
+            t.refresh_held("b", Ask::wants(10.0), S).unwrap().granted,
+            0.0
+        );
         // a's lease (30 s) lapses: b gets everything.
         assert_eq!(
-            t.refresh("b", Ask::wants(10.0), 31 * S).unwrap().granted,
+            t.refresh_held("b", Ask::wants(10.0), 31 * S)
+                .unwrap()
+                .granted,
             10.0
         );
         assert_eq!(t.holders().len(), 1);
-        t.release("b");
+        assert!(t.release("b", t.holders()[0].lease_id));
         assert_eq!(t.outstanding(), 0.0);
         assert_eq!(
-            t.refresh("c", Ask::wants(4.0), 32 * S).unwrap().granted,
+            t.refresh_held("c", Ask::wants(4.0), 32 * S)
+                .unwrap()
+                .granted,
             4.0
         );
     }
@@ -501,16 +701,16 @@ mod tests {
         assert!(t.learning(0));
         // a held 6 before the restart: confirmed; b held 4: confirmed; c held nothing, and
         // nothing is left.
-        assert_eq!(t.refresh("a", ask(9.0, 6.0), S).unwrap().granted, 6.0);
-        assert_eq!(t.refresh("b", ask(9.0, 4.0), S).unwrap().granted, 4.0);
-        let c = t.refresh("c", ask(9.0, 0.0), S).unwrap();
+        assert_eq!(t.refresh_held("a", ask(9.0, 6.0), S).unwrap().granted, 6.0);
+        assert_eq!(t.refresh_held("b", ask(9.0, 4.0), S).unwrap().granted, 4.0);
+        let c = t.refresh_held("c", ask(9.0, 0.0), S).unwrap();
         assert_eq!((c.granted, c.learning), (0.0, true));
         // a's fair share is now 10/3: its confirmed grant shrinks to it.
-        let a = t.refresh("a", ask(9.0, 6.0), 2 * S).unwrap().granted;
+        let a = t.refresh_held("a", ask(9.0, 6.0), 2 * S).unwrap().granted;
         assert!((a - 10.0 / 3.0).abs() < 1e-9, "{a}");
         // c holds nothing and uses 2 on its own: what a freed, up to that.
         let c = t
-            .refresh(
+            .refresh_held(
                 "c",
                 Ask {
                     safe: 2.0,
@@ -528,15 +728,18 @@ mod tests {
             safe: f64::INFINITY,
             ..ask(4.0, 0.0)
         };
-        assert_eq!(alone.refresh("n", open, S).unwrap().granted, 4.0);
-        assert_eq!(alone.refresh("m", ask(4.0, 0.0), S).unwrap().granted, 0.0);
+        assert_eq!(alone.refresh_held("n", open, S).unwrap().granted, 4.0);
+        assert_eq!(
+            alone.refresh_held("m", ask(4.0, 0.0), S).unwrap().granted,
+            0.0
+        );
         // A capacity of 0 has nothing to learn: the answer is 0, not "learning".
         let mut zero = LeaseTable::new(config(0.0), 0);
-        let z = zero.refresh("n", ask(4.0, 3.0), S).unwrap();
+        let z = zero.refresh_held("n", ask(4.0, 3.0), S).unwrap();
         assert_eq!((z.granted, z.learning), (0.0, false));
         // After one lease length, the table grants again.
         assert!(!t.learning(31 * S));
-        let c = t.refresh("c", ask(9.0, 0.0), 31 * S).unwrap().granted;
+        let c = t.refresh_held("c", ask(9.0, 0.0), 31 * S).unwrap().granted;
         assert!(c > 0.0);
         assert!(t.outstanding() <= 10.0 + 1e-9);
     }
@@ -545,19 +748,25 @@ mod tests {
     fn safe_capacity_defaults_to_an_even_split_of_the_clients_seen() {
         let mut t = LeaseTable::resume(config(12.0), Vec::new());
         assert_eq!(
-            t.refresh("a", Ask::wants(1.0), 0).unwrap().safe_capacity,
+            t.refresh_held("a", Ask::wants(1.0), 0)
+                .unwrap()
+                .safe_capacity,
             12.0
         );
-        t.refresh("b", Ask::wants(1.0), 0).unwrap();
+        t.refresh_held("b", Ask::wants(1.0), 0).unwrap();
         assert_eq!(
-            t.refresh("c", Ask::wants(1.0), 0).unwrap().safe_capacity,
+            t.refresh_held("c", Ask::wants(1.0), 0)
+                .unwrap()
+                .safe_capacity,
             4.0
         );
         let mut fixed = config(12.0);
         fixed.safe_capacity = Some(1.5);
         t.reconfigure(fixed);
         assert_eq!(
-            t.refresh("a", Ask::wants(1.0), 0).unwrap().safe_capacity,
+            t.refresh_held("a", Ask::wants(1.0), 0)
+                .unwrap()
+                .safe_capacity,
             1.5
         );
     }
@@ -571,15 +780,15 @@ mod tests {
         };
         // A light client (needs 8, wants 10.6) and a heavy one (needs 40): the heavy one gets
         // all the light one does not need, not 20 − 10.6.
-        t.refresh("light", ask(8.0), 0).unwrap();
-        t.refresh("heavy", ask(40.0), 0).unwrap();
-        let light = t.refresh("light", ask(8.0), S).unwrap().granted;
-        let heavy = t.refresh("heavy", ask(40.0), S).unwrap().granted;
+        t.refresh_held("light", ask(8.0), 0).unwrap();
+        t.refresh_held("heavy", ask(40.0), 0).unwrap();
+        let light = t.refresh_held("light", ask(8.0), S).unwrap().granted;
+        let heavy = t.refresh_held("heavy", ask(40.0), S).unwrap().granted;
         assert_eq!((light, heavy), (8.0, 12.0));
         // Below capacity, the headroom is granted: 8 × 1.2 + 1 and 5 × 1.2 + 1.
-        t.refresh("heavy", ask(5.0), 2 * S).unwrap();
-        let light = t.refresh("light", ask(8.0), 3 * S).unwrap().granted;
-        let heavy = t.refresh("heavy", ask(5.0), 3 * S).unwrap().granted;
+        t.refresh_held("heavy", ask(5.0), 2 * S).unwrap();
+        let light = t.refresh_held("light", ask(8.0), 3 * S).unwrap().granted;
+        let heavy = t.refresh_held("heavy", ask(5.0), 3 * S).unwrap().granted;
         assert!(
             (light - 10.6).abs() < 1e-9 && (heavy - 7.0).abs() < 1e-9,
             "{light} {heavy}"
@@ -589,18 +798,24 @@ mod tests {
     #[test]
     fn a_held_table_lets_no_grant_grow_and_no_lease_outlive_the_cap() {
         let mut t = LeaseTable::resume(config(10.0), Vec::new());
-        t.refresh("a", Ask::wants(4.0), 0).unwrap();
+        t.refresh_held("a", Ask::wants(4.0), 0).unwrap();
         t.hold(Some(20 * S));
         // a wants more: it keeps 4; b is new: nothing, flagged so it keeps its safe capacity.
-        let a = t.refresh("a", Ask::wants(9.0), S).unwrap();
+        let a = t.refresh_held("a", Ask::wants(9.0), S).unwrap();
         assert_eq!((a.granted, a.expires_at, a.learning), (4.0, 20 * S, true));
-        let b = t.refresh("b", Ask::wants(9.0), S).unwrap();
+        let b = t.refresh_held("b", Ask::wants(9.0), S).unwrap();
         assert_eq!((b.granted, b.learning), (0.0, true));
         // Shrinking is still allowed.
-        assert_eq!(t.refresh("a", Ask::wants(1.0), 2 * S).unwrap().granted, 1.0);
+        assert_eq!(
+            t.refresh_held("a", Ask::wants(1.0), 2 * S).unwrap().granted,
+            1.0
+        );
         assert_eq!(t.refreshes(), 4);
         t.hold(None);
-        assert_eq!(t.refresh("b", Ask::wants(9.0), 3 * S).unwrap().granted, 9.0);
+        assert_eq!(
+            t.refresh_held("b", Ask::wants(9.0), 3 * S).unwrap().granted,
+            9.0
+        );
         // Both leases lapse: two expirations.
         assert_eq!(t.expire(60 * S), 2);
         assert_eq!(t.expirations(), 2);
@@ -609,9 +824,9 @@ mod tests {
     #[test]
     fn bad_asks_change_nothing() {
         let mut t = LeaseTable::resume(config(10.0), Vec::new());
-        assert!(t.refresh("a", Ask::wants(-1.0), 0).is_err());
+        assert!(t.refresh_held("a", Ask::wants(-1.0), 0).is_err());
         assert!(t
-            .refresh(
+            .refresh_held(
                 "a",
                 Ask {
                     has: f64::NAN,

@@ -12,6 +12,8 @@
 //!   capacity once a lease expires).
 
 //! - [`config`]: the quota file (resources and templates, located errors).
+//! - [`clients`]: who may ask (client id patterns, bearer tokens) and with what weight and
+//!   priority.
 //! - [`server`]: every resource's table behind the protocol front ends.
 //! - [`ha`]: failover — one leader among several servers, its fencing token and snapshot.
 //! - [`rlqs`]: Envoy's Rate Limit Quota Service on the lease server (buckets → resources,
@@ -23,6 +25,7 @@
 
 pub mod allocate;
 pub mod client;
+pub mod clients;
 pub mod config;
 pub mod ha;
 pub mod lease;

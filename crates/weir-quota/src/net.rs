@@ -60,6 +60,7 @@ pub enum NetError {
 pub struct Builder {
     endpoint: String,
     client_id: String,
+    token: Option<String>,
     config: ClientConfig,
     resources: Vec<(String, f64)>,
 }
@@ -68,6 +69,13 @@ impl Builder {
     /// Leases `name`, enforcing `safe` units/s until the server is first reached.
     pub fn resource(mut self, name: &str, safe: f64) -> Self {
         self.resources.push((name.to_string(), safe));
+        self
+    }
+
+    /// Sends `Authorization: Bearer TOKEN` with every call (a server whose quota file's
+    /// `clients` section asks for a token for this client id).
+    pub fn token(mut self, token: Option<String>) -> Self {
+        self.token = token;
         self
     }
 
@@ -124,6 +132,13 @@ impl Builder {
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
         let inner = Arc::new(Inner {
             client_id: self.client_id,
+            authorization: self
+                .token
+                .and_then(|t| http::HeaderValue::try_from(format!("Bearer {t}")).ok())
+                .map(|mut v| {
+                    v.set_sensitive(true);
+                    v
+                }),
             targets,
             current: parking_lot::Mutex::new(Current::Listed(0)),
             http: Client::builder(TokioExecutor::new())
@@ -205,6 +220,8 @@ pub const MAX_RESOURCES: usize = 1_000;
 
 struct Inner {
     client_id: String,
+    /// `Bearer TOKEN`, when the server asks for one.
+    authorization: Option<http::HeaderValue>,
     targets: Vec<Target>,
     current: parking_lot::Mutex<Current>,
     http: Client<HttpConnector, Full<Bytes>>,
@@ -233,6 +250,7 @@ impl LeaseClient {
         Builder {
             endpoint: endpoint.to_string(),
             client_id: client_id.to_string(),
+            token: None,
             config: ClientConfig::default(),
             resources: Vec::new(),
         }
@@ -293,7 +311,14 @@ impl LeaseClient {
         }
         let table = self.inner.table.load();
         let names: Vec<&str> = table.resources.iter().map(|r| r.name()).collect();
-        let body = serde_json::json!({"client": self.inner.client_id, "resources": names});
+        let ids: Vec<String> = table
+            .resources
+            .iter()
+            .map(|r| lease_id_text(r.lease_id()))
+            .collect();
+        let body = serde_json::json!({
+            "client": self.inner.client_id, "resources": names, "leaseIds": ids,
+        });
         let target = match self.inner.current.lock().clone() {
             Current::Listed(i) => self.inner.targets[i].clone(),
             Current::Leader(t) => t,
@@ -313,11 +338,21 @@ impl weir_rules::engine::ClusterQuota for LeaseClient {
     }
 }
 
+/// A lease id as the HTTP API writes it: 16 hex digits (JSON numbers lose precision past
+/// 2^53 in many languages).
+pub fn lease_id_text(id: u64) -> String {
+    format!("{id:016x}")
+}
+
 async fn post(inner: &Inner, uri: &http::Uri, body: String) -> Result<(u16, Bytes), String> {
-    let req = http::Request::post(uri.clone())
+    let mut req = http::Request::post(uri.clone())
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| e.to_string())?;
+    if let Some(auth) = &inner.authorization {
+        req.headers_mut()
+            .insert(http::header::AUTHORIZATION, auth.clone());
+    }
     let r = inner.http.request(req).await.map_err(|e| e.to_string())?;
     let status = r.status().as_u16();
     let bytes = http_body_util::Limited::new(r.into_body(), 1 << 20)
@@ -342,6 +377,7 @@ async fn refresh_all(
             serde_json::json!({
                 "resource": r.name(), "wants": a.wants, "has": a.has, "safe": a.safe,
                 "weight": a.weight, "priority": a.priority.as_str(),
+                "leaseId": lease_id_text(a.lease_id),
             })
         })
         .collect();
@@ -358,6 +394,10 @@ async fn refresh_all(
                 refresh: ms(&l["refreshInMs"]),
                 safe_capacity: l["safeCapacity"].as_f64()?,
                 learning: l["learning"].as_bool().unwrap_or(false),
+                lease_id: l["leaseId"]
+                    .as_str()
+                    .and_then(|s| u64::from_str_radix(s, 16).ok())
+                    .unwrap_or(0),
             })
         })
         .collect())

@@ -81,6 +81,9 @@ pub struct ResourceAsk {
     /// What it uses on its own while it holds no lease (its safe capacity).
     #[prost(double, tag = "6")]
     pub safe: f64,
+    /// The id of the lease it holds (0: none).
+    #[prost(fixed64, tag = "7")]
+    pub lease_id: u64,
 }
 
 /// `weir.quota.v1.RefreshResponse`.
@@ -115,6 +118,9 @@ pub struct ResourceLease {
     /// Why this resource got no lease (empty: it got one).
     #[prost(string, tag = "7")]
     pub error: String,
+    /// Proof of holding this lease.
+    #[prost(fixed64, tag = "8")]
+    pub lease_id: u64,
 }
 
 /// `weir.quota.v1.ReleaseRequest`.
@@ -126,6 +132,9 @@ pub struct ReleaseRequest {
     /// The resources given back.
     #[prost(string, repeated, tag = "2")]
     pub resources: Vec<String>,
+    /// The lease id held on each of `resources` (missing or 0: unknown).
+    #[prost(fixed64, repeated, tag = "3")]
+    pub lease_ids: Vec<u64>,
 }
 
 /// `weir.quota.v1.ReleaseResponse`.

@@ -39,8 +39,8 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use weir_core::{Criticality, Nanos};
 
-use crate::lease::Ask;
-use crate::server::LeaseServer;
+use crate::lease::{Ask, Lease};
+use crate::server::{LeaseServer, Refusal};
 
 pub use crate::config::{BucketRule, BucketTarget, RlqsConfig, ValuePattern};
 
@@ -259,6 +259,8 @@ struct Bucket {
     /// Allowed units/s as last measured (what it uses of its assignment).
     used: f64,
     granted: f64,
+    /// The id of its lease (proof for the next refresh and the release).
+    lease_id: u64,
     sent: Option<Assignment>,
     /// When an assignment was last sent, and its TTL then.
     sent_at: Nanos,
@@ -364,6 +366,7 @@ impl Session {
                         needs: 0.0,
                         used: 0.0,
                         granted: 0.0,
+                        lease_id: 0,
                         sent: None,
                         sent_at: 0,
                         ttl: 0,
@@ -420,7 +423,7 @@ impl Session {
             let target = config.target(&b.id);
             if target != b.target {
                 if let Target::Resource(r) = &b.target {
-                    server.release(&b.client, std::slice::from_ref(r));
+                    server.release(&b.client, &[(r.clone(), b.lease_id)]);
                 }
                 b.target = target;
                 b.sent = None;
@@ -444,7 +447,7 @@ impl Session {
         self.buckets.retain(|_, b| {
             if now.saturating_sub(b.last_active) >= idle {
                 if let Target::Resource(r) = &b.target {
-                    server.release(&b.client, std::slice::from_ref(r));
+                    server.release(&b.client, &[(r.clone(), b.lease_id)]);
                 }
                 totals.buckets.fetch_sub(1, Ordering::Relaxed);
                 totals.abandoned_idle.fetch_add(1, Ordering::Relaxed);
@@ -472,7 +475,7 @@ impl Session {
     pub fn close(self, server: &LeaseServer, totals: &RlqsTotals) {
         for b in self.buckets.into_values() {
             if let Target::Resource(r) = &b.target {
-                server.release(&b.client, std::slice::from_ref(r));
+                server.release(&b.client, &[(r.clone(), b.lease_id)]);
             }
             totals.buckets.fetch_sub(1, Ordering::Relaxed);
         }
@@ -505,6 +508,12 @@ fn assign(
                 let c = server.capacity(resource)?;
                 (c, c)
             };
+            if b.lease_id == 0 {
+                // A stream holds its client id alone (no two open streams share one), so a
+                // reconnecting Envoy — or one moving to a new leader, which resumed the rows
+                // from the snapshot — takes up the leases its id holds.
+                b.lease_id = server.lease_id_of(&b.client, resource);
+            }
             let ask = Ask {
                 wants,
                 needs: Some(needs),
@@ -516,12 +525,27 @@ fn assign(
                 safe: f64::INFINITY,
                 weight: 1.0,
                 priority: Criticality::Critical,
+                lease_id: b.lease_id,
             };
-            let lease = server
+            let lease = match server
                 .refresh(&b.client, &[(resource.clone(), ask)], now)
                 .pop()?
-                .ok()?;
+            {
+                Ok(lease) => lease,
+                // Too many holders: the bucket is denied (failing open would let any number
+                // of new buckets past the capacity).
+                Err(Refusal::BadAsk { .. }) => Lease {
+                    granted: 0.0,
+                    expires_at: now.saturating_add(1_000_000_000),
+                    refresh: Duration::from_secs(1),
+                    safe_capacity: 0.0,
+                    learning: false,
+                    lease_id: 0,
+                },
+                Err(_) => return None,
+            };
             b.granted = lease.granted;
+            b.lease_id = lease.lease_id;
             if lease.learning && lease.granted == 0.0 {
                 // Learning or holding, nothing confirmed: Envoy keeps what it has.
                 return None;

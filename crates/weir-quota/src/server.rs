@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use parking_lot::Mutex;
 use weir_core::Nanos;
 
+use crate::clients::{admit, ClientRule, Denied};
 use crate::config::QuotaConfig;
-use crate::lease::{Ask, Holder, Lease, LeaseTable};
+use crate::lease::{Ask, Holder, Lease, LeaseTable, Released};
 
 /// Why one resource of a refresh got no lease.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -74,6 +75,8 @@ pub struct TableState {
     pub learning_for: Nanos,
     /// The unexpired leases; `expires_at` counts from the snapshot.
     pub holders: Vec<Holder>,
+    /// Grants released without proof, still counted; `expires_at` counts from the snapshot.
+    pub released: Vec<Released>,
 }
 
 /// Template instances (resources a template created on demand), each with the client whose
@@ -227,6 +230,14 @@ impl LeaseServer {
                             ..h.clone()
                         })
                         .collect(),
+                    released: t
+                        .released()
+                        .iter()
+                        .map(|r| Released {
+                            expires_at: r.expires_at.saturating_sub(now),
+                            ..*r
+                        })
+                        .collect(),
                 }
             })
             .collect();
@@ -264,9 +275,21 @@ impl LeaseServer {
                     ..h
                 })
                 .collect();
+            // Released grants are counted for a full lease length too.
+            let released = s
+                .released
+                .into_iter()
+                .map(|r| Released {
+                    expires_at: now
+                        .saturating_add(r.expires_at)
+                        .max(now.saturating_add(lease_nanos(&c))),
+                    ..r
+                })
+                .collect();
             let mut t = LeaseTable::resume_learning(
                 c,
                 holders,
+                released,
                 now.saturating_add(s.learning_for)
                     .min(now.saturating_add(lease_nanos(&c))),
             );
@@ -397,6 +420,7 @@ impl LeaseServer {
                                 refresh: c.refresh,
                                 safe_capacity: c.safe_capacity.unwrap_or(c.capacity),
                                 learning: false,
+                                lease_id: 0,
                             });
                         }
                         self.make_room_for_instance(&mut tables, client, resource, now)?;
@@ -431,20 +455,45 @@ impl LeaseServer {
             .collect()
     }
 
-    /// `client` gives back its leases on `resources` (shutting down). A table left without
-    /// holders (and not learning) is dropped: templates create one per name, and names come
-    /// and go (one per user, say).
-    pub fn release(&self, client: &str, resources: &[String]) {
+    /// `client` gives back its leases on `resources` (shutting down), each with the lease id
+    /// it holds (0: unknown): a grant released without its id keeps counting until it would
+    /// have expired ([`LeaseTable::release`]). Answers, per resource, whether the capacity was
+    /// freed at once. A table left without holders or released grants (and not learning) is
+    /// dropped: templates create one per name, and names come and go (one per user, say).
+    pub fn release(&self, client: &str, resources: &[(String, u64)]) -> Vec<bool> {
         let mut tables = self.tables.lock();
-        for r in resources {
-            if let Some(t) = tables.get_mut(r) {
-                t.release(client);
-                if t.holders().is_empty() && t.learning_until() == 0 {
+        resources
+            .iter()
+            .map(|(r, lease_id)| {
+                let Some(t) = tables.get_mut(r) else {
+                    return false;
+                };
+                let freed = t.release(client, *lease_id);
+                if t.holders().is_empty() && t.released().is_empty() && t.learning_until() == 0 {
                     tables.remove(r);
                     self.instances.lock().remove(r);
                 }
-            }
-        }
+                freed
+            })
+            .collect()
+    }
+
+    /// The `clients` entry serving a lease-API caller `client` that presented `bearer` (its
+    /// `Authorization: Bearer` token, if any); apply it to the caller's asks
+    /// ([`ClientRule::apply`]) before [`Self::refresh`].
+    pub fn admit(&self, client: &str, bearer: Option<&str>) -> Result<ClientRule, Denied> {
+        admit(&self.config.lock().clients, client, bearer).map(std::borrow::Cow::into_owned)
+    }
+
+    /// The id of the lease `client` holds on `resource` (0: none) — for a front end whose
+    /// callers prove their identity another way (an RLQS stream holds its client id alone);
+    /// never to be answered to a lease-API caller.
+    pub fn lease_id_of(&self, client: &str, resource: &str) -> u64 {
+        self.tables
+            .lock()
+            .get(resource)
+            .and_then(|t| t.holder(client))
+            .map_or(0, |h| h.lease_id)
     }
 
     /// The `rlqs` section in force, if any.
@@ -467,7 +516,7 @@ impl LeaseServer {
                 Allocation {
                     resource: name.clone(),
                     capacity: t.config().capacity,
-                    wants: t.holders().iter().map(|h| h.demand.wants).sum(),
+                    wants: t.holders().iter().map(|h| h.demand.wants).sum::<f64>() + 0.0,
                     granted: t.outstanding(),
                     learning: t.learning(now),
                     refreshes: t.refreshes(),
@@ -492,6 +541,29 @@ mod tests {
 
     const S: Nanos = 1_000_000_000;
 
+    impl LeaseServer {
+        fn lease_id(&self, client: &str, resource: &str) -> u64 {
+            self.lease_id_of(client, resource)
+        }
+
+        /// A refresh by the holder itself: it presents its lease ids.
+        fn refresh_held(
+            &self,
+            client: &str,
+            asks: &[(String, Ask)],
+            now: Nanos,
+        ) -> Vec<Result<Lease, Refusal>> {
+            let asks: Vec<(String, Ask)> = asks
+                .iter()
+                .map(|(r, a)| {
+                    let lease_id = self.lease_id(client, r);
+                    (r.clone(), Ask { lease_id, ..*a })
+                })
+                .collect();
+            self.refresh(client, &asks, now)
+        }
+    }
+
     fn config(yaml: &str) -> QuotaConfig {
         QuotaConfig::from_yaml(Path::new("q.yaml"), yaml).unwrap()
     }
@@ -507,7 +579,7 @@ mod tests {
             0,
         );
         // After the first lease length: no learning.
-        let r = s.refresh(
+        let r = s.refresh_held(
             "c1",
             &[ask("a", 6.0), ask("t-x", 9.0), ask("nope", 1.0)],
             31 * S,
@@ -518,7 +590,8 @@ mod tests {
         let all = s.allocations(31 * S);
         assert_eq!(all.len(), 2);
         assert_eq!((all[0].resource.as_str(), all[0].granted), ("a", 6.0));
-        s.release("c1", &["a".into()]);
+        let id = s.lease_id("c1", "a");
+        assert_eq!(s.release("c1", &[("a".into(), id)]), vec![true]);
         // Without holders the table is dropped (templates make one per name).
         let all = s.allocations(31 * S);
         assert_eq!((all.len(), all[0].resource.as_str()), (1, "t-x"));
@@ -527,8 +600,8 @@ mod tests {
     #[test]
     fn a_snapshot_resumes_elsewhere_without_learning_and_holding_caps_leases() {
         let a = LeaseServer::new(config("resources:\n  - {name: r, capacity: 10}\n"), 0);
-        a.refresh("c1", &[ask("r", 6.0)], 31 * S);
-        a.refresh("c2", &[ask("r", 6.0)], 32 * S);
+        a.refresh_held("c1", &[ask("r", 6.0)], 31 * S);
+        a.refresh_held("c2", &[ask("r", 6.0)], 32 * S);
         let snap = a.snapshot(33 * S);
         assert_eq!(snap[0].holders.len(), 2);
         assert_eq!(
@@ -544,21 +617,23 @@ mod tests {
         assert!(!all[0].learning);
         assert_eq!(all[0].granted, 10.0);
         assert_eq!(all[0].clients[1].3, 35 * S);
-        let c3 = b.refresh("c3", &[ask("r", 6.0)], 6 * S);
+        let c3 = b.refresh_held("c3", &[ask("r", 6.0)], 6 * S);
         assert_eq!(c3[0].as_ref().unwrap().granted, 0.0);
         // Holding since 7 s: c1 cannot grow, its lease ends by 37 s; past that, refused.
         b.hold(Some(7 * S));
-        let c1 = b.refresh("c1", &[ask("r", 9.0)], 8 * S)[0].clone().unwrap();
+        let c1 = b.refresh_held("c1", &[ask("r", 9.0)], 8 * S)[0]
+            .clone()
+            .unwrap();
         assert!(c1.granted <= 6.0 && c1.expires_at == 37 * S && c1.learning);
         assert_eq!(
-            b.refresh("c1", &[ask("r", 9.0)], 37 * S)[0],
+            b.refresh_held("c1", &[ask("r", 9.0)], 37 * S)[0],
             Err(Refusal::Unavailable("r".into()))
         );
         b.hold(None);
-        assert!(b.refresh("c1", &[ask("r", 9.0)], 38 * S)[0].is_ok());
+        assert!(b.refresh_held("c1", &[ask("r", 9.0)], 38 * S)[0].is_ok());
         // Starting empty after a long outage: no learning.
         b.restore(Vec::new(), 40 * S);
-        let c4 = b.refresh("c4", &[ask("r", 4.0)], 40 * S)[0]
+        let c4 = b.refresh_held("c4", &[ask("r", 4.0)], 40 * S)[0]
             .clone()
             .unwrap();
         assert_eq!((c4.granted, c4.learning), (4.0, false));
@@ -576,7 +651,7 @@ mod tests {
         );
         // Learning: confirms what is held, grants nothing new.
         assert_eq!(
-            s.refresh("c1", std::slice::from_ref(&held), S)[0]
+            s.refresh_held("c1", std::slice::from_ref(&held), S)[0]
                 .as_ref()
                 .unwrap()
                 .granted,
@@ -603,21 +678,21 @@ mod tests {
         s.restore(Vec::new(), 0); // no learning
                                   // A name over 256 bytes is refused, and named in the answer by its start only.
         let long = format!("tenant-{}", "x".repeat(MAX_RESOURCE_NAME));
-        match &s.refresh("c", &[ask(&long, 1.0)], S)[0] {
+        match &s.refresh_held("c", &[ask(&long, 1.0)], S)[0] {
             Err(Refusal::BadAsk { resource, reason }) => {
                 assert!(resource.len() < 80 && reason.contains("longer than 256 bytes"));
             }
             other => panic!("{other:?}"),
         }
         // A zero demand creates no instance.
-        let zero = s.refresh("c", &[ask("tenant-idle", 0.0)], S);
+        let zero = s.refresh_held("c", &[ask("tenant-idle", 0.0)], S);
         assert_eq!(zero[0].as_ref().unwrap().granted, 0.0);
         assert!(s.allocations(S).iter().all(|a| a.resource != "tenant-idle"));
         // One client creates at most MAX_INSTANCES_PER_CLIENT instances…
         let asks: Vec<(String, Ask)> = (0..=MAX_INSTANCES_PER_CLIENT)
             .map(|i| ask(&format!("tenant-junk{i}"), 1.0))
             .collect();
-        let answers = s.refresh("mallory", &asks, S);
+        let answers = s.refresh_held("mallory", &asks, S);
         assert!(answers[..MAX_INSTANCES_PER_CLIENT]
             .iter()
             .all(Result::is_ok));
@@ -631,19 +706,19 @@ mod tests {
             let asks: Vec<(String, Ask)> = (0..MAX_INSTANCES_PER_CLIENT)
                 .map(|i| ask(&format!("tenant-junk{c}-{i}"), 1.0))
                 .collect();
-            s.refresh(&format!("mallory{c}"), &asks, S);
+            s.refresh_held(&format!("mallory{c}"), &asks, S);
         }
-        let new = s.refresh("alice", &[ask("tenant-alice", 1.0), ask("search", 4.0)], S);
+        let new = s.refresh_held("alice", &[ask("tenant-alice", 1.0), ask("search", 4.0)], S);
         assert!(
             matches!(&new[0], Err(Refusal::BadAsk { reason, .. }) if reason.contains("resources named in the quota file are not affected"))
         );
         assert_eq!(new[1].as_ref().unwrap().granted, 4.0);
         // Once their leases lapse, the instances make room.
         let later = 100 * S;
-        let new = s.refresh("alice", &[ask("tenant-alice", 1.0)], later);
+        let new = s.refresh_held("alice", &[ask("tenant-alice", 1.0)], later);
         assert_eq!(new[0].as_ref().unwrap().granted, 1.0);
         // -0.0 is 0.
-        let g = s.refresh("bob", &[ask("search", -0.0)], later)[0]
+        let g = s.refresh_held("bob", &[ask("search", -0.0)], later)[0]
             .as_ref()
             .unwrap()
             .granted;

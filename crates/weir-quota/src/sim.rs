@@ -207,7 +207,7 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
                 }
             };
             if s.demand.is_none() && !is_down {
-                table.release(&s.client);
+                table.release(&s.client, clients[i].client.lease_id());
             }
             clients[i].demand = s.demand;
             shift_times.push(now);

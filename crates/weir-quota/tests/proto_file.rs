@@ -46,10 +46,15 @@ fn the_rust_messages_are_the_proto_files() {
         weight: 2.0,
         priority: Priority::Sheddable as i32,
         safe: 3.0,
+        lease_id: u64::MAX - 1,
     };
     let m = through_the_file(&pool, "ResourceAsk", &ask);
     assert_eq!(m.get_field_by_name("wants").unwrap().as_f64(), Some(1.5));
     assert_eq!(m.get_field_by_name("safe").unwrap().as_f64(), Some(3.0));
+    assert_eq!(
+        m.get_field_by_name("lease_id").unwrap().into_owned(),
+        Value::U64(u64::MAX - 1)
+    );
     assert_eq!(
         m.get_field_by_name("priority").unwrap().as_enum_number(),
         Some(4)
@@ -81,6 +86,7 @@ fn the_rust_messages_are_the_proto_files() {
         safe_capacity: 1.0,
         learning: true,
         error: "x".into(),
+        lease_id: 42,
     };
     let m = through_the_file(&pool, "ResourceLease", &lease);
     assert_eq!(
@@ -100,6 +106,7 @@ fn the_rust_messages_are_the_proto_files() {
         &ReleaseRequest {
             client: "c".into(),
             resources: vec!["search".into()],
+            lease_ids: vec![42],
         },
     );
     assert_eq!(

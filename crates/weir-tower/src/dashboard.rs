@@ -409,14 +409,7 @@ pub fn require_bearer(router: Router, token: Option<&str>) -> Router {
         move |req: Request, next: Next| {
             let expected = expected.clone();
             async move {
-                let given = req
-                    .headers()
-                    .get(header::AUTHORIZATION)
-                    .map_or(&b""[..], HeaderValue::as_bytes);
-                let token = given
-                    .get(..7)
-                    .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
-                    .map_or(&b""[..], |_| &given[7..]);
+                let token = bearer_token(req.headers()).unwrap_or(&[]);
                 if !token.is_empty() && constant_time_eq(token, &expected) {
                     next.run(req).await
                 } else {
@@ -425,6 +418,18 @@ pub fn require_bearer(router: Router, token: Option<&str>) -> Router {
             }
         },
     ))
+}
+
+/// The token of an `Authorization: Bearer TOKEN` header (the scheme in any case, as RFC 9110
+/// has it), if the request has one.
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&[u8]> {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes)?;
+    given
+        .get(..7)
+        .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
+        .map(|_| &given[7..])
 }
 
 fn unauthorized() -> Response {

@@ -113,6 +113,10 @@ struct ProxyArgs {
     /// This proxy's client id at the quota server (default: weir-proxy-HOSTNAME-PID).
     #[arg(long, value_name = "ID")]
     quota_client_id: Option<String>,
+    /// A file holding the bearer token to present to the quota server (when its quota file's
+    /// clients section asks for one).
+    #[arg(long, value_name = "FILE")]
+    quota_token_file: Option<PathBuf>,
     /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish before exit.
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
     drain_timeout: Duration,
@@ -450,6 +454,20 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
         Ok(r) => r,
         Err(code) => return code,
     };
+    let quota_token = match &args.quota_token_file {
+        None => None,
+        Some(f) => match std::fs::read_to_string(f) {
+            Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+            Ok(_) => {
+                eprintln!("weir: error: --quota-token-file {}: empty", f.display());
+                return ExitCode::from(2);
+            }
+            Err(e) => {
+                eprintln!("weir: error: --quota-token-file {}: {e}", f.display());
+                return ExitCode::from(2);
+            }
+        },
+    };
     let settings = proxy::Settings {
         rules: args.rules,
         listen: args.listen,
@@ -467,6 +485,7 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
             format!("weir-proxy-{host}-{}", std::process::id())
         }),
         quota_server: args.quota_server,
+        quota_token,
         upstream_protocol: args.upstream_protocol,
         drain_timeout: args.drain_timeout,
         clock: args.clock,

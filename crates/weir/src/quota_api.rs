@@ -2,11 +2,16 @@
 //! port (for clients in any language; a gRPC API is to come):
 //!
 //! - `POST /quota/v1/refresh` `{"client": ID, "resources": [{"resource": NAME, "wants": W,
-//!   "has": H, "weight": 1, "priority": "CRITICAL"}, …]}` → `{"leases": [{"resource": NAME,
-//!   "granted": G, "expiresInMs": E, "refreshInMs": R, "safeCapacity": S, "learning": L} |
-//!   {"resource": NAME,
-//!   "error": "…"}, …]}` in request order. `has`, `weight` and `priority` are optional.
-//! - `POST /quota/v1/release` `{"client": ID, "resources": [NAME, …]}` → 204.
+//!   "has": H, "leaseId": "…", "weight": 1, "priority": "CRITICAL"}, …]}` →
+//!   `{"leases": [{"resource": NAME, "granted": G, "expiresInMs": E, "refreshInMs": R,
+//!   "safeCapacity": S, "learning": L, "leaseId": "…"} | {"resource": NAME, "error": "…"},
+//!   …]}` in request order. `has`, `leaseId`, `weight` and `priority` are optional; weight and
+//!   priority count only where the quota file's `clients` section allows them.
+//! - `POST /quota/v1/release` `{"client": ID, "resources": [NAME, …], "leaseIds": ["…", …]}`
+//!   → 204. A grant released without its lease id counts until it would have expired.
+//!
+//! With a `clients` section, each call carries `Authorization: Bearer TOKEN` where an entry
+//! asks for one: 401 without an accepted token, 403 for a client id no entry covers.
 //! - `GET /quota/v1/allocations` → every resource in use: capacity, demands, grants, clients.
 //!
 //! Times are relative (ms from now): clients and server need not share a clock. The quota file
@@ -37,6 +42,23 @@ const MAX_BODY: usize = 1 << 20;
 pub const MAX_CLIENT_SERIES: usize = 10_000;
 /// Most resources in one refresh.
 pub const MAX_RESOURCES_PER_CALL: usize = 1_000;
+
+/// Why a lease-API call is refused as a whole.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CallError {
+    /// A malformed or invalid request (400, INVALID_ARGUMENT).
+    #[error("{0}")]
+    Bad(String),
+    /// The caller is not allowed (401/403, UNAUTHENTICATED/PERMISSION_DENIED).
+    #[error(transparent)]
+    Denied(#[from] weir_quota::clients::Denied),
+}
+
+impl From<String> for CallError {
+    fn from(s: String) -> Self {
+        Self::Bad(s)
+    }
+}
 
 /// The lease server, its clock and its file.
 pub struct QuotaApi {
@@ -147,29 +169,41 @@ impl QuotaApi {
             .with_state(self.clone())
     }
 
-    /// One refresh of `client` (`count` resources asked, `asks` the first of them) at `now`,
-    /// whatever the protocol: the checks of the call, then the lease server.
+    /// One refresh of `client` presenting `bearer` (`count` resources asked, `asks` the
+    /// first of them) at `now`, whatever the protocol: the checks of the call, the caller's
+    /// weight and priority from the quota file, then the lease server.
     pub(crate) fn refresh(
         &self,
         client: &str,
+        bearer: Option<&str>,
         count: usize,
-        asks: &[(String, Ask)],
+        asks: &mut [(String, Ask)],
         now: weir_core::Nanos,
-    ) -> Result<Vec<Result<weir_quota::Lease, weir_quota::server::Refusal>>, String> {
+    ) -> Result<Vec<Result<weir_quota::Lease, weir_quota::server::Refusal>>, CallError> {
         check_client(client)?;
         self.not_an_envoy(client)?;
+        let rule = self.server.admit(client, bearer)?;
         if count > MAX_RESOURCES_PER_CALL {
-            return Err(format!(
+            return Err(CallError::Bad(format!(
                 "resources: at most {MAX_RESOURCES_PER_CALL} per call"
-            ));
+            )));
+        }
+        for (_, ask) in asks.iter_mut() {
+            rule.apply(ask);
         }
         Ok(self.server.refresh(client, asks, now))
     }
 
-    /// Gives `client`'s leases on `resources` back.
-    pub(crate) fn release(&self, client: &str, resources: &[String]) -> Result<(), String> {
+    /// Gives `client`'s leases on `resources` (each with the lease id the caller holds) back.
+    pub(crate) fn release(
+        &self,
+        client: &str,
+        bearer: Option<&str>,
+        resources: &[(String, u64)],
+    ) -> Result<(), CallError> {
         check_client(client)?;
         self.not_an_envoy(client)?;
+        self.server.admit(client, bearer)?;
         self.server.release(client, resources);
         Ok(())
     }
@@ -295,10 +329,23 @@ struct ResourceAsk {
     has: f64,
     #[serde(default)]
     safe: f64,
+    #[serde(default, rename = "leaseId")]
+    lease_id: Option<String>,
     #[serde(default = "one")]
     weight: f64,
     #[serde(default)]
     priority: Option<String>,
+}
+
+/// A lease id as the JSON API writes it (16 hex digits); `field` names it in the error.
+fn lease_id(text: Option<&str>, field: &str) -> Result<u64, String> {
+    match text {
+        None | Some("") => Ok(0),
+        Some(t) if t.len() <= 16 => {
+            u64::from_str_radix(t, 16).map_err(|_| format!("{field}: {t:?}: expected hex digits"))
+        }
+        Some(_) => Err(format!("{field}: at most 16 hex digits")),
+    }
 }
 
 fn one() -> f64 {
@@ -322,6 +369,8 @@ fn check_client(client: &str) -> Result<(), String> {
 struct ReleaseBody {
     client: String,
     resources: Vec<String>,
+    #[serde(default, rename = "leaseIds")]
+    lease_ids: Vec<String>,
 }
 
 fn bad(message: String) -> axum::response::Response {
@@ -330,6 +379,30 @@ fn bad(message: String) -> axum::response::Response {
         axum::Json(json!({"error": message})),
     )
         .into_response()
+}
+
+/// The answer to a call refused as a whole.
+fn refused(e: CallError) -> axum::response::Response {
+    use weir_quota::clients::Denied;
+    let status = match &e {
+        CallError::Bad(_) => StatusCode::BAD_REQUEST,
+        CallError::Denied(Denied::Unauthenticated(_)) => StatusCode::UNAUTHORIZED,
+        CallError::Denied(Denied::NotAllowed(_)) => StatusCode::FORBIDDEN,
+    };
+    let mut r = (status, axum::Json(json!({"error": e.to_string()}))).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut().insert(
+            axum::http::header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static("Bearer"),
+        );
+    }
+    r
+}
+
+/// The caller's bearer token, if any.
+fn bearer(request: &axum::extract::Request) -> Option<String> {
+    weir_tower::dashboard::bearer_token(request.headers())
+        .map(|b| String::from_utf8_lossy(b).into_owned())
 }
 
 /// Reads and parses a JSON body within the connection's budget, naming the field at fault.
@@ -351,6 +424,7 @@ async fn refresh(
     axum::Extension(budget): axum::Extension<Arc<ConnectionBudget>>,
     request: axum::extract::Request,
 ) -> axum::response::Response {
+    let token = bearer(&request);
     let b: RefreshBody = match body(&budget, request).await {
         Ok(b) => b,
         Err(r) => return r,
@@ -364,6 +438,10 @@ async fn refresh(
                 Err(e) => return bad(format!("resources[{i}].priority: {e}")),
             },
         };
+        let lease_id = match lease_id(r.lease_id.as_deref(), &format!("resources[{i}].leaseId")) {
+            Ok(id) => id,
+            Err(e) => return bad(e),
+        };
         asks.push((
             r.resource.clone(),
             Ask {
@@ -373,6 +451,7 @@ async fn refresh(
                 safe: r.safe,
                 weight: r.weight,
                 priority,
+                lease_id,
             },
         ));
     }
@@ -380,9 +459,10 @@ async fn refresh(
     if let Some(r) = crate::quota_ha::not_leader(&api, now) {
         return r;
     }
-    let answers = match api.refresh(&b.client, b.resources.len(), &asks, now) {
+    let count = b.resources.len();
+    let answers = match api.refresh(&b.client, token.as_deref(), count, &mut asks, now) {
         Ok(a) => a,
-        Err(e) => return bad(e),
+        Err(e) => return refused(e),
     };
     let ms = |ns: u64| ns / 1_000_000;
     let leases: Vec<Value> = answers
@@ -396,6 +476,7 @@ async fn refresh(
                 "refreshInMs": l.refresh.as_millis() as u64,
                 "safeCapacity": l.safe_capacity,
                 "learning": l.learning,
+                "leaseId": weir_quota::net::lease_id_text(l.lease_id),
             }),
             Err(e) => json!({"resource": e.resource(), "error": e.to_string()}),
         })
@@ -408,16 +489,30 @@ async fn release(
     axum::Extension(budget): axum::Extension<Arc<ConnectionBudget>>,
     request: axum::extract::Request,
 ) -> axum::response::Response {
+    let token = bearer(&request);
     let b: ReleaseBody = match body(&budget, request).await {
         Ok(b) => b,
         Err(r) => return r,
     };
+    if b.lease_ids.len() > b.resources.len() {
+        return bad("leaseIds: at most one per resource".into());
+    }
+    let mut resources = Vec::with_capacity(b.resources.len());
+    for (i, r) in b.resources.into_iter().enumerate() {
+        match lease_id(
+            b.lease_ids.get(i).map(String::as_str),
+            &format!("leaseIds[{i}]"),
+        ) {
+            Ok(id) => resources.push((r, id)),
+            Err(e) => return bad(e),
+        }
+    }
     if let Some(r) = crate::quota_ha::not_leader(&api, api.clock.now()) {
         return r;
     }
-    match api.release(&b.client, &b.resources) {
+    match api.release(&b.client, token.as_deref(), &resources) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => bad(e),
+        Err(e) => refused(e),
     }
 }
 

@@ -14,11 +14,28 @@ use weir_quota::proto::{
 };
 use weir_quota::Ask;
 
-use crate::quota_api::QuotaApi;
+use crate::quota_api::{CallError, QuotaApi};
 use crate::rls::grpc::{ok, status, Code, GrpcBody};
+use weir_quota::clients::Denied;
 
-/// Answers one call: `refresh` (else release) with its request `message`.
-pub fn call(api: &QuotaApi, refresh: bool, message: Bytes) -> Response<GrpcBody> {
+/// The status of a call refused as a whole.
+fn refused(e: CallError) -> Response<GrpcBody> {
+    let code = match &e {
+        CallError::Bad(_) => Code::InvalidArgument,
+        CallError::Denied(Denied::Unauthenticated(_)) => Code::Unauthenticated,
+        CallError::Denied(Denied::NotAllowed(_)) => Code::PermissionDenied,
+    };
+    status(code, &e.to_string())
+}
+
+/// Answers one call: `refresh` (else release) with its request `message`, from a caller that
+/// presented `bearer` (its `authorization: Bearer` token, if any).
+pub fn call(
+    api: &QuotaApi,
+    refresh: bool,
+    message: Bytes,
+    bearer: Option<&str>,
+) -> Response<GrpcBody> {
     let now = api.clock.now();
     if let Some(leader) = crate::quota_ha::elsewhere(api, now) {
         let Some(leader) = leader else {
@@ -42,10 +59,18 @@ pub fn call(api: &QuotaApi, refresh: bool, message: Bytes) -> Response<GrpcBody>
     }
     if !refresh {
         return match ReleaseRequest::decode(message) {
-            Ok(r) => match api.release(&r.client, &r.resources) {
-                Ok(()) => ok(&ReleaseResponse {}),
-                Err(e) => status(Code::InvalidArgument, &e),
-            },
+            Ok(r) => {
+                let resources: Vec<(String, u64)> = r
+                    .resources
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, name)| (name, r.lease_ids.get(i).copied().unwrap_or(0)))
+                    .collect();
+                match api.release(&r.client, bearer, &resources) {
+                    Ok(()) => ok(&ReleaseResponse {}),
+                    Err(e) => refused(e),
+                }
+            }
             Err(e) => status(Code::InvalidArgument, &format!("bad ReleaseRequest: {e}")),
         };
     }
@@ -78,12 +103,14 @@ pub fn call(api: &QuotaApi, refresh: bool, message: Bytes) -> Response<GrpcBody>
                 safe: r.safe,
                 weight: if r.weight == 0.0 { 1.0 } else { r.weight },
                 priority: priority.criticality(),
+                lease_id: r.lease_id,
             },
         ));
     }
-    let answers = match api.refresh(&request.client, request.resources.len(), &asks, now) {
+    let count = request.resources.len();
+    let answers = match api.refresh(&request.client, bearer, count, &mut asks, now) {
         Ok(a) => a,
-        Err(e) => return status(Code::InvalidArgument, &e),
+        Err(e) => return refused(e),
     };
     let leases = answers
         .into_iter()
@@ -97,6 +124,7 @@ pub fn call(api: &QuotaApi, refresh: bool, message: Bytes) -> Response<GrpcBody>
                 safe_capacity: l.safe_capacity,
                 learning: l.learning,
                 error: String::new(),
+                lease_id: l.lease_id,
             },
             Err(e) => ResourceLease {
                 resource: e.resource().to_string(),

@@ -303,12 +303,18 @@ mod tests {
         let bucket = format!("{id}/3:name4:open");
         assert!(rlqs.owns(&bucket));
         assert!(!rlqs.owns("envoy-2/k") && !rlqs.owns(&id));
-        let e = api.release(&bucket, &["search".to_string()]).unwrap_err();
+        let e = api
+            .release(&bucket, None, &[("search".to_string(), 0)])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("RLQS bucket"), "{e}");
         let ask = ("search".to_string(), weir_quota::Ask::wants(1.0));
-        let e = api.refresh(&bucket, 1, &[ask], 0).unwrap_err();
+        let e = api
+            .refresh(&bucket, None, 1, &mut [ask], 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("RLQS bucket"), "{e}");
-        assert!(api.release("envoy-2/k", &[]).is_ok());
+        assert!(api.release("envoy-2/k", None, &[]).is_ok());
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -237,6 +237,12 @@ fn serve_quota(file: &std::path::Path) -> Server {
     Server(child, h, g)
 }
 
+/// The `i`-th lease id of a refresh answer.
+fn lease_id(body: &str, i: usize) -> String {
+    let v: Vec<&str> = body.split("\"leaseId\":\"").skip(1).collect();
+    v[i][..16].to_string()
+}
+
 fn granted(body: &str, i: usize) -> f64 {
     let v: Vec<&str> = body.split("\"granted\":").skip(1).collect();
     let s = v[i];
@@ -254,37 +260,50 @@ fn serve_quota_leases_fair_shares_over_http() {
     )
     .unwrap();
     let s = serve_quota(&file);
+    // Each client presents the lease id it was given (none at first).
+    let ids = std::cell::RefCell::new(std::collections::HashMap::<String, String>::new());
     let ask = |client: &str, wants: f64, has: f64| {
+        let id = ids.borrow().get(client).cloned().unwrap_or_default();
         format!(
-            r#"{{"client":"{client}","resources":[{{"resource":"search","wants":{wants},"has":{has}}},{{"resource":"nope","wants":1}}]}}"#
+            r#"{{"client":"{client}","resources":[{{"resource":"search","wants":{wants},"has":{has},"leaseId":"{id}"}},{{"resource":"nope","wants":1}}]}}"#
         )
+    };
+    let refresh = |client: &str, body: String| {
+        let (code, answer) = http(s.1, "POST", "/quota/v1/refresh", &body);
+        if code == 200 {
+            ids.borrow_mut()
+                .insert(client.to_string(), lease_id(&answer, 0));
+        }
+        (code, answer)
     };
     // Just started: learning for one lease length (2 s). A client is granted what it holds,
     // or what it says it uses alone (`safe`), whichever is more: nothing when it says neither.
-    let (code, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("a", 8.0, 0.0));
+    let (code, body) = refresh("a", ask("a", 8.0, 0.0));
     assert_eq!(code, 200, "{body}");
     assert_eq!(granted(&body, 0), 0.0, "{body}");
     assert!(body.contains("\"learning\":true"), "{body}");
     assert!(body.contains("unknown resource \\\"nope\\\""), "{body}");
     let with_safe = ask("a", 8.0, 0.0).replace("\"has\":0", "\"has\":0,\"safe\":6");
-    let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &with_safe);
+    let (_, body) = refresh("a", with_safe);
     assert_eq!(granted(&body, 0), 6.0, "{body}");
-    let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("old", 8.0, 1.5));
+    let (_, body) = refresh("old", ask("old", 8.0, 1.5));
     assert_eq!(granted(&body, 0), 1.5, "{body}");
     for client in ["a", "old"] {
-        let release = format!(r#"{{"client":"{client}","resources":["search"]}}"#);
+        let id = ids.borrow()[client].clone();
+        let release =
+            format!(r#"{{"client":"{client}","resources":["search"],"leaseIds":["{id}"]}}"#);
         assert_eq!(http(s.1, "POST", "/quota/v1/release", &release).0, 204);
     }
     std::thread::sleep(std::time::Duration::from_millis(2_200));
-    let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("a", 8.0, 0.0));
+    let (_, body) = refresh("a", ask("a", 8.0, 0.0));
     assert_eq!(granted(&body, 0), 8.0, "{body}");
     assert!(body.contains("\"refreshInMs\":1000"), "{body}");
     // b's fair share is 5; 2 are free until a shrinks.
-    let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("b", 8.0, 0.0));
+    let (_, body) = refresh("b", ask("b", 8.0, 0.0));
     assert_eq!(granted(&body, 0), 2.0, "{body}");
-    let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("a", 8.0, 8.0));
+    let (_, body) = refresh("a", ask("a", 8.0, 8.0));
     assert_eq!(granted(&body, 0), 5.0, "{body}");
-    let (_, body) = http(s.1, "POST", "/quota/v1/refresh", &ask("b", 8.0, 2.0));
+    let (_, body) = refresh("b", ask("b", 8.0, 2.0));
     assert_eq!(granted(&body, 0), 5.0, "{body}");
     let (code, body) = http(s.1, "GET", "/quota/v1/allocations", "");
     assert_eq!(code, 200);
@@ -310,11 +329,12 @@ fn serve_quota_leases_fair_shares_over_http() {
         "{body}"
     );
     // Release, then a reload raises the capacity and keeps b's lease.
+    let id = ids.borrow()["a"].clone();
     let (code, _) = http(
         s.1,
         "POST",
         "/quota/v1/release",
-        r#"{"client":"a","resources":["search"]}"#,
+        &format!(r#"{{"client":"a","resources":["search"],"leaseIds":["{id}"]}}"#),
     );
     assert_eq!(code, 204);
     std::fs::write(
@@ -343,11 +363,12 @@ async fn serve_quota_leases_over_grpc_with_the_proto_files_messages() {
     let file = dir.join("quota.yaml");
     std::fs::write(
         &file,
-        "resources:\n  - {name: search, capacity: 10/s, lease: 1s, refresh: 1s}\n",
+        // Clients choose their own priority here.
+        "resources:\n  - {name: search, capacity: 10/s, lease: 1s, refresh: 1s}\nclients:\n  - {id: '*', own_values: true}\n",
     )
     .unwrap();
     let s = serve_quota(&file);
-    let ask = |client: &str, wants: f64, priority: Priority| RefreshRequest {
+    let ask = |client: &str, wants: f64, priority: Priority, lease_id: u64| RefreshRequest {
         client: client.into(),
         resources: vec![
             ResourceAsk {
@@ -357,6 +378,7 @@ async fn serve_quota_leases_over_grpc_with_the_proto_files_messages() {
                 weight: 0.0,
                 priority: priority as i32,
                 safe: 0.0,
+                lease_id,
             },
             ResourceAsk {
                 resource: "nope".into(),
@@ -368,7 +390,7 @@ async fn serve_quota_leases_over_grpc_with_the_proto_files_messages() {
     // Past the learning period (one lease, 1 s).
     tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
     let r: RefreshResponse =
-        common::quota_grpc(s.2, REFRESH_PATH, ask("a", 8.0, Priority::Sheddable))
+        common::quota_grpc(s.2, REFRESH_PATH, ask("a", 8.0, Priority::Sheddable, 0))
             .await
             .unwrap()
             .into_inner();
@@ -382,13 +404,14 @@ async fn serve_quota_leases_over_grpc_with_the_proto_files_messages() {
     assert!(r.leases[1].error.contains("unknown resource"), "{r:?}");
     // A CRITICAL_PLUS client is served first: the 2 left now, all 10 once a shrinks.
     let b: RefreshResponse =
-        common::quota_grpc(s.2, REFRESH_PATH, ask("b", 10.0, Priority::CriticalPlus))
+        common::quota_grpc(s.2, REFRESH_PATH, ask("b", 10.0, Priority::CriticalPlus, 0))
             .await
             .unwrap()
             .into_inner();
     assert_eq!(b.leases[0].granted, 2.0);
+    let held = r.leases[0].lease_id;
     let a: RefreshResponse =
-        common::quota_grpc(s.2, REFRESH_PATH, ask("a", 8.0, Priority::Sheddable))
+        common::quota_grpc(s.2, REFRESH_PATH, ask("a", 8.0, Priority::Sheddable, held))
             .await
             .unwrap()
             .into_inner();
@@ -399,6 +422,7 @@ async fn serve_quota_leases_over_grpc_with_the_proto_files_messages() {
         ReleaseRequest {
             client: "b".into(),
             resources: vec!["search".into()],
+            lease_ids: vec![b.leases[0].lease_id],
         },
     )
     .await
@@ -407,7 +431,7 @@ async fn serve_quota_leases_over_grpc_with_the_proto_files_messages() {
     let (_, body) = http(s.1, "GET", "/quota/v1/allocations", "");
     assert!(!body.contains("\"client\":\"b\""), "released: {body}");
     // Bad calls name the field.
-    let mut bad = ask("a", 1.0, Priority::Critical);
+    let mut bad = ask("a", 1.0, Priority::Critical, 0);
     bad.resources[0].priority = 9;
     let e = common::quota_grpc::<_, RefreshResponse>(s.2, REFRESH_PATH, bad)
         .await
@@ -417,7 +441,7 @@ async fn serve_quota_leases_over_grpc_with_the_proto_files_messages() {
     let e = common::quota_grpc::<_, RefreshResponse>(
         s.2,
         REFRESH_PATH,
-        ask("", 1.0, Priority::Critical),
+        ask("", 1.0, Priority::Critical, 0),
     )
     .await
     .unwrap_err();
@@ -782,5 +806,180 @@ fn allocations_are_behind_the_admin_token_leases_are_not() {
         r#"{"client":"c","resources":[{"resource":"search","wants":1,"safe":1}]}"#,
     );
     assert_eq!(code, 200, "{body}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A refresh of one resource over HTTP: (status, answer).
+fn refresh_one(port: u16, auth: &str, client: &str, ask: &str) -> (u16, String) {
+    let body = format!(r#"{{"client":"{client}","resources":[{{"resource":"search",{ask}}}]}}"#);
+    let headers = format!("{auth}Content-Type: application/json\r\n");
+    common::request(port, "POST", "/quota/v1/refresh", &headers, &body).unwrap()
+}
+
+fn total_granted(port: u16) -> f64 {
+    let (_, body) = http(port, "GET", "/quota/v1/allocations", "");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["resources"][0]["granted"].as_f64().unwrap_or(0.0)
+}
+
+#[test]
+fn spoofed_releases_refreshes_weights_and_priorities_over_grant_nobody() {
+    let dir = common::tempdir("quota-spoof");
+    let file = dir.join("quota.yaml");
+    std::fs::write(
+        &file,
+        "resources:\n  - {name: search, capacity: 100, lease: 3s, refresh: 1s}\n",
+    )
+    .unwrap();
+    let s = serve_quota(&file);
+    // a holds all 100 (learning: up to what it uses alone, 100).
+    let (_, body) = refresh_one(s.1, "", "a", r#""wants":100,"safe":100"#);
+    assert_eq!(granted(&body, 0), 100.0, "{body}");
+    // Someone else releases a's lease under a's id, without its lease id: the 100 keep
+    // counting until a's lease would have ended, so c gets nothing (it got 100 before).
+    let release = r#"{"client":"a","resources":["search"]}"#;
+    assert_eq!(http(s.1, "POST", "/quota/v1/release", release).0, 204);
+    let (_, body) = refresh_one(s.1, "", "c", r#""wants":100,"safe":100"#);
+    assert_eq!(granted(&body, 0), 0.0, "{body}");
+    // Or refreshes as a, claiming a huge weight and the top band: nothing either.
+    let spoof = r#""wants":100,"safe":100,"weight":1e300,"priority":"CRITICAL_PLUS""#;
+    let (_, body) = refresh_one(s.1, "", "a", spoof);
+    assert_eq!(granted(&body, 0), 0.0, "{body}");
+    assert!(total_granted(s.1) <= 100.0);
+    // Once every lease has lapsed: x claims weight 1e300 and CRITICAL_PLUS, y sends nothing;
+    // without a clients section both count as weight 1, CRITICAL: 50 each.
+    std::thread::sleep(std::time::Duration::from_millis(3_300));
+    let (_, x) = refresh_one(s.1, "", "x", spoof);
+    assert_eq!(granted(&x, 0), 100.0, "{x}");
+    let (_, y) = refresh_one(s.1, "", "y", r#""wants":100"#);
+    let held = |body: &str| format!(r#""leaseId":"{}","#, lease_id(body, 0));
+    let (_, x) = refresh_one(s.1, "", "x", &format!("{}{spoof}", held(&x)));
+    let (_, y) = refresh_one(s.1, "", "y", &format!(r#"{}"wants":100"#, held(&y)));
+    assert_eq!((granted(&x, 0), granted(&y, 0)), (50.0, 50.0), "{x} {y}");
+    // The holder's own release frees its grant at once.
+    let release = format!(
+        r#"{{"client":"x","resources":["search"],"leaseIds":["{}"]}}"#,
+        lease_id(&x, 0)
+    );
+    assert_eq!(http(s.1, "POST", "/quota/v1/release", &release).0, 204);
+    assert_eq!(total_granted(s.1), 50.0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn lease_api_callers_authenticate_with_tokens_the_quota_file_names() {
+    use weir_quota::proto::*;
+    let dir = common::tempdir("quota-auth");
+    let file = dir.join("quota.yaml");
+    // The SHA-256 of "s3cret" (`printf s3cret | sha256sum`).
+    let digest = "1ec1c26b50d5d3c58d9583181af8076655fe00756bf7285940ba3670f99fcba0";
+    std::fs::write(
+        &file,
+        format!(
+            "resources:\n  - {{name: search, capacity: 100, lease: 1s, refresh: 1s}}\nclients:\n  - {{id: 'checkout-*', token_sha256: {digest}}}\n  - {{id: batch, priority: SHEDDABLE}}\n"
+        ),
+    )
+    .unwrap();
+    let s = serve_quota(&file);
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let ask = r#""wants":100"#;
+    let token = "Authorization: bearer s3cret\r\n";
+    let (code, body) = refresh_one(s.1, "", "checkout-1", ask);
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("needs a bearer token"), "{body}");
+    let (code, _) = refresh_one(s.1, "Authorization: Bearer guess\r\n", "checkout-1", ask);
+    assert_eq!(code, 401);
+    let (code, body) = refresh_one(s.1, "", "stranger", ask);
+    assert!(code == 403 && body.contains("not allowed"), "{body}");
+    // batch needs no token; it asks for the top band, the file puts it in SHEDDABLE.
+    let (code, b) = refresh_one(
+        s.1,
+        "",
+        "batch",
+        r#""wants":100,"priority":"CRITICAL_PLUS""#,
+    );
+    assert_eq!((code, granted(&b, 0)), (200, 100.0), "{b}");
+    let (code, c) = refresh_one(s.1, token, "checkout-1", ask);
+    assert_eq!(code, 200, "{c}");
+    let b_id = lease_id(&b, 0);
+    let (_, b) = refresh_one(
+        s.1,
+        "",
+        "batch",
+        &format!(r#""leaseId":"{b_id}","wants":100,"priority":"CRITICAL_PLUS""#),
+    );
+    assert_eq!(granted(&b, 0), 0.0, "CRITICAL checkout first: {b}");
+    let (_, c) = refresh_one(
+        s.1,
+        token,
+        "checkout-1",
+        &format!(r#""leaseId":"{}","wants":100"#, lease_id(&c, 0)),
+    );
+    assert_eq!(granted(&c, 0), 100.0, "{c}");
+    // A release needs the token too.
+    let release = r#"{"client":"checkout-1","resources":["search"]}"#;
+    let headers = "Content-Type: application/json\r\n";
+    let (code, _) = common::request(s.1, "POST", "/quota/v1/release", headers, release).unwrap();
+    assert_eq!(code, 401);
+    // Over gRPC: UNAUTHENTICATED without the token, PERMISSION_DENIED for a stranger.
+    let request = |client: &str| RefreshRequest {
+        client: client.into(),
+        resources: vec![ResourceAsk {
+            resource: "search".into(),
+            wants: 1.0,
+            ..ResourceAsk::default()
+        }],
+    };
+    let e =
+        common::quota_grpc_as::<_, RefreshResponse>(s.2, REFRESH_PATH, request("checkout-2"), None)
+            .await
+            .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    let e = common::quota_grpc_as::<_, RefreshResponse>(
+        s.2,
+        REFRESH_PATH,
+        request("x"),
+        Some("s3cret"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let ok = common::quota_grpc_as::<_, RefreshResponse>(
+        s.2,
+        REFRESH_PATH,
+        request("checkout-2"),
+        Some("s3cret"),
+    )
+    .await
+    .unwrap()
+    .into_inner();
+    assert!(
+        ok.leases[0].error.is_empty() && ok.leases[0].lease_id != 0,
+        "{ok:?}"
+    );
+    // The lease client presents its token (weir proxy --quota-token-file).
+    let url = format!("http://127.0.0.1:{}", s.1);
+    let start = |id: &str, token: Option<&str>| {
+        weir_quota::net::LeaseClient::builder(&url, id)
+            .token(token.map(str::to_string))
+            .resource("search", 1.0)
+            .start()
+            .unwrap()
+    };
+    let (with, without) = (
+        start("checkout-3", Some("s3cret")),
+        start("checkout-4", None),
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let counts = |c: &weir_quota::net::LeaseClient| {
+        let r = c.resource("search").unwrap();
+        let n = r.counters();
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        (get(&n.leases), get(&n.failures))
+    };
+    let (leases, failures) = counts(&with);
+    assert!(leases > 0 && failures == 0, "{leases} {failures}");
+    let (leases, failures) = counts(&without);
+    assert!(leases == 0 && failures > 0, "{leases} {failures}");
     let _ = std::fs::remove_dir_all(dir);
 }

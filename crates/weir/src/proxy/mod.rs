@@ -61,6 +61,8 @@ pub struct Settings {
     pub quota_server: Option<String>,
     /// This proxy's client id at the quota server.
     pub quota_client_id: String,
+    /// The bearer token presented to the quota server, if it asks for one.
+    pub quota_token: Option<String>,
     /// How to speak to the upstream.
     pub upstream_protocol: UpstreamProtocol,
     /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish.
@@ -556,7 +558,8 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
             ));
         }
         (Some(server), false) => {
-            let mut b = weir_quota::net::LeaseClient::builder(server, &s.quota_client_id);
+            let mut b = weir_quota::net::LeaseClient::builder(server, &s.quota_client_id)
+                .token(s.quota_token.clone());
             for (name, safe) in &cluster {
                 b = b.resource(name, *safe);
             }

@@ -51,6 +51,10 @@ pub enum Code {
     FailedPrecondition = 9,
     /// A quota call while no quota leader is known.
     Unavailable = 14,
+    /// A lease-API call without a token the quota file accepts for its client id.
+    Unauthenticated = 16,
+    /// A lease-API call from a client id the quota file does not allow.
+    PermissionDenied = 7,
 }
 
 /// The ratelimit service as a hyper service, for one connection (whose request bodies count
@@ -140,6 +144,11 @@ where
         *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
         return r;
     }
+    // The lease API's caller token (checked against the quota file's clients section).
+    let bearer = quota.and(
+        weir_tower::dashboard::bearer_token(req.headers())
+            .map(|b| String::from_utf8_lossy(b).into_owned()),
+    );
     let body = match budget.read(req.into_body(), MAX_MESSAGE + 5).await {
         Ok(b) => b,
         Err(BodyError::TooLarge(_)) => {
@@ -169,7 +178,7 @@ where
     }
     if let Some((api, refresh)) = quota {
         return match unframe(&body.bytes) {
-            Ok(m) => crate::quota_grpc::call(api, refresh, m),
+            Ok(m) => crate::quota_grpc::call(api, refresh, m, bearer.as_deref()),
             Err((code, m)) => status(code, m),
         };
     }

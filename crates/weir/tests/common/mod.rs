@@ -140,6 +140,27 @@ where
     Req: prost::Message + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + 'static,
 {
+    quota_grpc_as(port, path, request, None).await
+}
+
+/// [`quota_grpc`] with `authorization: bearer TOKEN` metadata when `token` is given.
+#[allow(dead_code)]
+pub async fn quota_grpc_as<Req, Resp>(
+    port: u16,
+    path: &'static str,
+    request: Req,
+    token: Option<&str>,
+) -> Result<tonic::Response<Resp>, tonic::Status>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + 'static,
+{
+    let mut request = tonic::Request::new(request);
+    if let Some(t) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("bearer {t}").parse().unwrap());
+    }
     let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
         .unwrap()
         .connect()
@@ -148,7 +169,7 @@ where
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.unwrap();
     grpc.unary(
-        tonic::Request::new(request),
+        request,
         http::uri::PathAndQuery::from_static(path),
         tonic_prost::ProstCodec::<Req, Resp>::default(),
     )
