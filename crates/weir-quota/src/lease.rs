@@ -9,9 +9,12 @@
 //!   (at their next refresh, or when their lease expires). Such a client is told to refresh
 //!   five times as often until it holds its share, so convergence to the fair shares takes
 //!   about one refresh interval.
-//! - **Cheap refreshes**: fair shares are recomputed at most every 100 ms (or a tenth of the
-//!   refresh interval) and whenever a holder comes or goes, not at every refresh; a grant is
-//!   still capped by the current demand and by what is left.
+//! - **Cheap refreshes**: a refresh costs O(1) however many clients hold leases (up to
+//!   [`MAX_HOLDERS`]): fair shares are recomputed (O(n log n)) at most every 100 ms (or a
+//!   tenth of the refresh interval), a newcomer starts from an even split of the capacity
+//!   until then (and is told to come back five times sooner), the sum of grants is kept as
+//!   they change, and lapsed leases are swept at most as often. A grant is still capped by
+//!   the current demand and by what is left.
 //! - **Leases expire**: a client that stops refreshing loses its grant at the lease's expiry,
 //!   and the capacity returns to the pool. [`LeaseTable::release`] gives it back at once.
 //! - **Only the holder gives a lease back**: every holder's lease carries an unguessable
@@ -183,9 +186,13 @@ pub struct LeaseTable {
     /// from then on.
     next_expiry: Nanos,
     /// Reused buffers for allocation; `shares[i]` is `holders[i]`'s fair share as of
-    /// `shares_at` (`None`: to recompute — a holder came or went since).
+    /// `shares_at` (`None`: to recompute now — a reconfiguration or a sweep changed them);
+    /// `provisional[i]`: an even split given to a newcomer since then.
     demands: Vec<Demand>,
     shares: Vec<f64>,
+    provisional: Vec<bool>,
+    /// When lapsed leases were last swept on a refresh.
+    swept_at: Nanos,
     /// The second pass (headroom from what nobody needs).
     extra: Vec<f64>,
     shares_at: Option<Nanos>,
@@ -250,6 +257,8 @@ impl LeaseTable {
             next_expiry: 0,
             demands: Vec::new(),
             shares: Vec::new(),
+            provisional: Vec::new(),
+            swept_at: 0,
             extra: Vec::new(),
             shares_at: None,
             hold: None,
@@ -406,23 +415,41 @@ impl LeaseTable {
         let Some(i) = self.index.remove(client) else {
             return false;
         };
-        self.shares_at = None;
+        if self.aligned() {
+            self.shares.swap_remove(i);
+            self.provisional.swap_remove(i);
+        } else {
+            self.shares_at = None;
+        }
         let h = self.holders.swap_remove(i);
         if let Some(moved) = self.holders.get(i) {
             self.index.insert(moved.client.clone(), i);
         }
         let proven = lease_id != 0 && lease_id == h.lease_id;
-        if proven {
-            self.outstanding -= h.granted;
-        } else {
-            // Moved from the holders to the released grants: the sum does not change.
-            self.outstanding -= h.granted;
+        self.outstanding -= h.granted;
+        if !proven {
+            // Counted on as a released grant.
             self.retire(Released {
                 granted: h.granted,
                 expires_at: h.expires_at,
             });
         }
         proven
+    }
+
+    /// Whether `shares` has one entry per holder (so rows can come and go without a
+    /// recomputation).
+    fn aligned(&self) -> bool {
+        self.shares_at.is_some()
+            && self.shares.len() == self.holders.len()
+            && self.provisional.len() == self.holders.len()
+    }
+
+    /// [`Self::aligned`] before the holder just pushed.
+    fn aligned_but_one(&self) -> bool {
+        self.shares_at.is_some()
+            && self.shares.len() + 1 == self.holders.len()
+            && self.provisional.len() + 1 == self.holders.len()
     }
 
     fn reindex(&mut self) {
@@ -504,7 +531,14 @@ impl LeaseTable {
         });
         self.index
             .insert(client.to_string(), self.holders.len() - 1);
-        self.shares_at = None;
+        if self.aligned_but_one() {
+            // An even split until the next recomputation.
+            self.shares
+                .push(self.config.capacity / self.holders.len() as f64);
+            self.provisional.push(true);
+        } else {
+            self.shares_at = None;
+        }
         Ok(self.holders.len() - 1)
     }
 
@@ -519,7 +553,7 @@ impl LeaseTable {
         let fresh = self
             .shares_at
             .is_some_and(|at| now.saturating_sub(at) < recompute);
-        if fresh {
+        if fresh && self.aligned() {
             return Ok(());
         }
         self.demands.clear();
@@ -547,6 +581,8 @@ impl LeaseTable {
                 *s += e;
             }
         }
+        self.provisional.clear();
+        self.provisional.resize(self.holders.len(), false);
         self.shares_at = Some(now);
         Ok(())
     }
@@ -554,7 +590,12 @@ impl LeaseTable {
     /// `client` refreshes at `now` with `ask`: its new lease.
     pub fn refresh(&mut self, client: &str, ask: Ask, now: Nanos) -> Result<Lease, QuotaError> {
         let (demand, needs) = self.check(&ask)?;
-        self.expire(now);
+        // Lapsed leases are swept at most every 100 ms here: until then they still count
+        // against the capacity, which errs on the safe side.
+        if now >= self.next_expiry && now.saturating_sub(self.swept_at) >= 100_000_000 {
+            self.swept_at = now;
+            self.expire(now);
+        }
         let learning = self.learning(now);
         let i = self.row(client, &ask, demand, needs, learning)?;
         self.holders[i].demand = demand;
@@ -593,7 +634,7 @@ impl LeaseTable {
         self.clients_seen = self.holders.len();
         // Held below its fair share (waiting for others to shrink): come back sooner, so the
         // room they free is taken within a fraction of the interval.
-        let refresh = if granted + 1e-9 < fair && !learning {
+        let refresh = if (granted + 1e-9 < fair || self.provisional[i]) && !learning {
             self.config.refresh / 5
         } else {
             self.config.refresh
@@ -819,6 +860,38 @@ mod tests {
         // Both leases lapse: two expirations.
         assert_eq!(t.expire(60 * S), 2);
         assert_eq!(t.expirations(), 2);
+    }
+
+    #[test]
+    fn a_newcomer_starts_from_an_even_split_and_comes_back_sooner() {
+        let mut t = LeaseTable::resume(config(90.0), Vec::new());
+        t.refresh_held("a", Ask::wants(10.0), 0).unwrap();
+        t.refresh_held("b", Ask::wants(10.0), 0).unwrap();
+        // Shares were computed at 0 with a and b; c comes 50 ms later, before the next
+        // computation: an even split (30), capped by what it wants, and a fifth of the
+        // refresh interval so the exact share follows soon.
+        let c = t.refresh_held("c", Ask::wants(80.0), S / 20).unwrap();
+        assert_eq!((c.granted, c.refresh), (30.0, Duration::from_secs(1)));
+        // 100 ms on, shares are computed again: c's exact max-min share is 70.
+        let c = t.refresh_held("c", Ask::wants(80.0), S / 5).unwrap();
+        assert_eq!((c.granted, c.refresh), (70.0, Duration::from_secs(5)));
+        assert!(t.outstanding() <= 90.0);
+    }
+
+    #[test]
+    fn a_table_holds_at_most_max_holders() {
+        let mut t = LeaseTable::resume(config(1000.0), Vec::new());
+        for i in 0..MAX_HOLDERS {
+            t.refresh(&i.to_string(), Ask::wants(0.001), 0).unwrap();
+        }
+        assert_eq!(
+            t.refresh("one-more", Ask::wants(1.0), 0),
+            Err(QuotaError::Full(MAX_HOLDERS))
+        );
+        // A holder refreshes as before; once leases lapse there is room again.
+        t.refresh_held("7", Ask::wants(0.002), 2 * S).unwrap();
+        assert!(t.refresh("one-more", Ask::wants(1.0), 31 * S).is_ok());
+        assert_eq!(t.holders().len(), 2);
     }
 
     #[test]

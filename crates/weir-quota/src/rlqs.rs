@@ -766,6 +766,30 @@ mod tests {
     }
 
     #[test]
+    fn a_bucket_past_the_holders_bound_is_denied_not_let_through() {
+        let yaml = "resources:\n  - {name: shared, capacity: 1000}\nrlqs:\n  buckets:\n    - {match: {name: shared}, resource: shared}\n";
+        let (server, config) = setup(yaml);
+        let totals = RlqsTotals::default();
+        for i in 0..crate::lease::MAX_HOLDERS {
+            let ask = ("shared".to_string(), Ask::wants(0.001));
+            server.refresh(&format!("c{i}"), &[ask], 0)[0]
+                .as_ref()
+                .unwrap();
+        }
+        let mut s = Session::new("envoy-a");
+        let act = s
+            .on_report(
+                report(&id(&[("name", "shared")]), 1, 0),
+                S,
+                &server,
+                &config,
+                &totals,
+            )
+            .unwrap();
+        assert_eq!(strategy(&act[0]), Some(Assignment::DenyAll));
+    }
+
+    #[test]
     fn idle_buckets_are_abandoned_and_bounds_refuse_new_ones() {
         let yaml = YAML.replace("idle: 10s", "idle: 10s\n  max_buckets_per_stream: 2");
         let (server, config) = setup(&yaml);

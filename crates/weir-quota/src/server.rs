@@ -156,7 +156,16 @@ pub struct LeaseServer {
     started_at: Mutex<Option<Nanos>>,
     /// Holding (see [`LeaseTable::hold`]): no lease outlives this time plus the lease length.
     hold: Mutex<Option<Nanos>>,
+    /// Rows in all tables (kept under the `tables` lock), bounded by [`MAX_LEASES`].
+    leases: std::sync::atomic::AtomicUsize,
+    /// When every table was last swept because the bound was reached.
+    swept_at: Mutex<Nanos>,
 }
+
+/// Most lease rows (client × resource) one server keeps, all resources together: a newcomer
+/// past it is refused, so memory stays bounded (about 600 bytes a row with the longest ids)
+/// whatever ids callers invent. One resource holds at most [`crate::lease::MAX_HOLDERS`].
+pub const MAX_LEASES: usize = 200_000;
 
 /// Most template instances one server tracks (a template creates one on a client's first
 /// ask with a demand); resources named in the configuration always have their table.
@@ -177,7 +186,30 @@ impl LeaseServer {
             instances: Mutex::new(Instances::default()),
             started_at: Mutex::new(Some(now)),
             hold: Mutex::new(None),
+            leases: std::sync::atomic::AtomicUsize::new(0),
+            swept_at: Mutex::new(0),
         }
+    }
+
+    /// Counts the rows of every table again (after a change that dropped tables or rows).
+    fn recount(&self, tables: &HashMap<String, LeaseTable>) {
+        let n = tables.values().map(|t| t.holders().len()).sum();
+        self.leases.store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Rows in `before` became `after` (under the `tables` lock).
+    fn counted(&self, before: usize, after: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if after >= before {
+            self.leases.fetch_add(after - before, Relaxed);
+        } else {
+            self.leases.fetch_sub(before - after, Relaxed);
+        }
+    }
+
+    /// Lease rows held on all resources.
+    pub fn leases(&self) -> usize {
+        self.leases.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The longest lease length of the configuration (resources and templates).
@@ -193,7 +225,10 @@ impl LeaseServer {
 
     /// Forgets every lease and learns again from `now` (a leader elected without a snapshot).
     pub fn restart(&self, now: Nanos) {
-        self.tables.lock().clear();
+        let mut tables = self.tables.lock();
+        tables.clear();
+        self.recount(&tables);
+        drop(tables);
         *self.started_at.lock() = Some(now);
     }
 
@@ -241,6 +276,7 @@ impl LeaseServer {
                 }
             })
             .collect();
+        self.recount(&tables);
         out.sort_by(|a, b| a.resource.cmp(&b.resource));
         out
     }
@@ -296,6 +332,7 @@ impl LeaseServer {
             t.hold(self.hold.lock().map(|h| h.saturating_add(lease_nanos(&c))));
             tables.insert(s.resource, t);
         }
+        self.recount(&tables);
         *self.started_at.lock() = None;
     }
 
@@ -330,6 +367,7 @@ impl LeaseServer {
             for name in dropped {
                 instances.remove(&name);
             }
+            self.recount(tables);
         }
         if instances.len() >= MAX_RESOURCES {
             return Err(Refusal::BadAsk {
@@ -370,6 +408,7 @@ impl LeaseServer {
                 false
             }
         });
+        self.recount(&tables);
         *self.config.lock() = config;
     }
 
@@ -445,12 +484,36 @@ impl LeaseServer {
                         return Err(Refusal::Unavailable(resource.clone()));
                     }
                 }
-                table
-                    .refresh(client, *ask, now)
-                    .map_err(|e| Refusal::BadAsk {
+                if self.leases() >= MAX_LEASES && table.holder(client).is_none() {
+                    // Lapsed leases of other tables may still be counted: sweep them all,
+                    // at most every 100 ms.
+                    let mut swept = self.swept_at.lock();
+                    if now.saturating_sub(*swept) >= 100_000_000 {
+                        *swept = now;
+                        for t in tables.values_mut() {
+                            t.expire(now);
+                        }
+                        self.recount(&tables);
+                    }
+                }
+                let table = tables
+                    .get_mut(resource)
+                    .ok_or_else(|| Refusal::UnknownResource(resource.clone()))?;
+                let before = table.holders().len();
+                if self.leases() >= MAX_LEASES && table.holder(client).is_none() {
+                    return Err(Refusal::BadAsk {
                         resource: resource.clone(),
-                        reason: e.to_string(),
-                    })
+                        reason: format!(
+                            "more than {MAX_LEASES} leases held on this server; nothing granted"
+                        ),
+                    });
+                }
+                let answer = table.refresh(client, *ask, now);
+                self.counted(before, table.holders().len());
+                answer.map_err(|e| Refusal::BadAsk {
+                    resource: resource.clone(),
+                    reason: e.to_string(),
+                })
             })
             .collect()
     }
@@ -468,7 +531,9 @@ impl LeaseServer {
                 let Some(t) = tables.get_mut(r) else {
                     return false;
                 };
+                let before = t.holders().len();
                 let freed = t.release(client, *lease_id);
+                self.counted(before, t.holders().len());
                 if t.holders().is_empty() && t.released().is_empty() && t.learning_until() == 0 {
                     tables.remove(r);
                     self.instances.lock().remove(r);
@@ -529,6 +594,7 @@ impl LeaseServer {
                 }
             })
             .collect();
+        self.recount(&tables);
         out.sort_by(|a, b| a.resource.cmp(&b.resource));
         out
     }
@@ -637,6 +703,33 @@ mod tests {
             .clone()
             .unwrap();
         assert_eq!((c4.granted, c4.learning), (4.0, false));
+    }
+
+    #[test]
+    fn the_server_keeps_at_most_max_leases_rows() {
+        let s = LeaseServer::new(
+            config("resources:\n  - {name: a, capacity: 10}\n  - {name: b, capacity: 10}\n  - {name: c, capacity: 10}\n"),
+            0,
+        );
+        s.restore(Vec::new(), 0);
+        let per = crate::lease::MAX_HOLDERS;
+        for r in ["a", "b"] {
+            for i in 0..per.min(MAX_LEASES / 2) {
+                s.refresh(&format!("x{i}"), &[ask(r, 0.001)], 0)[0]
+                    .as_ref()
+                    .unwrap();
+            }
+        }
+        assert_eq!(s.leases(), MAX_LEASES);
+        let refused = s.refresh("late", &[ask("c", 1.0)], 0);
+        assert!(
+            matches!(&refused[0], Err(Refusal::BadAsk { reason, .. }) if reason.contains("leases held on this server")),
+            "{refused:?}"
+        );
+        // A holder still refreshes; lapsed leases make room again.
+        assert!(s.refresh_held("x1", &[ask("a", 1.0)], 2 * S)[0].is_ok());
+        assert!(s.refresh("late", &[ask("c", 1.0)], 31 * S)[0].is_ok());
+        assert_eq!(s.leases(), 2);
     }
 
     #[test]

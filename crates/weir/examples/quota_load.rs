@@ -5,7 +5,7 @@
 //! CONNECTIONS keep-alive HTTP/1.1 connections each send refresh calls back to back for MILLIS
 //! ms; a call refreshes RESOURCES resources (`r0` … `rN`, which the quota file must cover,
 //! e.g. a template `r*`) as one of CLIENTS client ids (round robin), each asking a random
-//! demand. Prints one JSON line: calls/s, resource-refreshes/s, p50/p99/max latency in µs,
+//! demand and presenting the lease id it holds (as a real client does). Prints one JSON line: calls/s, resource-refreshes/s, p50/p99/max latency in µs,
 //! failed calls. A call fails unless it answers 200 with one lease per resource.
 
 use std::time::{Duration, Instant};
@@ -44,6 +44,9 @@ async fn main() {
             tokio::spawn(conn);
             let mut latencies = Vec::new();
             let mut failed = 0u64;
+            // The lease ids this connection's clients hold: (client, resource) → id.
+            let mut ids: std::collections::HashMap<(u64, u64), String> =
+                std::collections::HashMap::new();
             let mut n = c;
             let mut seed = c.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
             while Instant::now() < deadline {
@@ -58,7 +61,13 @@ async fn main() {
                     if r > 0 {
                         body.push(',');
                     }
-                    body.push_str(&format!(r#"{{"resource":"r{r}","wants":{wants}}}"#));
+                    match ids.get(&(client, r)) {
+                        Some(id) => body.push_str(&format!(
+                            r#"{{"resource":"r{r}","wants":{wants},"leaseId":"{id}"}}"#
+                        )),
+                        None => body
+                            .push_str(&format!(r#"{{"resource":"r{r}","wants":{wants}}}"#)),
+                    }
                 }
                 body.push_str("]}");
                 let req = http::Request::post("/quota/v1/refresh")
@@ -71,7 +80,11 @@ async fn main() {
                     Ok(r) if r.status() == 200 => match r.into_body().collect().await {
                         Ok(b) => {
                             let b = b.to_bytes();
-                            let leases = b.windows(9).filter(|w| w == b"\"granted\"").count();
+                            let text = String::from_utf8_lossy(&b);
+                            let leases = text.matches("\"granted\"").count();
+                            for (r, part) in text.split("\"leaseId\":\"").skip(1).enumerate() {
+                                ids.insert((client, r as u64), part[..16].to_string());
+                            }
                             leases as u64 == resources
                         }
                         Err(_) => false,
