@@ -65,8 +65,7 @@ async fn main() {
                         Some(id) => body.push_str(&format!(
                             r#"{{"resource":"r{r}","wants":{wants},"leaseId":"{id}"}}"#
                         )),
-                        None => body
-                            .push_str(&format!(r#"{{"resource":"r{r}","wants":{wants}}}"#)),
+                        None => body.push_str(&format!(r#"{{"resource":"r{r}","wants":{wants}}}"#)),
                     }
                 }
                 body.push_str("]}");

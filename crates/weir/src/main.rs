@@ -107,6 +107,17 @@ struct ProxyArgs {
     /// connection at most 64.
     #[arg(long, value_name = "N", default_value_t = 1_024)]
     max_upstream_requests: usize,
+    /// Most requests in flight to the upstream from one client address (an IPv6 /64), then
+    /// 503 (default: a quarter of --max-upstream-requests).
+    #[arg(long, value_name = "N")]
+    max_upstream_per_address: Option<usize>,
+    /// A request body streamed to the upstream is cut off (408) after this long without data.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
+    body_idle_timeout: Duration,
+    /// ... and when, after its first --body-idle-timeout, it has arrived at fewer bytes a
+    /// second than this on average (0: no rate).
+    #[arg(long, value_name = "BYTES", default_value_t = 1_024)]
+    body_min_rate: u64,
     /// The quota server for `cluster` flow rules: http://HOST:PORT of `weir serve --quota`.
     #[arg(long, value_name = "URL")]
     quota_server: Option<String>,
@@ -478,6 +489,14 @@ fn run_proxy(args: ProxyArgs) -> ExitCode {
         reload_interval: args.reload_interval,
         limits: args.connections.limits(),
         max_upstream_requests: args.max_upstream_requests,
+        max_upstream_per_address: args
+            .max_upstream_per_address
+            .unwrap_or(args.max_upstream_requests / 4)
+            .max(1),
+        body_pace: proxy::paced::Pace {
+            idle: args.body_idle_timeout,
+            min_rate: args.body_min_rate,
+        },
         quota_client_id: args.quota_client_id.unwrap_or_else(|| {
             let host = std::fs::read_to_string("/etc/hostname")
                 .map(|h| h.trim().to_string())

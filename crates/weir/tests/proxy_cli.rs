@@ -807,3 +807,109 @@ async fn sigterm_closes_the_listener_and_finishes_the_request_in_flight() {
     };
     assert!(status.success(), "{status:?}");
 }
+
+/// `n` latencies of GET / from 127.0.0.1 on one keep-alive connection (each must be 200).
+async fn latencies(port: u16, n: usize) -> Vec<Duration> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let req = http::Request::get(format!("http://127.0.0.1:{port}/"))
+            .body(Empty::new())
+            .unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+            .await
+            .expect("answered within 10 s")
+            .expect("HTTP exchange");
+        let status = r.status();
+        r.into_body().collect().await.unwrap();
+        assert_eq!(status, 200, "a legitimate request refused");
+        out.push(t.elapsed());
+    }
+    out
+}
+
+fn p99(mut l: Vec<Duration>) -> Duration {
+    l.sort_unstable();
+    l[(l.len() * 99 / 100).min(l.len() - 1)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_request_bodies_from_one_address_leave_the_others_their_upstream_slots() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An upstream that reads every request body to its end before answering.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap().port();
+    let app = Router::new().fallback(|_body: bytes::Bytes| async { "ok" });
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let file = rules_file("slow-bodies", RULES);
+    // 300 upstream slots: the 500 slow bodies below would take them all without a bound
+    // per address (a quarter each by default: 75).
+    let p = Proxy::start(
+        &file,
+        &format!("http://127.0.0.1:{up}"),
+        &["--max-upstream-requests", "300"],
+    );
+    let unloaded = p99(latencies(p.port, 100).await);
+    // 500 connections from 127.0.0.2, each announcing 100 MB and sending a byte every 3 s.
+    let attack_until = Instant::now() + Duration::from_secs(25);
+    let statuses = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut attackers = Vec::new();
+    for _ in 0..500 {
+        let port = p.port;
+        let statuses = statuses.clone();
+        attackers.push(tokio::spawn(async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let Ok(mut s) = socket
+                .connect(format!("127.0.0.1:{port}").parse().unwrap())
+                .await
+            else {
+                return;
+            };
+            let head = "POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100000000\r\n\r\n";
+            if s.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let mut answer = [0u8; 12];
+            loop {
+                tokio::select! {
+                    n = s.read(&mut answer) => {
+                        if let Ok(n @ 12..) = n {
+                            statuses.lock().push(String::from_utf8_lossy(&answer[9..n]).into_owned());
+                        }
+                        return;
+                    }
+                    _ = tokio::time::sleep(Duration::from_secs(3)) => {
+                        if Instant::now() > attack_until || s.write_all(b"x").await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Meanwhile a client at another address gets every answer, without delay.
+    let loaded = p99(latencies(p.port, 100).await);
+    eprintln!("legitimate client p99: {unloaded:?} unloaded, {loaded:?} during the attack");
+    assert!(
+        loaded <= 2 * unloaded.max(Duration::from_millis(1)),
+        "p99 {loaded:?} under attack vs {unloaded:?} unloaded"
+    );
+    // The slow bodies past the address's bound were refused at once; the others are cut off
+    // (408) once they fall behind 1 KiB/s after the first 10 s.
+    for a in attackers {
+        a.await.unwrap();
+    }
+    let statuses = statuses.lock().clone();
+    let busy = statuses.iter().filter(|s| *s == "503").count();
+    let slow = statuses.iter().filter(|s| *s == "408").count();
+    assert_eq!(busy, 500 - 75, "{statuses:?}");
+    assert_eq!(slow, 75, "{statuses:?}");
+    let (_, _, metrics) = get_url(p.admin, "/metrics", false, &[]).await;
+    assert!(
+        metrics.contains("weir_proxy_upstream_errors_total{kind=\"body_too_slow\"} 75"),
+        "{metrics}"
+    );
+}

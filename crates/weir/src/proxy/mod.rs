@@ -9,7 +9,9 @@
 //! serves the live dashboard (weir-tower's `dashboard`), `/metrics` (Prometheus text) and
 //! `/healthz`; `--admin-token` puts the dashboard's data and `/metrics` behind a bearer token.
 
+pub mod paced;
 mod prom;
+pub mod slots;
 pub mod switches;
 
 use std::convert::Infallible;
@@ -37,6 +39,9 @@ use weir_rules::watch::{Event, Watcher};
 use weir_tower::key::PeerAddr;
 use weir_tower::rules::RulesLayer;
 
+use paced::PacedBody;
+use slots::{AddressSlot, AddressSlots};
+
 /// What `weir proxy` was asked to do.
 pub struct Settings {
     /// The rule file.
@@ -57,6 +62,10 @@ pub struct Settings {
     pub limits: crate::accept::Limits,
     /// Most upstream requests in flight, all clients together (then 503).
     pub max_upstream_requests: usize,
+    /// Most upstream requests in flight from one client address (an IPv6 /64); then 503.
+    pub max_upstream_per_address: usize,
+    /// How a request body streamed to the upstream must keep arriving (then 408).
+    pub body_pace: paced::Pace,
     /// The quota server (`http://HOST:PORT` of `weir serve --quota`) for `cluster` flow rules.
     pub quota_server: Option<String>,
     /// This proxy's client id at the quota server.
@@ -111,6 +120,7 @@ pub struct ProxyStats {
     upstream_unreachable: AtomicU64,
     upstream_timeout: AtomicU64,
     upstream_busy: AtomicU64,
+    body_too_slow: AtomicU64,
     loops: AtomicU64,
     reloads_applied: AtomicU64,
     reloads_rejected: AtomicU64,
@@ -147,8 +157,8 @@ pub const MAX_UPSTREAM_PER_CLIENT: usize = 64;
 /// Forwards requests to the upstream.
 #[derive(Clone)]
 struct Forward {
-    http1: Client<HttpConnector, Incoming>,
-    h2c: Client<HttpConnector, Incoming>,
+    http1: Client<HttpConnector, PacedBody<Incoming>>,
+    h2c: Client<HttpConnector, PacedBody<Incoming>>,
     protocol: UpstreamProtocol,
     upstream: Uri,
     timeout: Duration,
@@ -159,13 +169,18 @@ struct Forward {
     total: Arc<Semaphore>,
     /// Upstream requests in flight for this client connection.
     per_client: Arc<Semaphore>,
+    /// Upstream requests in flight per client address.
+    per_address: Arc<AddressSlots>,
+    /// How a request body must keep arriving.
+    pace: paced::Pace,
 }
 
-/// What an upstream request holds until its response body ends: its places in the total and
-/// the client's bounds.
+/// What an upstream request holds until its response body ends: its places in the total, the
+/// client connection's and the client address's bounds.
 struct UpstreamPermits(
     #[allow(dead_code)] OwnedSemaphorePermit,
     #[allow(dead_code)] OwnedSemaphorePermit,
+    #[allow(dead_code)] Option<AddressSlot>,
 );
 
 impl weir_tower::body::Held for UpstreamPermits {
@@ -249,12 +264,18 @@ fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
 }
 
 impl Forward {
-    async fn forward(self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+    async fn forward(self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        let address: Result<Option<AddressSlot>, ()> = match peer {
+            Some(ip) => self.per_address.try_acquire(ip).map(Some).ok_or(()),
+            None => Ok(None),
+        };
         let permits = match (
             self.total.clone().try_acquire_owned(),
             self.per_client.clone().try_acquire_owned(),
+            address,
         ) {
-            (Ok(a), Ok(b)) => UpstreamPermits(a, b),
+            (Ok(a), Ok(b), Ok(c)) => UpstreamPermits(a, b, c),
             _ => {
                 self.stats.upstream_busy.fetch_add(1, Ordering::Relaxed);
                 let mut r = problem(
@@ -267,7 +288,9 @@ impl Forward {
             }
         };
         let head_request = req.method() == http::Method::HEAD;
-        let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        // The body must keep arriving while it streams to the upstream.
+        let pace = self.pace;
+        let mut req = req.map(|b| PacedBody::new(b, pace));
         let path = req
             .uri()
             .path_and_query()
@@ -331,6 +354,14 @@ impl Forward {
                 strip_hop_by_hop(r.headers_mut());
                 weir_tower::body::HeldBody::wrap(r, Some(permits), head_request).map(BodyExt::boxed)
             }
+            Ok(Err(e)) if too_slow(&e).is_some() => {
+                self.stats.body_too_slow.fetch_add(1, Ordering::Relaxed);
+                let why = too_slow(&e).map(ToString::to_string).unwrap_or_default();
+                let mut r = problem(StatusCode::REQUEST_TIMEOUT, &why);
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                r
+            }
             Ok(Err(e)) => {
                 self.stats
                     .upstream_unreachable
@@ -364,6 +395,18 @@ impl Forward {
             }
         }
     }
+}
+
+/// The request body's [`paced::TooSlow`], if that is what failed the upstream request.
+fn too_slow<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a paced::TooSlow> {
+    let mut source = Some(e);
+    while let Some(c) = source {
+        if let Some(t) = c.downcast_ref::<paced::TooSlow>() {
+            return Some(t);
+        }
+        source = c.source();
+    }
+    None
 }
 
 /// `error: cause: cause` on one line.
@@ -649,6 +692,8 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         via: via_token(s.listen),
         total: Arc::new(Semaphore::new(s.max_upstream_requests.max(1))),
         per_client: Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT)),
+        per_address: AddressSlots::new(s.max_upstream_per_address),
+        pace: s.body_pace,
     };
     let gutter = match &s.gutter {
         None => None,

@@ -26,6 +26,7 @@ struct Scrape {
     unreachable: u64,
     timeout: u64,
     busy: u64,
+    too_slow: u64,
     loops: u64,
     applied: u64,
     rejected: u64,
@@ -148,7 +149,7 @@ impl Collector for Scrape {
         m.encode_counter::<NoLabelSet, _, u64>(&self.forwarded, None)?;
         let mut m = enc.encode_descriptor(
             "weir_proxy_upstream_errors",
-            "Requests not answered by the upstream (502 unreachable, 504 timeout, 503 busy: too many in flight, 508 loop).",
+            "Requests not answered by the upstream (502 unreachable, 504 timeout, 503 busy: too many in flight, 508 loop, 408 body_too_slow: the request body did not keep arriving).",
             None,
             MetricType::Counter,
         )?;
@@ -157,6 +158,7 @@ impl Collector for Scrape {
             ("timeout", self.timeout),
             ("busy", self.busy),
             ("loop", self.loops),
+            ("body_too_slow", self.too_slow),
         ] {
             m.encode_family(&[("kind", kind)])?
                 .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
@@ -218,6 +220,7 @@ pub fn render(snap: Snapshot, proxy: &ProxyStats) -> String {
         unreachable: load(&proxy.upstream_unreachable),
         timeout: load(&proxy.upstream_timeout),
         busy: load(&proxy.upstream_busy),
+        too_slow: load(&proxy.body_too_slow),
         loops: load(&proxy.loops),
         applied: load(&proxy.reloads_applied),
         rejected: load(&proxy.reloads_rejected),
