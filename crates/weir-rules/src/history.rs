@@ -7,8 +7,10 @@
 //! all along costs its name): [`Point`] is 64 bytes, so the default 300 seconds cost at most
 //! ≈ 19 KiB per resource busy every second, and at most [`MAX_TRANSITIONS`] state changes are
 //! kept per breaker; [`History::points_since`] gives every second, idle ones as zeros.
-//! Recording a second costs time linear in the resources. Resources that leave the rule set
-//! leave the history. Counters come from the same atomics as `/metrics`; nothing here touches
+//! Recording a second costs time linear in the resources listed: a full snapshot
+//! ([`History::record`]) or only those that changed ([`History::record_changed`], with
+//! [`History::retain`] when the rule set changes). Resources that leave the rule set leave
+//! the history. Counters come from the same atomics as `/metrics`; nothing here touches
 //! the decision path.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -124,7 +126,10 @@ pub struct History {
     seconds: usize,
     /// The seconds recorded, oldest first (at most `seconds`).
     recorded: VecDeque<u64>,
-    previous: Option<(u64, Vec<ResourceSnapshot>)>,
+    /// The last second recorded (or the baseline's).
+    last: Option<u64>,
+    /// Each resource's counters when it was last recorded.
+    previous: HashMap<String, ResourceSnapshot>,
     series: BTreeMap<String, VecDeque<Point>>,
     breakers: BTreeMap<String, BreakerTrack>,
 }
@@ -141,55 +146,87 @@ impl History {
         Self {
             seconds: seconds.max(1),
             recorded: VecDeque::new(),
-            previous: None,
+            last: None,
+            previous: HashMap::new(),
             series: BTreeMap::new(),
             breakers: BTreeMap::new(),
         }
     }
 
-    /// Adds the second ending at `t` (Unix seconds) from `resources`, their counters then
-    /// (a rule set's [`Snapshot::resources`], or any source's counters in that shape), and
-    /// the breakers' states. The first call only sets the baseline; a call for the same second
-    /// as the last or an earlier one is ignored.
+    /// Adds the second ending at `t` (Unix seconds) from `resources`, every resource's
+    /// counters then (a rule set's [`Snapshot::resources`], or any source's counters in that
+    /// shape), and the breakers' states: resources and breakers not listed leave the history.
+    /// The first call only sets the baseline; a call for the same second as the last or an
+    /// earlier one is ignored.
     pub fn record(
         &mut self,
         t: u64,
         resources: Vec<ResourceSnapshot>,
         breakers: &[BreakerSnapshot],
     ) {
-        self.track_breakers(t, breakers);
-        let Some((last_t, last)) = self.previous.take() else {
-            // The baseline: every resource is known (with no seconds yet).
-            for r in &resources {
-                self.series.entry(r.name.clone()).or_default();
-            }
-            self.previous = Some((t, resources));
-            return;
-        };
-        if t <= last_t {
-            self.previous = Some((last_t, last));
+        if self.last.is_some_and(|last| t <= last) {
             return;
         }
-        if self.recorded.len() == self.seconds {
-            self.recorded.pop_front();
-        }
-        self.recorded.push_back(t);
-        let oldest = self.recorded.front().copied().unwrap_or(t);
         let names: HashSet<&str> = resources.iter().map(|r| r.name.as_str()).collect();
-        self.series.retain(|name, _| names.contains(name.as_str()));
-        let before: HashMap<&str, &ResourceSnapshot> =
-            last.iter().map(|b| (b.name.as_str(), b)).collect();
-        for r in &resources {
-            let ring = self.series.entry(r.name.clone()).or_default();
-            while ring.front().is_some_and(|p| p.t < oldest) {
-                ring.pop_front();
+        let rules: HashSet<&str> = breakers.iter().map(|b| b.rule.as_str()).collect();
+        self.retain(|name| names.contains(name), |rule| rules.contains(rule));
+        self.record_changed(t, resources, breakers);
+    }
+
+    /// Adds the second ending at `t` from the resources and breakers that changed since the
+    /// last second (a rule set's [`crate::engine::Rules::changed_snapshot`]); the others had
+    /// an idle second. Costs time linear in what is listed, whatever the number of resources.
+    /// The first call only sets the baseline; a call for the same second as the last or an
+    /// earlier one is ignored.
+    pub fn record_changed(
+        &mut self,
+        t: u64,
+        resources: Vec<ResourceSnapshot>,
+        breakers: &[BreakerSnapshot],
+    ) {
+        if self.last.is_some_and(|last| t <= last) {
+            return;
+        }
+        self.track_breakers(t, breakers);
+        let baseline = self.last.is_none();
+        self.last = Some(t);
+        if !baseline {
+            if self.recorded.len() == self.seconds {
+                self.recorded.pop_front();
             }
-            let p = point(t, r, before.get(r.name.as_str()).copied());
-            if !p.is_idle() {
-                ring.push_back(p);
+            self.recorded.push_back(t);
+        }
+        let oldest = self.recorded.front().copied().unwrap_or(t);
+        for r in resources {
+            if !self.series.contains_key(&r.name) {
+                self.series.insert(r.name.clone(), VecDeque::new());
+            }
+            if let Some(ring) = self.series.get_mut(&r.name) {
+                while ring.front().is_some_and(|p| p.t < oldest) {
+                    ring.pop_front();
+                }
+                if !baseline {
+                    let p = point(t, &r, self.previous.get(&r.name));
+                    if !p.is_idle() {
+                        ring.push_back(p);
+                    }
+                }
+            }
+            match self.previous.get_mut(&r.name) {
+                Some(before) => *before = r,
+                None => {
+                    self.previous.insert(r.name.clone(), r);
+                }
             }
         }
-        self.previous = Some((t, resources));
+    }
+
+    /// Keeps only the resources and breaker rules for which `resource` and `breaker` hold
+    /// (the rule set changed).
+    pub fn retain(&mut self, resource: impl Fn(&str) -> bool, breaker: impl Fn(&str) -> bool) {
+        self.series.retain(|name, _| resource(name));
+        self.previous.retain(|name, _| resource(name));
+        self.breakers.retain(|rule, _| breaker(rule));
     }
 
     /// [`History::record`] of a rule set's snapshot.
@@ -198,8 +235,6 @@ impl History {
     }
 
     fn track_breakers(&mut self, t: u64, breakers: &[BreakerSnapshot]) {
-        self.breakers
-            .retain(|rule, _| breakers.iter().any(|b| &b.rule == rule));
         for b in breakers {
             let now = state_name(b.state);
             let track = self
@@ -225,10 +260,18 @@ impl History {
         }
     }
 
-    /// The resources with history, by name, each with its seconds that had activity (idle
-    /// seconds are not stored; [`History::points_since`] fills them in).
-    pub fn resources(&self) -> impl Iterator<Item = (&str, &VecDeque<Point>)> {
-        self.series.iter().map(|(k, v)| (k.as_str(), v))
+    /// The first second of the window (points before it are no longer shown).
+    fn oldest(&self) -> u64 {
+        self.recorded.front().copied().unwrap_or(u64::MAX)
+    }
+
+    /// The resources with history, by name, each with its seconds that had activity within
+    /// the window (idle seconds are not stored; [`History::points_since`] fills them in).
+    pub fn resources(&self) -> impl Iterator<Item = (&str, impl Iterator<Item = &Point>)> {
+        let oldest = self.oldest();
+        self.series
+            .iter()
+            .map(move |(k, v)| (k.as_str(), v.iter().filter(move |p| p.t >= oldest)))
     }
 
     /// Points of `resource`, one per second recorded after second `since` (all with
@@ -237,7 +280,8 @@ impl History {
         let Some(ring) = self.series.get(resource) else {
             return Vec::new();
         };
-        let mut stored = ring.iter().filter(|p| p.t > since).peekable();
+        let from = since.max(self.oldest().saturating_sub(1));
+        let mut stored = ring.iter().filter(|p| p.t > from).peekable();
         self.recorded
             .iter()
             .filter(|t| **t > since)
@@ -255,7 +299,7 @@ impl History {
 
     /// The second last recorded.
     pub fn last_second(&self) -> Option<u64> {
-        self.previous.as_ref().map(|(t, _)| *t)
+        self.last
     }
 
     /// Seconds kept per resource.

@@ -90,6 +90,9 @@ pub struct ResourceStats {
     errors: AtomicU64,
     fallbacks: AtomicU64,
     rt: RtHistogram,
+    /// A call came, was blocked or ended since the dashboard last sampled this resource (so
+    /// a sampler reads only resources that changed).
+    touched: std::sync::atomic::AtomicBool,
 }
 
 impl ResourceStats {
@@ -102,11 +105,32 @@ impl ResourceStats {
             errors: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
             rt: RtHistogram::default(),
+            touched: std::sync::atomic::AtomicBool::new(true),
         }
+    }
+
+    /// Marks the resource changed: one relaxed load per call, a store only on the first
+    /// call after a sample (the line is then shared again until the next second).
+    #[inline]
+    fn touch(&self) {
+        if !self.touched.load(Ordering::Relaxed) {
+            self.touched.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the resource changed since the last call of this, which clears the mark.
+    pub(crate) fn take_touched(&self) -> bool {
+        self.touched.load(Ordering::Relaxed) && self.touched.swap(false, Ordering::Relaxed)
+    }
+
+    /// Marks the resource to be sampled again (calls still in flight).
+    pub(crate) fn keep_touched(&self) {
+        self.touched.store(true, Ordering::Relaxed);
     }
 
     #[inline]
     pub(crate) fn pass(&self, now: Nanos) {
+        self.touch();
         self.passes.add(1);
         if self.related.load(Ordering::Relaxed) {
             self.window.add_pass(now, 1);
@@ -115,17 +139,20 @@ impl ResourceStats {
 
     /// A blocked call was answered by a fallback.
     pub(crate) fn fallback(&self) {
+        self.touch();
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
     }
 
     #[inline]
     pub(crate) fn block(&self, kind: RuleKind) {
+        self.touch();
         self.blocks[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The call ended (`outcome` None: dropped unreported, counted without an error).
     #[inline]
     pub(crate) fn end(&self, rt: Nanos, outcome: Option<Outcome>) {
+        self.touch();
         if outcome == Some(Outcome::Error) {
             self.errors.fetch_add(1, Ordering::Relaxed);
         }

@@ -31,7 +31,7 @@ fn seconds_split_blocks_by_kind_and_track_breakers_and_heavy_values() {
     let mut h = History::new(3);
     h.record_snapshot(100, r.snapshot());
     // The baseline names every resource, with no seconds yet.
-    let known: Vec<(&str, usize)> = h.resources().map(|(n, ring)| (n, ring.len())).collect();
+    let known: Vec<(&str, usize)> = h.resources().map(|(n, ring)| (n, ring.count())).collect();
     assert_eq!(known, [("api", 0), ("other", 0)]);
     // Second 101: mallory is held at 2 by the hot-parameter rule, then the flow rule (5/s)
     // stops everyone.
@@ -176,7 +176,7 @@ fn idle_seconds_cost_nothing_and_read_back_as_zeros() {
     for (t, busy) in [(101, 0), (102, 3), (103, 3), (104, 3), (105, 3), (106, 4)] {
         h.record(t, many(busy), &[]);
     }
-    let stored: usize = h.resources().map(|(_, ring)| ring.len()).sum();
+    let stored: usize = h.resources().map(|(_, ring)| ring.count()).sum();
     assert_eq!(stored, 2, "only r00007's two busy seconds are stored");
     let passed: Vec<(u64, u32)> = h
         .points_since("r00007", 0)
@@ -192,6 +192,56 @@ fn idle_seconds_cost_nothing_and_read_back_as_zeros() {
     assert!(h.points_since("r19999", 0).iter().all(|p| p.is_idle()));
     // Second 102 leaves the window at 107: so does its stored point.
     h.record(107, many(4), &[]);
-    assert_eq!(h.resources().map(|(_, ring)| ring.len()).sum::<usize>(), 1);
+    assert_eq!(
+        h.resources().map(|(_, ring)| ring.count()).sum::<usize>(),
+        1
+    );
     assert!(h.points_since("nobody", 0).is_empty());
+}
+
+#[test]
+fn a_sampler_reads_only_what_changed_and_records_the_same_seconds() {
+    let text = (0..50)
+        .map(|i| format!("  - name: r{i:02}\n    flow:\n      - {{id: f{i:02}, qps: 1000}}\n"))
+        .collect::<String>();
+    let (r, clock) = rules(&format!("resources:\n{text}"));
+    let (mut full, mut changed) = (History::new(10), History::new(10));
+    // The first changed snapshot has every resource (the baseline).
+    let first = r.changed_snapshot();
+    assert_eq!(first.resources.len(), 50);
+    full.record_snapshot(100, r.snapshot());
+    changed.record_changed(100, first.resources, &first.breakers);
+    // Nothing happened: nothing to read.
+    assert!(r.changed_snapshot().resources.is_empty());
+    let ctx = Context::default();
+    let mut held = None;
+    for t in 101..=104u64 {
+        // r07 gets calls every second; r31 one call that stays in flight from second 102.
+        for _ in 0..t - 100 {
+            r.entry("r07", &ctx).unwrap().complete(Outcome::Success);
+        }
+        if t == 102 {
+            held = Some(r.entry("r31", &ctx).unwrap());
+        }
+        clock.advance(Duration::from_secs(1));
+        let snap = r.changed_snapshot();
+        let names: Vec<&str> = snap.resources.iter().map(|s| s.name.as_str()).collect();
+        let expected: &[&str] = if t >= 102 { &["r07", "r31"] } else { &["r07"] };
+        assert_eq!(names, expected, "second {t}");
+        full.record_snapshot(t, r.snapshot());
+        changed.record_changed(t, snap.resources, &snap.breakers);
+    }
+    drop(held);
+    for name in ["r00", "r07", "r31"] {
+        assert_eq!(
+            full.points_since(name, 0),
+            changed.points_since(name, 0),
+            "{name}"
+        );
+    }
+    assert_eq!(changed.points_since("r31", 0)[2].in_flight, 1);
+    // A resource that left the rule set leaves the history.
+    changed.retain(|n| n != "r07", |_| true);
+    assert!(changed.points_since("r07", 0).is_empty());
+    assert_eq!(changed.resources().count(), 49);
 }

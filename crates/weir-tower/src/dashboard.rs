@@ -79,6 +79,22 @@ pub struct Sample {
     /// The last configuration reload, when the source knows it (else what
     /// [`Dashboard::note_reload`] was told).
     pub reload: Option<Reload>,
+    /// `resources`, `breakers` and `heavy` list only what changed since the last sample (the
+    /// rest had an idle second), and an empty `info` means unchanged: a sample then costs
+    /// what changed, however large the configuration.
+    pub changed_only: bool,
+    /// With `changed_only`: every resource and rule in force, given when they changed since
+    /// the last sample (the history forgets the others).
+    pub members: Option<Members>,
+}
+
+/// The resources and rules in force (see [`Sample::members`]).
+#[derive(Debug, Clone, Default)]
+pub struct Members {
+    /// Resource names.
+    pub resources: std::collections::HashSet<String>,
+    /// Breaker and hot-parameter rule ids.
+    pub rules: std::collections::HashSet<String>,
 }
 
 /// Whatever the dashboard shows: called once a second by the sampler.
@@ -98,7 +114,8 @@ impl<F: Fn() -> Sample + Send + Sync + 'static> Source for F {
 pub struct RulesSource<C: Clock + Clone> {
     rules: Arc<Rules<C>>,
     file: Option<PathBuf>,
-    rows: Mutex<(u64, Value)>,
+    /// The rule set's generation at the last sample.
+    rows: Mutex<(u64, ())>,
 }
 
 impl<C: Clock + Clone> RulesSource<C> {
@@ -107,38 +124,55 @@ impl<C: Clock + Clone> RulesSource<C> {
         Self {
             rules,
             file,
-            rows: Mutex::new((u64::MAX, Value::Null)),
+            rows: Mutex::new((u64::MAX, ())),
         }
     }
 }
 
 impl<C: Clock + Clone + Send + Sync + 'static> Source for RulesSource<C> {
+    /// What changed since the last second ([`Rules::changed_snapshot`]); the configuration
+    /// table and the members only after a reload.
     fn sample(&self) -> Sample {
-        let snap = self.rules.snapshot();
         let generation = self.rules.generation();
-        let rows = {
+        let changed = {
             let mut cached = self.rows.lock();
-            if cached.0 != generation {
-                let rows = weir_rules::describe::rows(&self.rules.rule_set());
-                *cached = (generation, serde_json::to_value(rows).unwrap_or_default());
+            let changed = cached.0 != generation;
+            if changed {
+                cached.0 = generation;
             }
-            cached.1.clone()
+            changed
         };
-        let mut config = Map::new();
-        if let Some(f) = &self.file {
-            config.insert("file".into(), json!(f.display().to_string()));
-        }
-        config.insert("rules".into(), rows);
-        let mut info = Map::new();
-        info.insert("config".into(), Value::Object(config));
-        Sample {
+        let snap = self.rules.changed_snapshot();
+        let mut sample = Sample {
             resources: snap.resources,
             breakers: snap.breakers,
             heavy: snap.heavy,
             system: snap.system,
-            info,
-            reload: None,
+            changed_only: true,
+            ..Sample::default()
+        };
+        if changed {
+            let set = self.rules.rule_set();
+            let rows = weir_rules::describe::rows(&set);
+            let mut config = Map::new();
+            if let Some(f) = &self.file {
+                config.insert("file".into(), json!(f.display().to_string()));
+            }
+            config.insert(
+                "rules".into(),
+                serde_json::to_value(&rows).unwrap_or_default(),
+            );
+            sample.info.insert("config".into(), Value::Object(config));
+            sample.members = Some(Members {
+                resources: self.rules.resource_names().into_iter().collect(),
+                rules: rows
+                    .into_iter()
+                    .filter(|r| r.kind == "breaker" || r.kind == "hot_param")
+                    .map(|r| r.id)
+                    .collect(),
+            });
         }
+        sample
     }
 }
 
@@ -171,7 +205,10 @@ pub struct Reload {
 struct State {
     history: History,
     system: VecDeque<SystemPoint>,
+    /// The last sample (its `resources`, `breakers` and `heavy` taken into the fields here).
     latest: Sample,
+    /// Heavy hitters per rule, as last reported.
+    heavy: std::collections::BTreeMap<String, HeavySnapshot>,
     reload: Option<Reload>,
 }
 
@@ -205,6 +242,7 @@ impl Dashboard {
                 history: History::new(DEFAULT_SECONDS),
                 system: VecDeque::new(),
                 latest: Sample::default(),
+                heavy: std::collections::BTreeMap::new(),
                 reload: None,
             }),
         });
@@ -226,9 +264,27 @@ impl Dashboard {
     pub fn sample_at(&self, t: u64) {
         let mut sample = self.source.sample();
         let resources = std::mem::take(&mut sample.resources);
+        let breakers = std::mem::take(&mut sample.breakers);
+        let heavy = std::mem::take(&mut sample.heavy);
         let mut st = self.state.lock();
         let first = st.history.last_second().is_none();
-        st.history.record(t, resources, &sample.breakers);
+        if sample.changed_only {
+            if let Some(m) = sample.members.take() {
+                st.history
+                    .retain(|r| m.resources.contains(r), |b| m.rules.contains(b));
+                st.heavy.retain(|rule, _| m.rules.contains(rule));
+            }
+            st.history.record_changed(t, resources, &breakers);
+            for h in heavy {
+                st.heavy.insert(h.rule.clone(), h);
+            }
+            if sample.info.is_empty() {
+                sample.info = std::mem::take(&mut st.latest.info);
+            }
+        } else {
+            st.history.record(t, resources, &breakers);
+            st.heavy = heavy.into_iter().map(|h| (h.rule.clone(), h)).collect();
+        }
         if let Some(s) = &sample.system {
             if !first && st.system.back().is_none_or(|p| p.t < t) {
                 if st.system.len() == st.history.seconds() {
@@ -283,12 +339,14 @@ impl Dashboard {
         let st = self.state.lock();
         // The busiest rows first (blocked, then passed, over the window), at most MAX_ROWS:
         // a configuration of thousands of rules still answers in bounded time and size.
-        let mut rows: Vec<(u64, u64, &str, &VecDeque<Point>)> = st
+        let mut rows: Vec<(u64, u64, &str)> = st
             .history
             .resources()
-            .map(|(name, ring)| {
-                let sum = |f: fn(&Point) -> u32| ring.iter().map(|p| u64::from(f(p))).sum();
-                (sum(|p| p.blocked), sum(|p| p.passed), name, ring)
+            .map(|(name, points)| {
+                let (blocked, passed) = points.fold((0u64, 0u64), |(b, p), x: &Point| {
+                    (b + u64::from(x.blocked), p + u64::from(x.passed))
+                });
+                (blocked, passed, name)
             })
             .collect();
         let omitted = rows.len().saturating_sub(MAX_ROWS);
@@ -297,17 +355,25 @@ impl Dashboard {
             rows.truncate(MAX_ROWS);
             rows.sort_by(|a, b| a.2.cmp(b.2));
         }
+        let shown: std::collections::HashSet<&str> = rows.iter().map(|r| r.2).collect();
         let resources: Vec<Value> = rows
-            .into_iter()
-            .map(|(_, _, name, _)| {
+            .iter()
+            .map(|(_, _, name)| {
                 json!({"name": name, "points": st.history.points_since(name, since)})
             })
             .collect();
-        let breakers: Vec<_> = st.history.breakers().collect();
+        // Breakers and heavy hitters of the resources shown, at most MAX_ROWS of each.
+        let breakers: Vec<_> = st
+            .history
+            .breakers()
+            .filter(|b| omitted == 0 || shown.contains(b.resource.as_str()))
+            .take(MAX_ROWS)
+            .collect();
         let heavy: Vec<Value> = st
-            .latest
             .heavy
-            .iter()
+            .values()
+            .filter(|h| omitted == 0 || shown.contains(h.resource.as_str()))
+            .take(MAX_ROWS)
             .map(|h| {
                 let top: Vec<Value> = h
                     .top
@@ -341,7 +407,7 @@ impl Dashboard {
             "heavy": heavy,
             "system": system,
             "reload": st.reload,
-            "info": st.latest.info,
+            "info": bounded_info(&st.latest.info, &shown),
         })
     }
 
@@ -387,6 +453,38 @@ pub fn page_router() -> Router {
             )
         }),
     )
+}
+
+/// `info` with its `config.rules` rows cut to those of the `shown` resources when there are
+/// more than [`MAX_ROWS`] (then `config.rules_omitted` counts the others): a file of tens of
+/// thousands of rules still answers in bounded time and size.
+fn bounded_info(info: &Map<String, Value>, shown: &std::collections::HashSet<&str>) -> Value {
+    let mut out = Map::new();
+    for (k, v) in info {
+        let rules = v.get("rules").and_then(Value::as_array);
+        match (k.as_str(), rules) {
+            ("config", Some(rules)) if rules.len() > MAX_ROWS => {
+                let mut config = v.as_object().cloned().unwrap_or_default();
+                let kept: Vec<Value> = rules
+                    .iter()
+                    .filter(|r| {
+                        r.get("resource")
+                            .and_then(Value::as_str)
+                            .is_some_and(|n| shown.contains(n))
+                    })
+                    .take(4 * MAX_ROWS)
+                    .cloned()
+                    .collect();
+                config.insert("rules_omitted".into(), json!(rules.len() - kept.len()));
+                config.insert("rules".into(), Value::Array(kept));
+                out.insert(k.clone(), Value::Object(config));
+            }
+            _ => {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Value::Object(out)
 }
 
 /// The `since` query parameter (0 when absent or not a number).
@@ -504,6 +602,55 @@ mod tests {
         // The blocking row and the busiest passing ones, in name order.
         assert_eq!(names[0], "r050");
         assert_eq!(names[MAX_ROWS - 1], "r249");
+    }
+
+    #[test]
+    fn a_large_rule_set_is_sampled_by_what_changed_and_answered_bounded() {
+        let text: String = (0..2_000)
+            .map(|i| format!("  - name: r{i:04}\n    flow:\n      - {{id: f{i:04}, qps: 1000}}\n"))
+            .collect();
+        let set = weir_rules::config::RuleSet::from_yaml(
+            std::path::Path::new("big.yaml"),
+            &format!("resources:\n{text}"),
+        )
+        .unwrap();
+        let rules = Arc::new(Rules::new(&set).unwrap());
+        let d = Dashboard::for_rules("t", rules.clone(), None);
+        let ctx = weir_rules::engine::Context::default();
+        for _ in 0..3 {
+            rules
+                .entry("r1234", &ctx)
+                .unwrap()
+                .complete(weir_core::stats::Outcome::Success);
+        }
+        d.sample_at(d.started + 1);
+        let v = d.json(0);
+        assert_eq!(v["resources"].as_array().unwrap().len(), MAX_ROWS);
+        assert_eq!(v["omitted"], 2_000 - MAX_ROWS);
+        assert_eq!(
+            v["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["name"] == "r1234")
+                .count(),
+            1
+        );
+        // The configuration table holds the rules of the resources shown, the rest counted.
+        let config = &v["info"]["config"];
+        let shown = config["rules"].as_array().unwrap().len();
+        assert!(shown <= MAX_ROWS, "{shown}");
+        assert_eq!(config["rules_omitted"], 2_000 - shown);
+        // A second with no call changes no series.
+        d.sample_at(d.started + 2);
+        let points = &d.json(d.started + 1)["resources"];
+        let busy = points
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "r1234")
+            .unwrap();
+        assert_eq!(busy["points"][0]["passed"], 0);
     }
 
     #[test]

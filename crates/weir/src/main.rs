@@ -622,7 +622,13 @@ fn check_rules(path: &std::path::Path) -> ExitCode {
     if let Err(e) = weir_rules::engine::Rules::new(&set) {
         return fail(format_args!("{}: {e}", path.display()));
     }
+    // Breaker rows by resource (one pass: a file may have tens of thousands of resources).
+    let mut breakers: std::collections::HashMap<&str, Vec<&weir_rules::describe::RuleRow>> =
+        std::collections::HashMap::new();
     let rows = weir_rules::describe::rows(&set);
+    for row in rows.iter().filter(|row| row.kind == "breaker") {
+        breakers.entry(row.resource.as_str()).or_default().push(row);
+    }
     let mut out = io::stdout().lock();
     let _ = writeln!(out, "weir rules: {}", path.display());
     for r in &set.resources {
@@ -682,10 +688,7 @@ fn check_rules(path: &std::path::Path) -> ExitCode {
             );
         }
         // Breakers as in force (the preset's values filled in), as the dashboard shows them.
-        for row in rows
-            .iter()
-            .filter(|row| row.kind == "breaker" && row.resource == r.name)
-        {
+        for row in breakers.get(r.name.as_str()).into_iter().flatten() {
             let _ = writeln!(
                 out,
                 "  breaker {}: {}{}",
