@@ -464,7 +464,14 @@ fn bounded_info(info: &Map<String, Value>, shown: &std::collections::HashSet<&st
         let rules = v.get("rules").and_then(Value::as_array);
         match (k.as_str(), rules) {
             ("config", Some(rules)) if rules.len() > MAX_ROWS => {
-                let mut config = v.as_object().cloned().unwrap_or_default();
+                // Every field but the rules, which are filtered (never copied whole).
+                let mut config: Map<String, Value> = v
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(k, _)| k.as_str() != "rules")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
                 let kept: Vec<Value> = rules
                     .iter()
                     .filter(|r| {
