@@ -11,10 +11,11 @@
 //!   about one refresh interval.
 //! - **Cheap refreshes**: a refresh costs O(1) however many clients hold leases (up to
 //!   [`MAX_HOLDERS`]): fair shares are recomputed (O(n log n)) at most every 100 ms (or a
-//!   tenth of the refresh interval), a newcomer starts from an even split of the capacity
-//!   until then (and is told to come back five times sooner), the sum of grants is kept as
-//!   they change, and lapsed leases are swept at most as often. A grant is still capped by
-//!   the current demand and by what is left.
+//!   tenth of the refresh interval) and when a holder comes or goes — in a table of more than
+//!   [`EXACT_UP_TO`] holders a newcomer instead starts from an even split of the capacity
+//!   until the next recomputation (and is told to come back five times sooner) — the sum of
+//!   grants is kept as they change, and lapsed leases are swept at most as often. A grant is
+//!   still capped by the current demand and by what is left.
 //! - **Leases expire**: a client that stops refreshing loses its grant at the lease's expiry,
 //!   and the capacity returns to the pool. [`LeaseTable::release`] gives it back at once.
 //! - **Only the holder gives a lease back**: every holder's lease carries an unguessable
@@ -161,6 +162,12 @@ pub struct Released {
     /// When the lease would have expired.
     pub expires_at: Nanos,
 }
+
+/// Up to this many holders, the fair shares are computed again as soon as a holder comes or
+/// goes (tens of microseconds); above, at most every 100 ms, a newcomer starting from an even
+/// split meanwhile (so a thousand clients joining at once do not cost a thousand
+/// recomputations).
+pub const EXACT_UP_TO: usize = 1_000;
 
 /// Most holders of one resource's table; a newcomer past it is refused
 /// ([`QuotaError::Full`]) and gets nothing — a lease client keeps its lease, then its safe
@@ -415,7 +422,7 @@ impl LeaseTable {
         let Some(i) = self.index.remove(client) else {
             return false;
         };
-        if self.aligned() {
+        if self.holders.len() > EXACT_UP_TO && self.aligned() {
             self.shares.swap_remove(i);
             self.provisional.swap_remove(i);
         } else {
@@ -531,8 +538,8 @@ impl LeaseTable {
         });
         self.index
             .insert(client.to_string(), self.holders.len() - 1);
-        if self.aligned_but_one() {
-            // An even split until the next recomputation.
+        if self.holders.len() > EXACT_UP_TO && self.aligned_but_one() {
+            // A large table: an even split until the next recomputation.
             self.shares
                 .push(self.config.capacity / self.holders.len() as f64);
             self.provisional.push(true);
@@ -863,19 +870,33 @@ mod tests {
     }
 
     #[test]
-    fn a_newcomer_starts_from_an_even_split_and_comes_back_sooner() {
-        let mut t = LeaseTable::resume(config(90.0), Vec::new());
-        t.refresh_held("a", Ask::wants(10.0), 0).unwrap();
-        t.refresh_held("b", Ask::wants(10.0), 0).unwrap();
-        // Shares were computed at 0 with a and b; c comes 50 ms later, before the next
-        // computation: an even split (30), capped by what it wants, and a fifth of the
-        // refresh interval so the exact share follows soon.
-        let c = t.refresh_held("c", Ask::wants(80.0), S / 20).unwrap();
-        assert_eq!((c.granted, c.refresh), (30.0, Duration::from_secs(1)));
-        // 100 ms on, shares are computed again: c's exact max-min share is 70.
-        let c = t.refresh_held("c", Ask::wants(80.0), S / 5).unwrap();
-        assert_eq!((c.granted, c.refresh), (70.0, Duration::from_secs(5)));
-        assert!(t.outstanding() <= 90.0);
+    fn a_newcomer_gets_its_exact_share_at_once_or_in_a_large_table_an_even_split_first() {
+        // A small table computes the shares again when a holder comes: a shrinks at once.
+        let mut t = LeaseTable::resume(config(10.0), Vec::new());
+        t.refresh_held("a", Ask::wants(8.0), 0).unwrap();
+        assert_eq!(
+            t.refresh_held("b", Ask::wants(8.0), 1).unwrap().granted,
+            2.0
+        );
+        assert_eq!(
+            t.refresh_held("a", Ask::wants(8.0), 2).unwrap().granted,
+            5.0
+        );
+        // A table of more than EXACT_UP_TO holders: a newcomer 50 ms after the last
+        // computation starts from an even split (capacity ÷ holders), told to come back in a
+        // fifth of the refresh interval; 100 ms on, its exact max-min share.
+        let capacity = (EXACT_UP_TO + 1) as f64;
+        let mut t = LeaseTable::resume(config(capacity), Vec::new());
+        for i in 0..=EXACT_UP_TO {
+            t.refresh_held(&i.to_string(), Ask::wants(0.001), 0)
+                .unwrap();
+        }
+        let c = t.refresh_held("c", Ask::wants(900.0), S / 20).unwrap();
+        let even = capacity / (EXACT_UP_TO + 2) as f64;
+        assert_eq!((c.granted, c.refresh), (even, Duration::from_secs(1)));
+        let c = t.refresh_held("c", Ask::wants(900.0), S / 5).unwrap();
+        assert_eq!((c.granted, c.refresh), (900.0, Duration::from_secs(5)));
+        assert!(t.outstanding() <= capacity);
     }
 
     #[test]
