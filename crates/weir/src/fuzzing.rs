@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, Request, Version};
 
-use crate::rls::engine::{Engine, EngineOptions, Request as RlsRequest, Store};
+use weir_server::rls::engine::{Engine, EngineOptions, Request as RlsRequest, Store};
 
 /// A fuzz target: arbitrary bytes in, a panic only for a broken invariant.
 pub type Target = fn(&[u8]);
@@ -30,7 +30,8 @@ pub const TARGETS: [(&str, Target); 7] = [
 fn example() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let domains = crate::rls::server::load(None, false).expect("the bundled example loads");
+        let domains =
+            weir_server::rls::server::load(None, false).expect("the bundled example loads");
         Engine::build(&domains, EngineOptions::default(), None).expect("the bundled example builds")
     })
 }
@@ -49,7 +50,7 @@ pub fn lyft_config(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    match crate::rls::config::parse(Path::new("fuzz.yaml"), text) {
+    match weir_server::rls::config::parse(Path::new("fuzz.yaml"), text) {
         Ok(domain) => {
             let _ = Engine::build(&[domain], EngineOptions::default(), None);
         }
@@ -83,14 +84,14 @@ pub fn rule_file(data: &[u8]) {
 
 /// The body of a gRPC `ShouldRateLimit` call: unframed, decoded, checked and decided.
 pub fn rls_request(data: &[u8]) {
-    if let Ok(r) = crate::rls::grpc::decode(&Bytes::copy_from_slice(data)) {
+    if let Ok(r) = weir_server::rls::grpc::decode(&Bytes::copy_from_slice(data)) {
         decide(&r);
     }
 }
 
 /// A `/json` body: parsed, checked and decided.
 pub fn json_body(data: &[u8]) {
-    if let Ok(r) = crate::rls::server::from_json(data) {
+    if let Ok(r) = weir_server::rls::server::from_json(data) {
         decide(&r);
     }
 }
@@ -128,23 +129,23 @@ pub fn proxy_head(data: &[u8]) {
         return;
     };
     let via = HeaderValue::from_static("weir-fuzz");
-    if crate::proxy::refuse(&req, &via).is_some() {
+    if weir_server::proxy::refuse(&req, &via).is_some() {
         return;
     }
     if let Ok(normal) = weir_rules::path::normalize(req.uri().path()) {
         path_invariants(req.uri().path(), &normal);
     }
     let host = req.headers().get(http::header::HOST).cloned();
-    crate::proxy::strip_hop_by_hop(req.headers_mut());
+    weir_server::proxy::strip_hop_by_hop(req.headers_mut());
     assert_eq!(
         req.headers().get(http::header::HOST),
         host.as_ref(),
         "Host survives Connection"
     );
     let version = req.version();
-    crate::proxy::append_via(req.headers_mut(), version, &via);
+    weir_server::proxy::append_via(req.headers_mut(), version, &via);
     assert!(
-        crate::proxy::refuse(&req, &via).is_some(),
+        weir_server::proxy::refuse(&req, &via).is_some(),
         "own Via is a loop"
     );
 }

@@ -1,23 +1,12 @@
-//! The library behind the `weir` command: the rate-limit service (`rls`), the reverse proxy
-//! (`proxy`), the simulators, and the connection handling they share. `main.rs` only parses the
-//! command line and wires these together; [`fuzzing`] exposes the input parsers to the fuzz
-//! targets.
+//! The library behind the `weir` command, apart from the servers (the `weir-server` crate):
+//! the flag grammar ([`duration`]), the simulators ([`simulate`], [`overload`]), `weir quota
+//! allocate` ([`quota`]), and [`fuzzing`], the input parsers for the fuzz targets. `main.rs`
+//! parses the command line and wires these and the servers together.
 
-pub mod accept;
-pub mod budget;
-pub mod conn;
 pub mod duration;
 pub mod fuzzing;
 pub mod overload;
-pub mod proxy;
 pub mod quota;
-pub mod quota_api;
-pub mod quota_grpc;
-pub mod quota_ha;
-pub mod reflection;
-pub mod reload;
-pub mod rlqs;
-pub mod rls;
 pub mod simulate;
 
 /// The README's Rust snippets, compiled (and run, unless marked `no_run`) by `cargo test` as

@@ -4,7 +4,8 @@
 //!
 //! Errors print one line `weir: error: …` and exit 2 (bad usage, configuration or input).
 
-use weir::{accept, budget, conn, duration, overload, proxy, quota, rls, simulate};
+use weir::{duration, overload, quota, simulate};
+use weir_server::{accept, budget, conn, proxy, rls};
 
 use std::fs::File;
 use std::io::{self, BufReader, Write};
@@ -900,7 +901,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             let grpc = (args.grpc_addr.port() != 0 && !args.grpc_addr.ip().is_unspecified())
                 .then(|| args.grpc_addr.to_string());
             let grpc = args.quota_advertise_grpc.clone().or(grpc);
-            match weir::quota_ha::Ha::new(
+            match weir_server::quota_ha::Ha::new(
                 &args.store,
                 &args.quota_group,
                 &advertise,
@@ -916,8 +917,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let quota = match &args.quota {
         None => None,
         Some(p) => match match failover {
-            Some(h) => weir::quota_api::QuotaApi::load_with_failover(p.clone(), h),
-            None => weir::quota_api::QuotaApi::load(p.clone()),
+            Some(h) => weir_server::quota_api::QuotaApi::load_with_failover(p.clone(), h),
+            None => weir_server::quota_api::QuotaApi::load(p.clone()),
         } {
             Ok(q) => Some(q),
             Err(errors) => {
@@ -934,7 +935,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             Arc::new(match &quota {
                 Some(q) => {
                     q.watch(std::time::Duration::from_secs(1));
-                    weir::quota_ha::start(q);
+                    weir_server::quota_ha::start(q);
                     s.with_quota(q.clone())
                 }
                 None => s,
@@ -1038,7 +1039,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     };
     accept::run_until_stopped("weir serve", servers, trigger, args.drain_timeout).await;
     if let Some(q) = &quota {
-        weir::quota_ha::resign(q).await;
+        weir_server::quota_ha::resign(q).await;
     }
     ExitCode::SUCCESS
 }

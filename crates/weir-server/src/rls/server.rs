@@ -31,7 +31,7 @@ use super::grpc::GrpcService;
 use crate::budget::{BodyError, Budget, ConnectionBudget};
 
 /// The bundled example configuration (served without `--config`).
-pub const EXAMPLE: &str = include_str!("../../config/example.yaml");
+pub const EXAMPLE: &str = include_str!("../../../weir/config/example.yaml");
 
 /// Shared state of the service.
 pub struct Service {
