@@ -1,0 +1,243 @@
+//! `weir proxy`, `weir simulate` and `weir quota allocate`, wired from the flags.
+
+use std::fs::File;
+use std::io::{self, BufReader, Write};
+use std::process::ExitCode;
+
+use weir::{duration, overload, quota, simulate};
+use weir_server::proxy;
+
+use super::args::*;
+use crate::{fail, runtime};
+
+/// The trace used when `--input` is not given: a burst across a window boundary.
+const BUNDLED_TRACE: &str = include_str!("../../traces/boundary_burst.csv");
+
+/// `weir quota allocate`: one resource's capacity divided among the demands read.
+pub(crate) fn run_allocate(args: AllocateArgs) -> ExitCode {
+    let read = match &args.input {
+        None => quota::read_demands(io::stdin().lock(), "stdin"),
+        Some(p) if p.as_os_str() == "-" => quota::read_demands(io::stdin().lock(), "stdin"),
+        Some(p) => match File::open(p) {
+            Ok(f) => quota::read_demands(BufReader::new(f), &p.display().to_string()),
+            Err(e) => return fail(format_args!("{}: {e}", p.display())),
+        },
+    };
+    let (names, demands) = match read {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    match quota::answer(args.capacity, args.algorithm, &names, &demands) {
+        Ok((out, total)) => {
+            print!("{out}");
+            let _ = io::stdout().flush();
+            eprintln!(
+                "total {} of capacity {} ({} clients, {})",
+                quota::decimal(total),
+                quota::decimal(args.capacity),
+                names.len(),
+                args.algorithm.as_str()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// `weir proxy`: the proxy on a multi-threaded runtime until a signal stops it.
+pub(crate) fn run_proxy(args: ProxyArgs) -> ExitCode {
+    let runtime = match runtime() {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let quota_token = match &args.quota_token_file {
+        None => None,
+        Some(f) => match std::fs::read_to_string(f) {
+            Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+            Ok(_) => {
+                eprintln!("weir: error: --quota-token-file {}: empty", f.display());
+                return ExitCode::from(2);
+            }
+            Err(e) => {
+                eprintln!("weir: error: --quota-token-file {}: {e}", f.display());
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let settings = proxy::Settings {
+        rules: args.rules,
+        listen: args.listen,
+        upstream: args.upstream,
+        admin: args.admin,
+        admin_token: args.admin_token.filter(|t| !t.is_empty()),
+        upstream_timeout: args.upstream_timeout,
+        reload_interval: args.reload_interval,
+        limits: args.connections.limits(),
+        max_upstream_requests: args.max_upstream_requests,
+        max_upstream_per_address: args
+            .max_upstream_per_address
+            .unwrap_or(args.max_upstream_requests / 4)
+            .max(1),
+        body_pace: proxy::paced::Pace {
+            idle: args.body_idle_timeout,
+            min_rate: args.body_min_rate,
+        },
+        quota_client_id: args.quota_client_id.unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default();
+            format!("weir-proxy-{host}-{}", std::process::id())
+        }),
+        quota_server: args.quota_server,
+        quota_token,
+        upstream_protocol: args.upstream_protocol,
+        drain_timeout: args.drain_timeout,
+        clock: args.clock,
+        gutter: args.gutter,
+        gutter_max_requests: args.gutter_max_requests,
+        upstream_breaker: args.upstream_breaker,
+    };
+    match runtime.block_on(proxy::run(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, e)) => {
+            eprintln!("weir: error: {e}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// `weir simulate overload`.
+pub(crate) fn run_overload(args: OverloadArgs) -> ExitCode {
+    let settings = overload::Settings {
+        protection: args.protection,
+        load: args.load,
+        capacity: args.capacity,
+        duration: args.duration,
+        seed: args.seed,
+        workers: args.workers,
+    };
+    match overload::run(&settings) {
+        Ok(report) => {
+            if args.json {
+                println!("{}", overload::json(&report));
+            } else {
+                print!("{}", overload::text(&report));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// `weir simulate quota`: the lease protocol on virtual time, with its measures.
+pub(crate) fn run_quota_sim(args: QuotaSimArgs) -> ExitCode {
+    if !(args.capacity.is_finite() && args.capacity > 0.0) {
+        return fail(format_args!(
+            "--capacity {}: expected units/s > 0",
+            args.capacity
+        ));
+    }
+    if args.refresh.is_zero() || args.lease < args.refresh {
+        return fail("--lease must be at least --refresh, and --refresh > 0");
+    }
+    let server_down = match args.server_down.as_deref() {
+        None => None,
+        Some(s) => {
+            let parsed = s.split_once("..").and_then(|(a, b)| {
+                Some((
+                    duration::parse_duration(a).ok()?,
+                    duration::parse_duration(b).ok()?,
+                ))
+            });
+            match parsed {
+                Some((a, b)) if a < b => Some((a, b)),
+                _ => {
+                    return fail(format_args!(
+                        "--server-down {s:?}: expected FROM..TO, e.g. 100s..200s"
+                    ))
+                }
+            }
+        }
+    };
+    let scenario = match &args.scenario {
+        None => weir_quota::sim::default_scenario(args.clients, args.capacity, args.duration),
+        Some(p) => match File::open(p) {
+            Ok(f) => match quota::read_scenario(BufReader::new(f), &p.display().to_string()) {
+                Ok(s) => s,
+                Err(e) => return fail(e),
+            },
+            Err(e) => return fail(format_args!("{}: {e}", p.display())),
+        },
+    };
+    let settings = weir_quota::sim::Settings {
+        resource: weir_quota::ResourceConfig {
+            capacity: args.capacity,
+            algorithm: args.algorithm,
+            lease: args.lease,
+            refresh: args.refresh,
+            safe_capacity: None,
+        },
+        client: weir_quota::ClientConfig::default(),
+        duration: args.duration,
+        server_down,
+        seed: args.seed,
+    };
+    let report = weir_quota::sim::run(&settings, &scenario);
+    if args.json {
+        println!("{}", quota::sim_json(&report));
+    } else {
+        print!("{}", quota::sim_text(&report, args.capacity));
+    }
+    ExitCode::SUCCESS
+}
+
+/// `weir simulate`: a trace through an algorithm on virtual time (or a scenario).
+pub(crate) fn run_simulate(args: SimulateArgs) -> ExitCode {
+    match args.scenario {
+        Some(Scenario::Overload(o)) => return run_overload(o),
+        Some(Scenario::Quota(q)) => return run_quota_sim(q),
+        None => {}
+    }
+    let (Some(algorithm), Some(limit), Some(window)) = (args.algorithm, args.limit, args.window)
+    else {
+        return fail("simulate needs --algorithm, --limit and --window");
+    };
+    let settings = simulate::Settings {
+        algorithm,
+        limit,
+        window,
+        burst: args.burst,
+        buckets: args.buckets,
+        warmup: args.warmup,
+        max_wait: args.max_wait,
+    };
+    // Settings first (an empty trace runs nothing): a usage error is the only line printed.
+    if let Err(e) = simulate::simulate(&settings, &simulate::Trace::default(), &mut io::sink()) {
+        return fail(e);
+    }
+    let trace = match &args.input {
+        None => {
+            eprintln!("weir: no --input given; using the bundled trace traces/boundary_burst.csv");
+            simulate::parse_trace(BUNDLED_TRACE.as_bytes(), "bundled trace")
+        }
+        Some(p) if p.as_os_str() == "-" => simulate::parse_trace(io::stdin().lock(), "stdin"),
+        Some(p) => match File::open(p) {
+            Ok(f) => simulate::parse_trace(BufReader::new(f), &p.display().to_string()),
+            Err(e) => return fail(format_args!("cannot read {}: {e}", p.display())),
+        },
+    };
+    let trace = match trace {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    let summary = match simulate::simulate(&settings, &trace, &mut out) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let _ = out.flush();
+    drop(out);
+    let _ = simulate::write_summary(&settings, &summary, &mut io::stderr().lock());
+    ExitCode::SUCCESS
+}
