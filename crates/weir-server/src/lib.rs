@@ -1,9 +1,12 @@
 //! Weir's servers as a library: what `weir serve` and `weir proxy` run, for any tokio program
 //! to embed. The `weir` binary only parses its command line and wires these together.
 //!
+//! - [`grpc`]: the gRPC port — `frame` (unary calls framed by hand on hyper), `router` (each
+//!   call to its service: rate limit, lease API, RLQS, health, reflection; and the port's
+//!   server), `batch` (streams run on their connection's task, answers written together).
 //! - [`rls`]: Envoy's rate-limit service (RLS v3) on Lyft's configuration — `config` (the
 //!   file), `engine` (decisions, one clock read per request), `server` (the service and its
-//!   HTTP API), `grpc` (the gRPC port's router), `batch`, `latency`, `dashboard`.
+//!   HTTP API), `grpc` (the method and its request message), `latency`, `dashboard`.
 //! - [`quota_api`], [`quota_grpc`], [`quota_ha`], [`rlqs`]: the cluster-quota lease server's
 //!   front ends — HTTP/JSON, gRPC, failover through Redis, Envoy's RLQS — over weir-quota's
 //!   sans-I/O core.
@@ -16,6 +19,7 @@
 pub mod accept;
 pub mod budget;
 pub mod conn;
+pub mod grpc;
 pub mod proxy;
 pub mod quota_api;
 pub mod quota_grpc;

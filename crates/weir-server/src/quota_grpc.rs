@@ -14,8 +14,8 @@ use weir_quota::proto::{
 };
 use weir_quota::Ask;
 
+use crate::grpc::frame::{ok, status, Code, GrpcBody};
 use crate::quota_api::{CallError, QuotaApi};
-use crate::rls::grpc::{ok, status, Code, GrpcBody};
 use weir_quota::clients::Denied;
 
 /// The status of a call refused as a whole.

@@ -1,6 +1,5 @@
 //! `weir serve`: the Envoy rate-limit service (RLS v3) on Lyft's configuration format.
 
-mod batch;
 pub mod config;
 pub mod dashboard;
 pub mod engine;

@@ -22,12 +22,10 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
-use super::batch;
 use super::config::{self, DomainConfig, Unit};
 use super::engine::{
     BadRequest, Engine, EngineOptions, HeaderStyle, Request, RequestDescriptor, Response, Store,
 };
-use super::grpc::GrpcService;
 use crate::budget::{BodyError, Budget, ConnectionBudget};
 
 /// The bundled example configuration (served without `--config`).
@@ -231,7 +229,8 @@ pub(super) fn from_proto(r: RateLimitRequest) -> Result<Request, BadRequest> {
     })
 }
 
-pub(super) fn to_proto(r: &Response, style: HeaderStyle) -> RateLimitResponse {
+/// The gRPC answer of `r`, its headers in `style`.
+pub(crate) fn to_proto(r: &Response, style: HeaderStyle) -> RateLimitResponse {
     let code = |over: bool| if over { pbr::Code::OverLimit } else { pbr::Code::Ok } as i32;
     RateLimitResponse {
         overall_code: code(r.over_limit),
@@ -300,66 +299,6 @@ fn pb_value(v: &Value) -> envoy_types::pb::google::protobuf::Value {
         Value::Object(m) => Kind::StructValue(pb_struct(m)),
     };
     envoy_types::pb::google::protobuf::Value { kind: Some(kind) }
-}
-
-/// Serves gRPC on `listener` until `shutdown` says stop and its connections have finished, at
-/// most `max_connections` connections at once.
-///
-/// hyper's HTTP/2 server directly (prior knowledge, as Envoy and gRPC clients speak) with the
-/// hand-framed unary method of `grpc.rs`; every stream runs on its connection's task
-/// ([`batch::ConnectionExecutor`]), so the answers to one socket read (memory store) or to one
-/// batch of Redis replies leave in one write (see `batch.rs`).
-pub async fn serve_grpc(
-    service: Arc<Service>,
-    listener: tokio::net::TcpListener,
-    limits: crate::accept::Limits,
-    bodies: Arc<Budget>,
-    shutdown: crate::accept::Shutdown,
-) {
-    crate::accept::serve(
-        listener,
-        limits.max_connections,
-        "gRPC",
-        shutdown,
-        move |stream, _, sd, conn| {
-            let svc = GrpcService::new(service.clone(), bodies.connection());
-            async move {
-                let r = batch::serve(grpc_builder, stream, svc, sd, conn, limits.timeouts).await;
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "gRPC connection ended with an error");
-                }
-            }
-        },
-    )
-    .await;
-}
-
-/// Unread request bytes a gRPC connection may have in flight (HTTP/2 connection window).
-pub const GRPC_CONNECTION_WINDOW: u32 = 1 << 20;
-/// Unread request bytes one gRPC stream may have in flight.
-pub const GRPC_STREAM_WINDOW: u32 = 256 << 10;
-/// Calls open at once on one gRPC connection (Envoy opens another connection past it).
-pub const GRPC_MAX_STREAMS: u32 = 256;
-/// Largest header block of one gRPC call.
-pub const GRPC_MAX_HEADER_LIST: u32 = 8 << 10;
-
-/// The HTTP/2 settings of a gRPC connection, around that connection's executor.
-fn grpc_builder(
-    executor: batch::ConnectionExecutor,
-) -> hyper::server::conn::http2::Builder<batch::ConnectionExecutor> {
-    let mut builder = hyper::server::conn::http2::Builder::new(executor);
-    builder
-        // Bounds per connection (docs/limits.md): RLS requests are a few hundred bytes, so
-        // these cost nothing in speed and cap what one connection can make the server hold.
-        .initial_connection_window_size(GRPC_CONNECTION_WINDOW)
-        .initial_stream_window_size(GRPC_STREAM_WINDOW)
-        .max_concurrent_streams(GRPC_MAX_STREAMS)
-        .max_header_list_size(GRPC_MAX_HEADER_LIST)
-        // No `date` on gRPC answers (grpc-go and Lyft's service send none): one header less
-        // for the caller to decode per decision.
-        .auto_date_header(false)
-        .timer(hyper_util::rt::TokioTimer::new());
-    builder
 }
 
 // ---- HTTP: proto3 JSON ----
@@ -541,7 +480,7 @@ fn to_json(r: &Response, style: HeaderStyle) -> Value {
 }
 
 /// Largest `/json` body (the gRPC message limit).
-const MAX_JSON_BODY: usize = super::grpc::MAX_MESSAGE;
+const MAX_JSON_BODY: usize = crate::grpc::frame::MAX_MESSAGE;
 
 async fn json_handler(
     State(service): State<Arc<Service>>,

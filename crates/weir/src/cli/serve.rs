@@ -208,7 +208,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     });
     let servers = async {
         tokio::join!(
-            rls::server::serve_grpc(
+            weir_server::grpc::router::serve_grpc(
                 service.clone(),
                 grpc,
                 limits,
