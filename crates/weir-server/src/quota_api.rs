@@ -62,11 +62,11 @@ impl From<String> for CallError {
 
 /// The lease server, its clock and its file.
 pub struct QuotaApi {
-    pub(crate) server: LeaseServer,
+    pub(crate) server: Arc<LeaseServer>,
     pub(crate) clock: MonotonicClock,
     path: PathBuf,
     /// Failover through Redis, when several servers share the quota.
-    pub(crate) ha: Option<crate::quota_ha::Ha>,
+    pub(crate) ha: Option<Arc<crate::quota_ha::Ha>>,
     /// Envoy's RLQS on this lease server (made on first use).
     rlqs: std::sync::OnceLock<Arc<crate::rlqs::Rlqs>>,
 }
@@ -87,10 +87,10 @@ impl QuotaApi {
         let config = QuotaConfig::load(&path).map_err(|e| e.to_string())?;
         let clock = MonotonicClock::new();
         Ok(Arc::new(Self {
-            server: LeaseServer::new(config, clock.now()),
+            server: Arc::new(LeaseServer::new(config, clock.now())),
             clock,
             path,
-            ha,
+            ha: ha.map(Arc::new),
             rlqs: std::sync::OnceLock::new(),
         }))
     }
@@ -102,6 +102,27 @@ impl QuotaApi {
                 "client: {client:?} is an Envoy's RLQS bucket; the lease API cannot act for it"
             )),
             _ => Ok(()),
+        }
+    }
+
+    /// `None` when this server may allocate now; otherwise where the quota leader is
+    /// (`Some(None)`: no leader known yet).
+    pub fn elsewhere(&self, now: weir_core::Nanos) -> Option<Option<crate::quota_ha::Leader>> {
+        crate::quota_ha::elsewhere(self.ha.as_deref(), now)
+    }
+
+    /// Starts campaigning for the leadership, when this server shares the quota through
+    /// Redis (until it is dropped or resigns).
+    pub fn start_failover(&self) {
+        if let Some(ha) = &self.ha {
+            crate::quota_ha::start(&self.server, self.clock.clone(), ha);
+        }
+    }
+
+    /// A stopping leader steps down ([`crate::quota_ha::resign`]).
+    pub async fn resign(&self) {
+        if let Some(ha) = &self.ha {
+            crate::quota_ha::resign(&self.server, &self.clock, ha).await;
         }
     }
 
@@ -123,13 +144,10 @@ impl QuotaApi {
     /// The RLQS service on this lease server.
     pub fn rlqs(self: &Arc<Self>) -> Arc<crate::rlqs::Rlqs> {
         self.rlqs
-            .get_or_init(|| crate::rlqs::Rlqs::new(self))
+            .get_or_init(|| {
+                crate::rlqs::Rlqs::new(self.server.clone(), self.clock.clone(), self.ha.clone())
+            })
             .clone()
-    }
-
-    /// The longest lease of the configuration (templates included).
-    pub(crate) fn max_lease(&self) -> Duration {
-        self.server.max_lease()
     }
 
     /// Reloads the file every `interval` when its contents changed, off the request path
@@ -456,7 +474,7 @@ async fn refresh(
         ));
     }
     let now = api.clock.now();
-    if let Some(r) = crate::quota_ha::not_leader(&api, now) {
+    if let Some(r) = crate::quota_ha::not_leader(api.ha.as_deref(), now) {
         return r;
     }
     let count = b.resources.len();
@@ -507,7 +525,7 @@ async fn release(
             Err(e) => return bad(e),
         }
     }
-    if let Some(r) = crate::quota_ha::not_leader(&api, api.clock.now()) {
+    if let Some(r) = crate::quota_ha::not_leader(api.ha.as_deref(), api.clock.now()) {
         return r;
     }
     match api.release(&b.client, token.as_deref(), &resources) {
@@ -543,4 +561,36 @@ async fn allocations(State(api): State<Arc<QuotaApi>>) -> axum::response::Respon
         out["failover"] = ha.status(now);
     }
     axum::Json(out).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_api_cannot_act_for_an_envoys_bucket() {
+        let dir = std::env::temp_dir().join(format!("weir-rlqs-owns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("q.yaml");
+        std::fs::write(&file, "resources:\n  - {name: search, capacity: 10}\n").unwrap();
+        let api = QuotaApi::load(file).unwrap();
+        let rlqs = api.rlqs();
+        let id = rlqs.claim(Some("envoy-1"));
+        let bucket = format!("{id}/3:name4:open");
+        assert!(rlqs.owns(&bucket));
+        assert!(!rlqs.owns("envoy-2/k") && !rlqs.owns(&id));
+        let e = api
+            .release(&bucket, None, &[("search".to_string(), 0)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RLQS bucket"), "{e}");
+        let ask = ("search".to_string(), weir_quota::Ask::wants(1.0));
+        let e = api
+            .refresh(&bucket, None, 1, &mut [ask], 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RLQS bucket"), "{e}");
+        assert!(api.release("envoy-2/k", None, &[]).is_ok());
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -37,7 +37,7 @@ pub fn call(
     bearer: Option<&str>,
 ) -> Response<GrpcBody> {
     let now = api.clock.now();
-    if let Some(leader) = crate::quota_ha::elsewhere(api, now) {
+    if let Some(leader) = api.elsewhere(now) {
         let Some(leader) = leader else {
             return status(Code::Unavailable, "no quota leader is known yet; retry");
         };

@@ -17,11 +17,10 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
-use weir_core::{Clock, Nanos};
+use weir_core::{Clock, MonotonicClock, Nanos};
 use weir_quota::ha::{Action, Campaign, HaConfig, Leadership, Role, Snapshot};
+use weir_quota::server::LeaseServer;
 use weir_redis::leader::{Election, Term};
-
-use crate::quota_api::QuotaApi;
 
 /// Where the leader is, as it advertised itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,8 +142,8 @@ impl Ha {
 
 /// `None` when this server may allocate now; otherwise where the leader is (`Some(None)`:
 /// no leader known yet).
-pub fn elsewhere(api: &QuotaApi, now: Nanos) -> Option<Option<Leader>> {
-    let ha = api.ha.as_ref()?;
+pub fn elsewhere(ha: Option<&Ha>, now: Nanos) -> Option<Option<Leader>> {
+    let ha = ha?;
     let role = ha.leadership.lock().role(now);
     match role {
         Role::Leader | Role::Holding { .. } => None,
@@ -154,8 +153,8 @@ pub fn elsewhere(api: &QuotaApi, now: Nanos) -> Option<Option<Leader>> {
 
 /// The HTTP answer of a server that must not allocate now (`421` naming the leader, `503`
 /// when none is known), or `None` when it may.
-pub fn not_leader(api: &QuotaApi, now: Nanos) -> Option<axum::response::Response> {
-    Some(match elsewhere(api, now)? {
+pub fn not_leader(ha: Option<&Ha>, now: Nanos) -> Option<axum::response::Response> {
+    Some(match elsewhere(ha, now)? {
         Some(l) => (
             StatusCode::MISDIRECTED_REQUEST,
             axum::Json(json!({
@@ -179,19 +178,19 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Starts campaigning (until `api` is dropped).
-pub fn start(api: &Arc<QuotaApi>) {
-    let me = Arc::downgrade(api);
+/// Starts campaigning for `server` (read on `clock`), until it is dropped or `ha` resigns.
+pub fn start(server: &Arc<LeaseServer>, clock: MonotonicClock, ha: &Arc<Ha>) {
+    let me = Arc::downgrade(server);
+    let ha = ha.clone();
     tokio::spawn(async move {
         loop {
-            let Some(api) = me.upgrade() else { return };
-            let Some(ha) = api.ha.as_ref() else { return };
+            let Some(server) = me.upgrade() else { return };
             if ha.stopped.load(Ordering::Relaxed) {
                 return;
             }
             let renew = ha.leadership.lock().config().renew;
-            campaign(&api, ha).await;
-            drop(api);
+            campaign(&server, &clock, &ha).await;
+            drop(server);
             tokio::time::sleep(renew).await;
         }
     });
@@ -199,27 +198,26 @@ pub fn start(api: &Arc<QuotaApi>) {
 
 /// The age past which a snapshot holds no live lease: the longest lease plus the key's time
 /// to live (its writer could give leases until its proof ended).
-fn lapsed_after(api: &QuotaApi, config: &HaConfig) -> Duration {
-    api.max_lease() + config.ttl
+fn lapsed_after(server: &LeaseServer, config: &HaConfig) -> Duration {
+    server.max_lease() + config.ttl
 }
 
 /// How long Redis keeps a snapshot: long after its leases lapsed, because an old snapshot
 /// still proves something — that every lease has lapsed, so a leader elected after a long
 /// outage starts empty at once instead of learning for a lease length.
-fn snapshot_ttl(api: &QuotaApi, config: &HaConfig) -> Duration {
-    (2 * lapsed_after(api, config)).max(Duration::from_secs(3600))
+fn snapshot_ttl(server: &LeaseServer, config: &HaConfig) -> Duration {
+    (2 * lapsed_after(server, config)).max(Duration::from_secs(3600))
 }
 
-async fn campaign(api: &QuotaApi, ha: &Ha) {
-    let sent_at = api.clock.now();
+async fn campaign(server: &LeaseServer, clock: &MonotonicClock, ha: &Ha) {
+    let sent_at = clock.now();
     let (token, config) = {
         let l = ha.leadership.lock();
         (l.token(), *l.config())
     };
-    let snapshot =
-        token.map(|t| Snapshot::new(t, unix_ms(), api.server.snapshot(sent_at)).encode());
-    let keep = snapshot_ttl(api, &config);
-    let lapsed = lapsed_after(api, &config);
+    let snapshot = token.map(|t| Snapshot::new(t, unix_ms(), server.snapshot(sent_at)).encode());
+    let keep = snapshot_ttl(server, &config);
+    let lapsed = lapsed_after(server, &config);
     let answer = ha
         .election
         .campaign(token, config.ttl, snapshot.as_deref(), keep)
@@ -243,7 +241,7 @@ async fn campaign(api: &QuotaApi, ha: &Ha) {
         }
     }
     let action = ha.leadership.lock().on_answer(sent_at, answer);
-    let now = api.clock.now();
+    let now = clock.now();
     match action {
         Action::Keep => {}
         Action::Restore(s) => {
@@ -255,16 +253,16 @@ async fn campaign(api: &QuotaApi, ha: &Ha) {
             );
             if age > lapsed {
                 tracing::info!(age = ?age, "quota failover: elected; the last snapshot is older than any lease, starting empty");
-                api.server.restore(Vec::new(), now);
+                server.restore(Vec::new(), now);
             } else {
                 match s.into_tables() {
                     Ok(tables) => {
                         tracing::info!(from_token = token, leases = holders, age = ?age, "quota failover: elected; resuming from the last leader's snapshot");
-                        api.server.restore(tables, now);
+                        server.restore(tables, now);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "quota failover: elected; unusable snapshot, learning for one lease length");
-                        api.server.restart(now);
+                        server.restart(now);
                     }
                 }
             }
@@ -274,22 +272,22 @@ async fn campaign(api: &QuotaApi, ha: &Ha) {
             tracing::info!(
                 "quota failover: elected without a snapshot; learning for one lease length"
             );
-            api.server.restart(now);
+            server.restart(now);
         }
-        Action::Forget => api.server.restart(now),
+        Action::Forget => server.restart(now),
     }
     let role = ha.leadership.lock().role(now);
     let label = match &role {
         Role::Leader => {
-            api.server.hold(None);
+            server.hold(None);
             "leader"
         }
         Role::Holding { since } => {
-            api.server.hold(Some(*since));
+            server.hold(Some(*since));
             "holding"
         }
         Role::Follower { .. } => {
-            api.server.hold(None);
+            server.hold(None);
             "follower"
         }
     };
@@ -311,10 +309,9 @@ async fn campaign(api: &QuotaApi, ha: &Ha) {
 
 /// A stopping leader steps down: its last snapshot is stored and the key deleted, so another
 /// server takes over at its next campaign. Bounded by the store's timeout.
-pub async fn resign(api: &QuotaApi) {
-    let Some(ha) = &api.ha else { return };
+pub async fn resign(server: &LeaseServer, clock: &MonotonicClock, ha: &Ha) {
     ha.stopped.store(true, Ordering::Relaxed);
-    let now = api.clock.now();
+    let now = clock.now();
     let (token, config) = {
         let mut l = ha.leadership.lock();
         let t = (l.token(), *l.config());
@@ -323,10 +320,10 @@ pub async fn resign(api: &QuotaApi) {
         t
     };
     let Some(token) = token else { return };
-    let snapshot = Snapshot::new(token, unix_ms(), api.server.snapshot(now)).encode();
+    let snapshot = Snapshot::new(token, unix_ms(), server.snapshot(now)).encode();
     match ha
         .election
-        .resign(Some(&snapshot), snapshot_ttl(api, &config))
+        .resign(Some(&snapshot), snapshot_ttl(server, &config))
         .await
     {
         Ok(true) => tracing::info!("quota failover: resigned the leadership"),

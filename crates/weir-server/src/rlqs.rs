@@ -32,7 +32,10 @@ use tonic::{Request, Response, Status, Streaming};
 use weir_core::Clock;
 use weir_quota::rlqs::{RlqsTotals, Session};
 
-use crate::quota_api::QuotaApi;
+use weir_core::MonotonicClock;
+use weir_quota::server::LeaseServer;
+
+use crate::quota_ha::Ha;
 
 /// The RLQS method's path.
 pub const PATH: &str =
@@ -46,7 +49,10 @@ const MAX_CLIENT_ID: usize = 128;
 
 /// The RLQS service of one `weir serve`.
 pub struct Rlqs {
-    api: std::sync::Weak<QuotaApi>,
+    server: Arc<LeaseServer>,
+    clock: MonotonicClock,
+    /// The failover, when several servers share the quota: only the leader serves streams.
+    ha: Option<Arc<Ha>>,
     totals: RlqsTotals,
     /// Client ids of the open streams (a duplicate gets a suffix: never two streams as one
     /// client, which would hide one's grant from the allocator).
@@ -55,14 +61,21 @@ pub struct Rlqs {
 }
 
 impl Rlqs {
-    /// The service for `api`'s lease server.
-    pub fn new(api: &Arc<QuotaApi>) -> Arc<Self> {
+    /// The service on `server` (read on `clock`), leading or following with `ha`.
+    pub fn new(server: Arc<LeaseServer>, clock: MonotonicClock, ha: Option<Arc<Ha>>) -> Arc<Self> {
         Arc::new(Self {
-            api: Arc::downgrade(api),
+            server,
+            clock,
+            ha,
             totals: RlqsTotals::default(),
             ids: Mutex::new(HashSet::new()),
             next: AtomicU64::new(1),
         })
+    }
+
+    /// Whether another server leads the quota at `now` (streams are then refused and ended).
+    fn following(&self, now: weir_core::Nanos) -> bool {
+        crate::quota_ha::elsewhere(self.ha.as_deref(), now).is_some()
     }
 
     /// The tonic service to route RLQS calls to.
@@ -85,7 +98,7 @@ impl Rlqs {
     }
 
     /// A unique client id for a new stream.
-    fn claim(&self, wanted: Option<&str>) -> String {
+    pub(crate) fn claim(&self, wanted: Option<&str>) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let mut ids = self.ids.lock();
         let id = match wanted {
@@ -165,16 +178,12 @@ impl RateLimitQuotaService for Handler {
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
         let rlqs = self.0.clone();
-        let api = rlqs
-            .api
-            .upgrade()
-            .ok_or_else(|| Status::unavailable("stopping"))?;
-        if !api.serves_rlqs() {
+        if rlqs.server.rlqs_config().is_none() {
             return Err(Status::unimplemented(
                 "this server's quota file has no rlqs section",
             ));
         }
-        if crate::quota_ha::elsewhere(&api, api.clock.now()).is_some() {
+        if rlqs.following(rlqs.clock.now()) {
             return Err(Status::unavailable("this server is not the quota leader"));
         }
         let wanted = request
@@ -186,7 +195,7 @@ impl RateLimitQuotaService for Handler {
         let client = rlqs.claim(wanted.as_deref());
         let inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
-        tokio::spawn(run(rlqs, api, client, inbound, tx));
+        tokio::spawn(run(rlqs, client, inbound, tx));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
@@ -194,7 +203,6 @@ impl RateLimitQuotaService for Handler {
 /// One stream, until it ends (or this server stops leading).
 async fn run(
     rlqs: Arc<Rlqs>,
-    api: Arc<QuotaApi>,
     client: String,
     mut inbound: Streaming<RateLimitQuotaUsageReports>,
     tx: tokio::sync::mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
@@ -209,11 +217,11 @@ async fn run(
         let actions = tokio::select! {
             m = inbound.message() => match m {
                 Ok(Some(reports)) => {
-                    let Some(config) = api.rlqs_config() else {
+                    let Some(config) = rlqs.server.rlqs_config() else {
                         break Some(Status::unavailable("RLQS is no longer configured"));
                     };
-                    let now = api.clock.now();
-                    match session.on_report(reports, now, api.lease_server(), &config, totals) {
+                    let now = rlqs.clock.now();
+                    match session.on_report(reports, now, &rlqs.server, &config, totals) {
                         Ok(a) => a,
                         Err(e) => break Some(Status::invalid_argument(e.to_string())),
                     }
@@ -225,14 +233,14 @@ async fn run(
                 }
             },
             _ = tick.tick() => {
-                let now = api.clock.now();
-                if crate::quota_ha::elsewhere(&api, now).is_some() {
+                let now = rlqs.clock.now();
+                if rlqs.following(now) {
                     break Some(Status::unavailable("this server is no longer the quota leader"));
                 }
-                let Some(config) = api.rlqs_config() else {
+                let Some(config) = rlqs.server.rlqs_config() else {
                     break Some(Status::unavailable("RLQS is no longer configured"));
                 };
-                session.tick(now, api.lease_server(), &config, totals)
+                session.tick(now, &rlqs.server, &config, totals)
             }
             () = tx.closed() => break None,
         };
@@ -254,7 +262,7 @@ async fn run(
         let _ = tx.send(Err(status)).await;
     }
     let buckets = session.len();
-    session.close(api.lease_server(), totals);
+    session.close(&rlqs.server, totals);
     totals.streams.fetch_sub(1, Ordering::Relaxed);
     rlqs.ids.lock().remove(&client);
     tracing::info!(client = %client, buckets, "RLQS stream closed; its grants released");
@@ -279,42 +287,9 @@ pub struct HealthCheckResponse {
 /// `grpc.health.v1.Health/Check`.
 pub const HEALTH_PATH: &str = "/grpc.health.v1.Health/Check";
 
-/// The health answer: SERVING unless this server is a quota follower.
-pub fn health(quota: Option<&QuotaApi>) -> HealthCheckResponse {
-    let follower = quota.is_some_and(|q| crate::quota_ha::elsewhere(q, q.clock.now()).is_some());
+/// The health answer: SERVING unless this server is a quota `follower`.
+pub fn health(follower: bool) -> HealthCheckResponse {
     HealthCheckResponse {
         status: if follower { 2 } else { 1 },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_lease_api_cannot_act_for_an_envoys_bucket() {
-        let dir = std::env::temp_dir().join(format!("weir-rlqs-owns-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("q.yaml");
-        std::fs::write(&file, "resources:\n  - {name: search, capacity: 10}\n").unwrap();
-        let api = QuotaApi::load(file).unwrap();
-        let rlqs = api.rlqs();
-        let id = rlqs.claim(Some("envoy-1"));
-        let bucket = format!("{id}/3:name4:open");
-        assert!(rlqs.owns(&bucket));
-        assert!(!rlqs.owns("envoy-2/k") && !rlqs.owns(&id));
-        let e = api
-            .release(&bucket, None, &[("search".to_string(), 0)])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("RLQS bucket"), "{e}");
-        let ask = ("search".to_string(), weir_quota::Ask::wants(1.0));
-        let e = api
-            .refresh(&bucket, None, 1, &mut [ask], 0)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("RLQS bucket"), "{e}");
-        assert!(api.release("envoy-2/k", None, &[]).is_ok());
-        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -134,7 +134,12 @@ where
                     )
                 })
             }) {
-            Ok(_) => ok(&crate::rlqs::health(service.quota().map(|q| &**q))),
+            Ok(_) => {
+                let follower = service
+                    .quota()
+                    .is_some_and(|q| q.elsewhere(weir_core::Clock::now(&q.clock)).is_some());
+                ok(&crate::rlqs::health(follower))
+            }
             Err((code, m)) => status(code, &m),
         };
     }

@@ -126,7 +126,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             Arc::new(match &quota {
                 Some(q) => {
                     q.watch(std::time::Duration::from_secs(1));
-                    weir_server::quota_ha::start(q);
+                    q.start_failover();
                     s.with_quota(q.clone())
                 }
                 None => s,
@@ -230,7 +230,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     };
     accept::run_until_stopped("weir serve", servers, trigger, args.drain_timeout).await;
     if let Some(q) = &quota {
-        weir_server::quota_ha::resign(q).await;
+        q.resign().await;
     }
     ExitCode::SUCCESS
 }
