@@ -341,6 +341,15 @@ where
         self.acquire_inner(key, n, self.clock.now(), false)
     }
 
+    /// [`KeyedLimiter::acquire_if_room`] at an explicit time (the caller's one clock read).
+    pub fn acquire_if_room_at<Q>(&self, key: &Q, n: u64, now: Nanos) -> Option<Decision>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.acquire_inner(key, n, now, false)
+    }
+
     #[inline]
     fn acquire_inner<Q>(&self, key: &Q, n: u64, now: Nanos, evict: bool) -> Option<Decision>
     where

@@ -256,12 +256,20 @@ impl LeaseClient {
         }
     }
 
-    /// Takes `n` units of `resource` now; `None` for a resource not declared.
+    /// Takes `n` units of `resource` now (on the client's own clock); `None` for a resource
+    /// not declared.
     #[inline]
     pub fn acquire(&self, resource: &str, n: u64) -> Option<Decision> {
+        self.acquire_at(resource, n, self.inner.clock.now())
+    }
+
+    /// Takes `n` units of `resource` at `now`, read on the caller's clock — one clock for all
+    /// the decisions on a resource (the local limiter keeps its state in that clock's time).
+    #[inline]
+    pub fn acquire_at(&self, resource: &str, n: u64, now: Nanos) -> Option<Decision> {
         let table = self.inner.table.load();
         let i = *table.index.get(resource)?;
-        Some(table.resources[i].acquire(n, self.inner.clock.now()))
+        Some(table.resources[i].acquire(n, now))
     }
 
     /// The state of `resource` (rate in force, counters).
@@ -333,8 +341,8 @@ impl LeaseClient {
 
 /// Cluster flow rules of weir-rules decide through the lease client.
 impl weir_rules::engine::ClusterQuota for LeaseClient {
-    fn acquire(&self, resource: &str, n: u64) -> Option<Decision> {
-        LeaseClient::acquire(self, resource, n)
+    fn acquire_at(&self, resource: &str, n: u64, now: Nanos) -> Option<Decision> {
+        LeaseClient::acquire_at(self, resource, n, now)
     }
 }
 

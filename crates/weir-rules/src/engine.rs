@@ -304,9 +304,11 @@ impl<C: Clock> Drop for Guard<C> {
 /// Decisions on cluster-quota resources for `cluster` flow rules: a weir-quota lease client
 /// (`weir_quota::net::LeaseClient`) or anything that leases shares of a global limit.
 pub trait ClusterQuota: Send + Sync + 'static {
-    /// Takes `n` units of `resource` now; `None` when `resource` is not one it leases (the
-    /// rule then enforces its own safe capacity locally).
-    fn acquire(&self, resource: &str, n: u64) -> Option<weir_core::Decision>;
+    /// Takes `n` units of `resource` at `now` (the engine's one clock read for the call, so a
+    /// rule set on a manual or coarse clock decides its cluster rules on that clock too);
+    /// `None` when `resource` is not one it leases (the rule then enforces its own safe
+    /// capacity locally).
+    fn acquire_at(&self, resource: &str, n: u64, now: Nanos) -> Option<weir_core::Decision>;
 }
 
 /// A cluster rule's own limiter at its safe capacity (weir-core's [`Gcra::per_second`] with a
@@ -674,7 +676,7 @@ impl<C: Clock + Clone> Rules<C> {
             let value = &*value;
             let d = match config.on_full {
                 OnFull::Evict => h.rate.acquire_at(value, 1, now),
-                on_full => match h.rate.acquire_if_room(value, 1) {
+                on_full => match h.rate.acquire_if_room_at(value, 1, now) {
                     Some(d) => d,
                     None => {
                         h.stats.full.fetch_add(1, Ordering::Relaxed);
@@ -739,7 +741,7 @@ impl<C: Clock + Clone> Rules<C> {
                     .cluster
                     .load()
                     .as_ref()
-                    .and_then(|h| h.0.acquire(&c.resource, 1))
+                    .and_then(|h| h.0.acquire_at(&c.resource, 1, now))
                     .or_else(|| f.state.single.as_ref().map(|s| s.acquire_at(1, now)));
                 let ok = d.is_none_or(|d| d.allowed());
                 verdict(ok, f.config.shadow, &f.state.stats, || {

@@ -206,6 +206,11 @@ impl<C: Clock + Clone> KeyedRate<C> {
         each!(self, l => l.acquire_if_room(key, n))
     }
 
+    /// [`KeyedRate::acquire_if_room`] at an explicit time.
+    pub fn acquire_if_room_at(&self, key: &str, n: u64, now: weir_core::Nanos) -> Option<Decision> {
+        each!(self, l => l.acquire_if_room_at(key, n, now))
+    }
+
     /// Keys tracked now.
     pub fn len(&self) -> usize {
         each!(self, l => l.len())

@@ -269,11 +269,19 @@ fn a_resolved_resource_shares_state_with_entry_and_is_refreshed_after_apply() {
 /// client does with its grant).
 struct Limiters(
     std::collections::HashMap<String, weir_core::limiter::Limiter<weir_core::FixedWindow>>,
+    /// The times it was asked at.
+    std::sync::Arc<std::sync::Mutex<Vec<weir_core::Nanos>>>,
 );
 
 impl weir_rules::engine::ClusterQuota for Limiters {
-    fn acquire(&self, resource: &str, n: u64) -> Option<weir_core::Decision> {
-        self.0.get(resource).map(|l| l.acquire(n))
+    fn acquire_at(
+        &self,
+        resource: &str,
+        n: u64,
+        now: weir_core::Nanos,
+    ) -> Option<weir_core::Decision> {
+        self.1.lock().unwrap().push(now);
+        self.0.get(resource).map(|l| l.acquire_at(n, now))
     }
 }
 
@@ -300,8 +308,12 @@ fn cluster_rules_decide_through_their_provider_and_are_validated() {
         "search".to_string(),
         weir_core::limiter::Limiter::new(weir_core::FixedWindow::new(q).unwrap()),
     );
-    r.set_cluster(Limiters(m));
+    let asked_at = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    r.set_cluster(Limiters(m, asked_at.clone()));
     assert_eq!(passes(&r, "api", &CTX, 10), 3);
+    // The provider decides at the engine's time (its manual clock), read once per call.
+    let asked = asked_at.lock().unwrap().clone();
+    assert_eq!(asked, vec![weir_core::Clock::now(&*clock); 10]);
     // A resource the provider does not lease (added by a reload, say): its safe capacity.
     assert_eq!(passes(&r, "new", &CTX, 10), 2);
     // Offered 200/s for a second: 100 pass (its rate), plus at most the burst.
