@@ -110,6 +110,16 @@ pub struct Limits {
     pub timeouts: Timeouts,
 }
 
+impl Default for Limits {
+    /// The command's defaults: 10 000 connections, 10 s for a first request, 60 s idle.
+    fn default() -> Self {
+        Self {
+            max_connections: 10_000,
+            timeouts: crate::conn::Timeouts::default(),
+        }
+    }
+}
+
 /// Accepts connections on `listener` until `shutdown` says stop, handing each to `handle`
 /// (with its own [`Shutdown`] and [`Connection`]) on its own task; then returns once every
 /// connection has ended.

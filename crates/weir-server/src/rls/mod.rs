@@ -1,8 +1,12 @@
-//! `weir serve`: the Envoy rate-limit service (RLS v3) on Lyft's configuration format.
+//! `weir serve`: the Envoy rate-limit service (RLS v3) on Lyft's configuration format. To embed
+//! it, start from [`Server::builder`].
 
 pub mod config;
 pub mod dashboard;
+pub mod embed;
 pub mod engine;
 pub mod grpc;
 pub mod latency;
 pub mod server;
+
+pub use embed::{BuildError, Builder, Server};
