@@ -38,6 +38,7 @@ pub mod concurrency;
 pub mod criticality;
 pub mod decision;
 pub mod divide;
+pub mod duration;
 pub mod error;
 pub mod fixed_window;
 pub mod gcra;

@@ -628,23 +628,10 @@ fn window<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D:
     .transpose()
 }
 
-/// Parses `500ms`, `30s`, `5m`, `1h`, `1d` (positive).
+/// A positive duration in Weir's one grammar ([`weir_core::duration`]: `500ms`, `1.5s`, `5m`,
+/// `1h`, `1d`), as configuration files take it.
 pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit())?;
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let ms = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    n.checked_mul(ms)
-        .filter(|v| *v > 0)
-        .map(Duration::from_millis)
+    weir_core::duration::parse(s).ok().filter(|d| !d.is_zero())
 }
 
 /// Longest resource name (bytes): names become metric labels, dashboard rows and, for

@@ -1,33 +1,12 @@
-//! Parsing of human durations (`250ms`, `1s`, `1.5m`, `inf`) and millisecond times.
+//! The flags' durations (Weir's one grammar, [`weir_core::duration`], plus `inf`), the
+//! `--clock` flag and millisecond times.
 
 use std::time::Duration;
 
-/// Parses `<number><unit>` with unit `ns`, `us`, `ms`, `s`, `m`, `h` or `d`; the number may have
-/// a decimal fraction (`1.5s`). Returns a message naming the problem on error.
+/// A flag's duration in Weir's one grammar ([`weir_core::duration`]), the problem named on
+/// error.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("duration '{text}' needs a unit (ns, us, ms, s, m, h, d)"))?;
-    let (number, unit) = t.split_at(split);
-    let unit_ns: u128 = match unit {
-        "ns" => 1,
-        "us" | "µs" => 1_000,
-        "ms" => 1_000_000,
-        "s" => 1_000_000_000,
-        "m" => 60_000_000_000,
-        "h" => 3_600_000_000_000,
-        "d" => 86_400_000_000_000,
-        _ => {
-            return Err(format!(
-                "duration '{text}' has unknown unit '{unit}' (use ns, us, ms, s, m, h, d)"
-            ))
-        }
-    };
-    let ns = scaled_decimal(number, unit_ns)
-        .ok_or_else(|| format!("duration '{text}' is not a number followed by a unit"))?;
-    let ns = u64::try_from(ns).map_err(|_| format!("duration '{text}' is too long"))?;
-    Ok(Duration::from_nanos(ns))
+    weir_core::duration::parse(text).map_err(|e| e.to_string())
 }
 
 /// Like [`parse_duration`] but also accepts `inf` (= `Duration::MAX`).
@@ -39,34 +18,7 @@ pub fn parse_max_wait(text: &str) -> Result<Duration, String> {
     }
 }
 
-/// `number × scale` for a non-negative decimal `number` ("12", "0.25"), exactly, rounding
-/// fractions below one unit of `scale` down. `None` if malformed or out of range.
-pub fn scaled_decimal(number: &str, scale: u128) -> Option<u128> {
-    let (int, frac) = match number.split_once('.') {
-        Some((i, f)) => (i, f),
-        None => (number, ""),
-    };
-    if int.is_empty() && frac.is_empty() {
-        return None;
-    }
-    if !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    if int.len() > 30 || frac.len() > 30 {
-        return None;
-    }
-    let int_value: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    let mut total = int_value.checked_mul(scale)?;
-    let mut place = scale;
-    for digit in frac.bytes() {
-        place /= 10;
-        if place == 0 {
-            break;
-        }
-        total = total.checked_add(u128::from(digit - b'0') * place)?;
-    }
-    Some(total)
-}
+pub use weir_core::duration::scaled_decimal;
 
 /// Formats nanoseconds as milliseconds with up to six decimals, trailing zeros trimmed.
 pub fn format_ms(ns: u128) -> String {
@@ -80,21 +32,7 @@ pub fn format_ms(ns: u128) -> String {
     }
 }
 
-/// A window for humans: `30s`, `5m`, `1h`, `1d`, else milliseconds.
-pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    for (unit, len) in [
-        ("d", 86_400_000u128),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-    ] {
-        if ms >= len && ms % len == 0 {
-            return format!("{}{unit}", ms / len);
-        }
-    }
-    format!("{ms}ms")
-}
+pub use weir_core::duration::format as format_duration;
 
 /// Parses `--clock`: `exact` (the default), `coarse` (updated every millisecond) or
 /// `coarse:DUR` (100us to 1s).
