@@ -72,6 +72,20 @@ pub fn set_ratelimit_now(h: &mut HeaderMap, policy: &str, d: &Decision) {
     }
 }
 
+/// The value of a `grpc-message` header: gRPC's percent-encoding (printable ASCII except `%`
+/// as is, every other byte as `%XX`).
+pub fn grpc_message(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// A response with `status` and an `application/problem+json` body.
 pub fn problem<B: From<String>>(status: StatusCode, detail: &str) -> Response<B> {
     let title = status.canonical_reason().unwrap_or("Error");

@@ -879,7 +879,7 @@ pub fn blocked_grpc_response<B: From<String>>(block: &Block) -> Response<B> {
         HeaderValue::from_static("application/grpc"),
     );
     h.insert("grpc-status", HeaderValue::from(code));
-    if let Ok(v) = HeaderValue::from_str(&percent_encode(&message)) {
+    if let Ok(v) = HeaderValue::from_str(&crate::problem::grpc_message(&message)) {
         h.insert("grpc-message", v);
     }
     if let Some(wait) = block.retry_after {
@@ -887,19 +887,6 @@ pub fn blocked_grpc_response<B: From<String>>(block: &Block) -> Response<B> {
         h.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
     }
     r
-}
-
-/// gRPC's percent-encoding of `grpc-message`: printable ASCII except `%` as is.
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if (0x20..0x7f).contains(&b) && b != b'%' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// A response body holding the rules' guard until it ends (completed: success, or error for

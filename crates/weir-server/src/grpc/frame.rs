@@ -96,23 +96,10 @@ pub fn status(code: Code, message: &str) -> Response<GrpcBody> {
         HeaderValue::from_static("application/grpc"),
     );
     h.insert("grpc-status", HeaderValue::from(code as u16));
-    if let Ok(v) = HeaderValue::from_str(&percent_encode(message)) {
+    if let Ok(v) = HeaderValue::from_str(&weir_tower::problem::grpc_message(message)) {
         h.insert("grpc-message", v);
     }
     r
-}
-
-/// gRPC's `grpc-message` encoding: bytes outside printable ASCII, and `%`, as `%XX`.
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &b in s.as_bytes() {
-        if (0x20..=0x7e).contains(&b) && b != b'%' {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// A gRPC response body: at most one data frame, then at most one trailers frame.
@@ -198,8 +185,8 @@ pub(crate) mod tests {
 
     #[test]
     fn grpc_message_is_percent_encoded() {
-        assert_eq!(percent_encode("a b%c"), "a b%25c");
-        assert_eq!(percent_encode("é\n"), "%C3%A9%0A");
+        assert_eq!(weir_tower::problem::grpc_message("a b%c"), "a b%25c");
+        assert_eq!(weir_tower::problem::grpc_message("é\n"), "%C3%A9%0A");
         let r = status(Code::InvalidArgument, "bad\tvalue");
         assert_eq!(r.headers()["grpc-status"], "3");
         assert_eq!(r.headers()["grpc-message"], "bad%09value");
