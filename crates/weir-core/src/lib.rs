@@ -39,6 +39,7 @@ pub mod criticality;
 pub mod decision;
 pub mod divide;
 pub mod duration;
+pub mod election;
 pub mod error;
 pub mod fixed_window;
 pub mod gcra;

@@ -53,25 +53,7 @@ impl Default for HaConfig {
     }
 }
 
-/// The store's answer to one campaign.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Campaign {
-    /// This server leads with `token`. `elected`: it was not the holder of the key before this
-    /// call; `snapshot` is then the last snapshot the store held (any writer).
-    Leader {
-        /// The fencing token (grows with every election).
-        token: u64,
-        /// Newly elected by this call.
-        elected: bool,
-        /// The stored snapshot (only when newly elected).
-        snapshot: Option<Vec<u8>>,
-    },
-    /// Another server leads.
-    Follower {
-        /// Its advertised address (`http://HOST:PORT`).
-        leader: String,
-    },
-}
+pub use weir_core::election::Term;
 
 /// What a server is, at a given time.
 #[derive(Debug, Clone, PartialEq)]
@@ -147,9 +129,9 @@ impl Leadership {
     }
 
     /// The campaign sent at `sent_at` got `answer` (`Err`: the store could not be reached).
-    pub fn on_answer(&mut self, sent_at: Nanos, answer: Result<Campaign, String>) -> Action {
+    pub fn on_answer(&mut self, sent_at: Nanos, answer: Result<Term, String>) -> Action {
         match answer {
-            Ok(Campaign::Leader {
+            Ok(Term::Leader {
                 token,
                 elected,
                 snapshot,
@@ -175,7 +157,7 @@ impl Leadership {
                     (None, _) => Action::Learn,
                 }
             }
-            Ok(Campaign::Follower { leader }) => {
+            Ok(Term::Follower { leader }) => {
                 let was_leading = self.leading;
                 self.leading = false;
                 self.failing = false;
@@ -410,8 +392,8 @@ mod tests {
 
     const S: Nanos = 1_000_000_000;
 
-    fn leader(token: u64, elected: bool, snapshot: Option<Vec<u8>>) -> Result<Campaign, String> {
-        Ok(Campaign::Leader {
+    fn leader(token: u64, elected: bool, snapshot: Option<Vec<u8>>) -> Result<Term, String> {
+        Ok(Term::Leader {
             token,
             elected,
             snapshot,
@@ -453,7 +435,7 @@ mod tests {
         assert_eq!(l.on_answer(9 * S, leader(1, false, None)), Action::Keep);
         assert_eq!(l.role(10 * S), Role::Leader);
         // Someone else took it: forget.
-        let other = Ok(Campaign::Follower {
+        let other = Ok(Term::Follower {
             leader: "http://b".into(),
         });
         assert_eq!(l.on_answer(20 * S, other), Action::Forget);

@@ -21,26 +21,7 @@ use crate::{scripts, StoreError};
 /// Largest snapshot stored (a larger one is not written; the next leader learns instead).
 pub const MAX_SNAPSHOT: usize = 16 << 20;
 
-/// The answer to a campaign. weir-quota's `ha::Campaign` is the same answer as its sans-I/O
-/// failover logic takes it: the two crates do not depend on each other, and `weir` converts.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Term {
-    /// This server leads with `token`. `elected`: it did not hold the key before this call;
-    /// `snapshot` is then the stored snapshot (of whichever leader wrote last).
-    Leader {
-        /// The fencing token.
-        token: u64,
-        /// Newly elected by this call.
-        elected: bool,
-        /// The stored snapshot when newly elected.
-        snapshot: Option<Vec<u8>>,
-    },
-    /// Another server leads; its advertised address.
-    Follower {
-        /// What the leader advertised.
-        leader: String,
-    },
-}
+pub use weir_core::election::Term;
 
 /// One server's side of an election (see the module documentation).
 pub struct Election {

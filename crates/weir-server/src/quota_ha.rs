@@ -18,9 +18,9 @@ use axum::response::IntoResponse;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use weir_core::{Clock, MonotonicClock, Nanos};
-use weir_quota::ha::{Action, Campaign, HaConfig, Leadership, Role, Snapshot};
+use weir_quota::ha::{Action, HaConfig, Leadership, Role, Snapshot};
 use weir_quota::server::LeaseServer;
-use weir_redis::leader::{Election, Term};
+use weir_redis::leader::Election;
 
 /// Where the leader is, as it advertised itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -222,18 +222,6 @@ async fn campaign(server: &LeaseServer, clock: &MonotonicClock, ha: &Ha) {
         .election
         .campaign(token, config.ttl, snapshot.as_deref(), keep)
         .await
-        .map(|t| match t {
-            Term::Leader {
-                token,
-                elected,
-                snapshot,
-            } => Campaign::Leader {
-                token,
-                elected,
-                snapshot,
-            },
-            Term::Follower { leader } => Campaign::Follower { leader },
-        })
         .map_err(|e| e.to_string());
     if let Err(e) = &answer {
         if ha.errors.fetch_add(1, Ordering::Relaxed) == 0 || *ha.logged.lock() != "holding" {
