@@ -69,6 +69,8 @@ pub struct QuotaApi {
     pub(crate) ha: Option<Arc<crate::quota_ha::Ha>>,
     /// Envoy's RLQS on this lease server (made on first use).
     rlqs: std::sync::OnceLock<Arc<crate::rlqs::Rlqs>>,
+    /// The quota file's watcher, once [`QuotaApi::watch`] started it.
+    watcher: parking_lot::Mutex<Option<weir_rules::watch::Watcher>>,
 }
 
 impl QuotaApi {
@@ -92,6 +94,7 @@ impl QuotaApi {
             path,
             ha: ha.map(Arc::new),
             rlqs: std::sync::OnceLock::new(),
+            watcher: parking_lot::Mutex::new(None),
         }))
     }
 
@@ -153,14 +156,17 @@ impl QuotaApi {
     /// Reloads the file every `interval` when its contents changed, off the request path
     /// ([`crate::reload::watch`]); the lease tables keep their leases.
     pub fn watch(self: &Arc<Self>, interval: Duration) {
-        crate::reload::watch(
+        match crate::reload::watch(
             self,
             self.path.clone(),
             interval,
             "weir_quota_reloads_total",
             "quota configuration",
             Self::reload,
-        );
+        ) {
+            Ok(w) => *self.watcher.lock() = Some(w),
+            Err(e) => tracing::error!(error = %e, "cannot watch the quota file for changes"),
+        }
     }
 
     /// Reads the quota file again and applies it.

@@ -42,6 +42,8 @@ pub struct Service {
     latency: super::latency::Latency,
     quota: Option<Arc<crate::quota_api::QuotaApi>>,
     last_reload: parking_lot::Mutex<Option<weir_tower::dashboard::Reload>>,
+    /// The configuration's watcher, once [`Service::watch`] started it.
+    watcher: parking_lot::Mutex<Option<weir_rules::watch::Watcher>>,
 }
 
 impl Service {
@@ -64,6 +66,7 @@ impl Service {
             latency: super::latency::Latency::default(),
             quota: None,
             last_reload: parking_lot::Mutex::new(None),
+            watcher: parking_lot::Mutex::new(None),
         })
     }
 
@@ -146,14 +149,17 @@ impl Service {
         let Some(path) = self.config.clone() else {
             return;
         };
-        crate::reload::watch(
+        match crate::reload::watch(
             self,
             path,
             interval,
             "weir_rls_reloads_total",
             "configuration",
             Self::reload,
-        );
+        ) {
+            Ok(w) => *self.watcher.lock() = Some(w),
+            Err(e) => tracing::error!(error = %e, "cannot watch the configuration for changes"),
+        }
     }
 }
 
