@@ -17,22 +17,39 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The `RateLimit-Policy` value `"policy";q=LIMIT;w=WINDOW` (draft-ietf-httpapi-ratelimit-headers).
 pub fn policy_value(policy: &str, limit: u64, window: Duration) -> Option<HeaderValue> {
-    value(policy, [(";q=", limit), (";w=", ceil_secs(window).max(1))])
+    policy_text(policy, limit, window)
 }
 
 /// The `RateLimit` value `"policy";r=REMAINING;t=RESET` for `d`.
 pub fn ratelimit_value(policy: &str, d: &Decision) -> Option<HeaderValue> {
-    value(
-        policy,
-        [(";r=", d.remaining()), (";t=", ceil_secs(d.reset_after()))],
-    )
+    ratelimit_text(policy, d.remaining(), d.reset_after())
 }
 
-/// `"policy"` then each `(name, number)`: one allocation, no formatting machinery.
+/// `"policy";q=LIMIT;w=WINDOW` from numbers (the window in whole seconds, rounded up, at
+/// least 1): the one writer of Weir's `RateLimit-Policy`, for the tower layers and for the
+/// headers `weir serve` asks Envoy to add.
+pub fn policy_text(policy: &str, limit: u64, window: Duration) -> Option<HeaderValue> {
+    value(policy, [(";q=", limit), (";w=", ceil_secs(window).max(1))])
+}
+
+/// `"policy";r=REMAINING;t=RESET` from numbers (the reset in whole seconds, rounded up).
+pub fn ratelimit_text(policy: &str, remaining: u64, reset: Duration) -> Option<HeaderValue> {
+    value(policy, [(";r=", remaining), (";t=", ceil_secs(reset))])
+}
+
+/// `"policy"` (a structured-field string: `"` and `\` escaped, characters that are not
+/// printable ASCII left out) then each `(name, number)`: one allocation, no formatting
+/// machinery.
 fn value(policy: &str, params: [(&str, u64); 2]) -> Option<HeaderValue> {
     let mut out = Vec::with_capacity(policy.len() + 2 + 2 * (3 + 20));
     out.push(b'"');
-    out.extend_from_slice(policy.as_bytes());
+    for b in policy.bytes() {
+        match b {
+            b'"' | b'\\' => out.extend_from_slice(&[b'\\', b]),
+            0x20..=0x7e => out.push(b),
+            _ => {}
+        }
+    }
     out.push(b'"');
     for (name, n) in params {
         out.extend_from_slice(name.as_bytes());
@@ -127,6 +144,14 @@ pub fn too_many<B: From<String>>(policy: &str, window: Duration, d: &Decision) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn policy_names_are_structured_field_strings() {
+        let v = policy_text("a\"b\\c\u{e9}\n", 5, Duration::from_millis(1500)).unwrap();
+        assert_eq!(v, "\"a\\\"b\\\\c\";q=5;w=2");
+        let v = ratelimit_text("api", 0, Duration::from_millis(1)).unwrap();
+        assert_eq!(v, "\"api\";r=0;t=1");
+    }
 
     #[test]
     fn header_values_spell_every_number() {

@@ -1470,22 +1470,23 @@ impl Response {
                 ("x-ratelimit-reset".into(), secs(s.reset).to_string()),
             ],
             HeaderStyle::Ietf => {
-                let quoted: String = name
-                    .chars()
-                    .filter(|c| c.is_ascii() && !c.is_ascii_control())
-                    .flat_map(|c| match c {
-                        '"' | '\\' => vec!['\\', c],
-                        c => vec![c],
-                    })
-                    .collect();
+                // weir-tower's writer, as the tower layers and the proxy write them.
+                let text = |v: Option<http::HeaderValue>| {
+                    v.and_then(|v| v.to_str().ok().map(str::to_string))
+                        .unwrap_or_default()
+                };
                 let mut h = vec![
                     (
                         "ratelimit-policy".into(),
-                        format!("\"{quoted}\";q={limit};w={}", secs(s.window).max(1)),
+                        text(weir_tower::problem::policy_text(name, *limit, s.window)),
                     ),
                     (
                         "ratelimit".into(),
-                        format!("\"{quoted}\";r={};t={}", s.remaining, secs(s.reset)),
+                        text(weir_tower::problem::ratelimit_text(
+                            name,
+                            s.remaining,
+                            s.reset,
+                        )),
                     ),
                 ];
                 if s.over_limit {
