@@ -55,14 +55,7 @@ impl ClientRule {
 
     /// Whether `client` is one of the ids this entry covers.
     pub fn covers(&self, client: &str) -> bool {
-        match self.id.split_once('*') {
-            None => self.id == client,
-            Some((pre, post)) => {
-                client.len() >= pre.len() + post.len()
-                    && client.starts_with(pre)
-                    && client.ends_with(post)
-            }
-        }
+        crate::pattern::matches(&self.id, client)
     }
 
     /// `ask` with the weight and priority this entry gives (the ask's own where

@@ -514,11 +514,9 @@ impl QuotaConfig {
         if let Some((_, c)) = self.resources.iter().find(|(n, _)| n == name) {
             return Some(*c);
         }
-        self.templates.iter().find_map(|(pattern, c)| {
-            let (pre, post) = pattern.split_once('*')?;
-            (name.len() >= pre.len() + post.len() && name.starts_with(pre) && name.ends_with(post))
-                .then_some(*c)
-        })
+        self.templates
+            .iter()
+            .find_map(|(pattern, c)| crate::pattern::matches(pattern, name).then_some(*c))
     }
 }
 

@@ -12,6 +12,7 @@
 //!   capacity once a lease expires).
 
 //! - [`config`]: the quota file (resources and templates, located errors).
+//! - [`pattern`]: names with one `*` (templates, client ids).
 //! - [`clients`]: who may ask (client id patterns, bearer tokens) and with what weight and
 //!   priority.
 //! - [`server`]: every resource's table behind the protocol front ends.
@@ -30,6 +31,7 @@ pub mod config;
 pub mod ha;
 pub mod lease;
 pub mod net;
+pub mod pattern;
 pub mod proto;
 pub mod rlqs;
 pub mod server;

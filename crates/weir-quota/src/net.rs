@@ -352,6 +352,15 @@ pub fn lease_id_text(id: u64) -> String {
     format!("{id:016x}")
 }
 
+/// Reads what [`lease_id_text`] wrote (empty: 0, no lease); `None` for anything else.
+pub fn parse_lease_id(text: &str) -> Option<u64> {
+    match text {
+        "" => Some(0),
+        t if t.len() <= 16 => u64::from_str_radix(t, 16).ok(),
+        _ => None,
+    }
+}
+
 async fn post(inner: &Inner, uri: &http::Uri, body: String) -> Result<(u16, Bytes), String> {
     let mut req = http::Request::post(uri.clone())
         .header(http::header::CONTENT_TYPE, "application/json")
@@ -402,10 +411,7 @@ async fn refresh_all(
                 refresh: ms(&l["refreshInMs"]),
                 safe_capacity: l["safeCapacity"].as_f64()?,
                 learning: l["learning"].as_bool().unwrap_or(false),
-                lease_id: l["leaseId"]
-                    .as_str()
-                    .and_then(|s| u64::from_str_radix(s, 16).ok())
-                    .unwrap_or(0),
+                lease_id: l["leaseId"].as_str().and_then(parse_lease_id).unwrap_or(0),
             })
         })
         .collect())

@@ -532,9 +532,9 @@ fn assign(
                 .pop()?
             {
                 Ok(lease) => lease,
-                // Too many holders: the bucket is denied (failing open would let any number
+                // A bound reached: the bucket is denied (failing open would let any number
                 // of new buckets past the capacity).
-                Err(Refusal::BadAsk { .. }) => Lease {
+                Err(Refusal::Full { .. }) => Lease {
                     granted: 0.0,
                     expires_at: now.saturating_add(1_000_000_000),
                     refresh: Duration::from_secs(1),

@@ -27,6 +27,15 @@ pub enum Refusal {
         /// What is wrong.
         reason: String,
     },
+    /// A bound on what the server tracks was reached (template instances, holders of a
+    /// resource, leases in all): nothing granted. An Envoy bucket refused so is denied.
+    #[error("resource {resource:?}: {reason}")]
+    Full {
+        /// The resource.
+        resource: String,
+        /// Which bound.
+        reason: String,
+    },
     /// The server holds (lost the proof of its leadership) and this resource's leases from
     /// it would already have lapsed: the client keeps its lease, then its safe capacity.
     #[error("resource {0:?}: no leader can be proven now; keep the lease you hold")]
@@ -39,7 +48,7 @@ impl Refusal {
     pub fn resource(&self) -> &str {
         match self {
             Refusal::UnknownResource(r) | Refusal::Unavailable(r) => r,
-            Refusal::BadAsk { resource, .. } => resource,
+            Refusal::BadAsk { resource, .. } | Refusal::Full { resource, .. } => resource,
         }
     }
 }
@@ -370,7 +379,7 @@ impl LeaseServer {
             self.recount(tables);
         }
         if instances.len() >= MAX_RESOURCES {
-            return Err(Refusal::BadAsk {
+            return Err(Refusal::Full {
                 resource: resource.to_string(),
                 reason: format!(
                     "more than {MAX_RESOURCES} template instances in use (resources named in the quota file are not affected)"
@@ -378,7 +387,7 @@ impl LeaseServer {
             });
         }
         if instances.created_by(client) >= MAX_INSTANCES_PER_CLIENT {
-            return Err(Refusal::BadAsk {
+            return Err(Refusal::Full {
                 resource: resource.to_string(),
                 reason: format!(
                     "client {client:?} created {MAX_INSTANCES_PER_CLIENT} template instances in use already"
@@ -501,7 +510,7 @@ impl LeaseServer {
                     .ok_or_else(|| Refusal::UnknownResource(resource.clone()))?;
                 let before = table.holders().len();
                 if self.leases() >= MAX_LEASES && table.holder(client).is_none() {
-                    return Err(Refusal::BadAsk {
+                    return Err(Refusal::Full {
                         resource: resource.clone(),
                         reason: format!(
                             "more than {MAX_LEASES} leases held on this server; nothing granted"
@@ -510,9 +519,15 @@ impl LeaseServer {
                 }
                 let answer = table.refresh(client, *ask, now);
                 self.counted(before, table.holders().len());
-                answer.map_err(|e| Refusal::BadAsk {
-                    resource: resource.clone(),
-                    reason: e.to_string(),
+                answer.map_err(|e| match e {
+                    crate::allocate::QuotaError::Full(_) => Refusal::Full {
+                        resource: resource.clone(),
+                        reason: e.to_string(),
+                    },
+                    e => Refusal::BadAsk {
+                        resource: resource.clone(),
+                        reason: e.to_string(),
+                    },
                 })
             })
             .collect()
@@ -723,7 +738,7 @@ mod tests {
         assert_eq!(s.leases(), MAX_LEASES);
         let refused = s.refresh("late", &[ask("c", 1.0)], 0);
         assert!(
-            matches!(&refused[0], Err(Refusal::BadAsk { reason, .. }) if reason.contains("leases held on this server")),
+            matches!(&refused[0], Err(Refusal::Full { reason, .. }) if reason.contains("leases held on this server")),
             "{refused:?}"
         );
         // A holder still refreshes; lapsed leases make room again.
@@ -791,7 +806,7 @@ mod tests {
             .all(Result::is_ok));
         assert!(matches!(
             &answers[MAX_INSTANCES_PER_CLIENT],
-            Err(Refusal::BadAsk { reason, .. }) if reason.contains("template instances in use already")
+            Err(Refusal::Full { reason, .. }) if reason.contains("template instances in use already")
         ));
         // … ten clients fill the server's instances, yet configured resources and other
         // clients' existing instances are served.
@@ -803,7 +818,7 @@ mod tests {
         }
         let new = s.refresh_held("alice", &[ask("tenant-alice", 1.0), ask("search", 4.0)], S);
         assert!(
-            matches!(&new[0], Err(Refusal::BadAsk { reason, .. }) if reason.contains("resources named in the quota file are not affected"))
+            matches!(&new[0], Err(Refusal::Full { reason, .. }) if reason.contains("resources named in the quota file are not affected"))
         );
         assert_eq!(new[1].as_ref().unwrap().granted, 4.0);
         // Once their leases lapse, the instances make room.

@@ -363,13 +363,9 @@ struct ResourceAsk {
 
 /// A lease id as the JSON API writes it (16 hex digits); `field` names it in the error.
 fn lease_id(text: Option<&str>, field: &str) -> Result<u64, String> {
-    match text {
-        None | Some("") => Ok(0),
-        Some(t) if t.len() <= 16 => {
-            u64::from_str_radix(t, 16).map_err(|_| format!("{field}: {t:?}: expected hex digits"))
-        }
-        Some(_) => Err(format!("{field}: at most 16 hex digits")),
-    }
+    let t = text.unwrap_or_default();
+    weir_quota::net::parse_lease_id(t)
+        .ok_or_else(|| format!("{field}: {t:?}: expected at most 16 hex digits"))
 }
 
 fn one() -> f64 {

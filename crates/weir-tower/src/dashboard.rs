@@ -115,7 +115,7 @@ pub struct RulesSource<C: Clock + Clone> {
     rules: Arc<Rules<C>>,
     file: Option<PathBuf>,
     /// The rule set's generation at the last sample.
-    rows: Mutex<(u64, ())>,
+    generation: Mutex<u64>,
 }
 
 impl<C: Clock + Clone> RulesSource<C> {
@@ -124,7 +124,7 @@ impl<C: Clock + Clone> RulesSource<C> {
         Self {
             rules,
             file,
-            rows: Mutex::new((u64::MAX, ())),
+            generation: Mutex::new(u64::MAX),
         }
     }
 }
@@ -134,14 +134,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Source for RulesSource<C> {
     /// table and the members only after a reload.
     fn sample(&self) -> Sample {
         let generation = self.rules.generation();
-        let changed = {
-            let mut cached = self.rows.lock();
-            let changed = cached.0 != generation;
-            if changed {
-                cached.0 = generation;
-            }
-            changed
-        };
+        let changed = std::mem::replace(&mut *self.generation.lock(), generation) != generation;
         let snap = self.rules.changed_snapshot();
         let mut sample = Sample {
             resources: snap.resources,

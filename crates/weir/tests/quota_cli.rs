@@ -243,6 +243,14 @@ fn lease_id(body: &str, i: usize) -> String {
     v[i][..16].to_string()
 }
 
+/// `weir serve --quota` on a fresh quota file holding `yaml`, in its own directory.
+fn serve_quota_text(what: &str, yaml: &str) -> (Server, std::path::PathBuf) {
+    let dir = common::tempdir(what);
+    let file = dir.join("quota.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    (serve_quota(&file), dir)
+}
+
 fn granted(body: &str, i: usize) -> f64 {
     let v: Vec<&str> = body.split("\"granted\":").skip(1).collect();
     let s = v[i];
@@ -717,14 +725,10 @@ fn check_config_tells_a_quota_file_and_prints_its_settings_in_force() {
 
 #[test]
 fn lease_api_ids_and_names_are_bounded_and_clean() {
-    let dir = common::tempdir("quota-bounds");
-    let file = dir.join("quota.yaml");
-    std::fs::write(
-        &file,
+    let (s, dir) = serve_quota_text(
+        "quota-bounds",
         "resources:\n  - {name: search, capacity: 10}\n  - {name: 'tenant-*', capacity: 5}\n",
-    )
-    .unwrap();
-    let s = serve_quota(&file);
+    );
     // A 500 KB name: refused with a bounded answer, nothing kept.
     let long = format!("tenant-{}", "x".repeat(500_000));
     let body = format!(r#"{{"client":"c","resources":[{{"resource":"{long}","wants":1}}]}}"#);
@@ -824,14 +828,10 @@ fn total_granted(port: u16) -> f64 {
 
 #[test]
 fn spoofed_releases_refreshes_weights_and_priorities_over_grant_nobody() {
-    let dir = common::tempdir("quota-spoof");
-    let file = dir.join("quota.yaml");
-    std::fs::write(
-        &file,
+    let (s, dir) = serve_quota_text(
+        "quota-spoof",
         "resources:\n  - {name: search, capacity: 100, lease: 3s, refresh: 1s}\n",
-    )
-    .unwrap();
-    let s = serve_quota(&file);
+    );
     // a holds all 100 (learning: up to what it uses alone, 100).
     let (_, body) = refresh_one(s.1, "", "a", r#""wants":100,"safe":100"#);
     assert_eq!(granted(&body, 0), 100.0, "{body}");
@@ -869,18 +869,14 @@ fn spoofed_releases_refreshes_weights_and_priorities_over_grant_nobody() {
 #[tokio::test]
 async fn lease_api_callers_authenticate_with_tokens_the_quota_file_names() {
     use weir_quota::proto::*;
-    let dir = common::tempdir("quota-auth");
-    let file = dir.join("quota.yaml");
     // The SHA-256 of "s3cret" (`printf s3cret | sha256sum`).
     let digest = "1ec1c26b50d5d3c58d9583181af8076655fe00756bf7285940ba3670f99fcba0";
-    std::fs::write(
-        &file,
-        format!(
+    let (s, dir) = serve_quota_text(
+        "quota-auth",
+        &format!(
             "resources:\n  - {{name: search, capacity: 100, lease: 1s, refresh: 1s}}\nclients:\n  - {{id: 'checkout-*', token_sha256: {digest}}}\n  - {{id: batch, priority: SHEDDABLE}}\n"
         ),
-    )
-    .unwrap();
-    let s = serve_quota(&file);
+    );
     tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
     let ask = r#""wants":100"#;
     let token = "Authorization: bearer s3cret\r\n";

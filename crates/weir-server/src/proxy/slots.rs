@@ -3,7 +3,8 @@
 //! so one client — however many connections it opens — cannot take every slot.
 //!
 //! The table holds one entry per address with a request in flight, so it is bounded by the
-//! total of upstream requests in flight.
+//! total of upstream requests in flight. It is split in [`SHARDS`] locks by address, so
+//! requests from different clients rarely meet on one.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -11,11 +12,14 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+/// Locks the table is split in.
+pub const SHARDS: usize = 16;
+
 /// Upstream requests in flight per client address.
 #[derive(Debug)]
 pub struct AddressSlots {
     max: usize,
-    held: Mutex<HashMap<IpAddr, usize>>,
+    shards: [Mutex<HashMap<IpAddr, usize>>; SHARDS],
 }
 
 /// One slot of one address, given back when dropped.
@@ -30,14 +34,21 @@ impl AddressSlots {
     pub fn new(max: usize) -> Arc<Self> {
         Arc::new(Self {
             max: max.max(1),
-            held: Mutex::new(HashMap::new()),
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
         })
+    }
+
+    fn shard(&self, key: &IpAddr) -> &Mutex<HashMap<IpAddr, usize>> {
+        use std::hash::BuildHasher;
+        // A fixed hasher: the shard only spreads contention, it bounds nothing.
+        let h = foldhash::fast::FixedState::with_seed(0).hash_one(key);
+        &self.shards[h as usize % SHARDS]
     }
 
     /// A slot for a client at `ip`, unless its address holds its bound already.
     pub fn try_acquire(self: &Arc<Self>, ip: IpAddr) -> Option<AddressSlot> {
         let key = key(ip);
-        let mut held = self.held.lock();
+        let mut held = self.shard(&key).lock();
         let n = held.entry(key).or_insert(0);
         if *n >= self.max {
             return None;
@@ -51,13 +62,13 @@ impl AddressSlots {
 
     /// Addresses with a request in flight.
     pub fn addresses(&self) -> usize {
-        self.held.lock().len()
+        self.shards.iter().map(|s| s.lock().len()).sum()
     }
 }
 
 impl Drop for AddressSlot {
     fn drop(&mut self) {
-        let mut held = self.slots.held.lock();
+        let mut held = self.slots.shard(&self.key).lock();
         if let Some(n) = held.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
