@@ -10,6 +10,8 @@
 //!   queue).
 //! - [`Limiter`]: one algorithm + its state (lock-free CAS for one-word states) + a clock.
 //! - [`KeyedLimiter`]: a limiter per key with a hard cap on keys and O(1) eviction.
+//! - [`rate`]: the one algorithm vocabulary ([`RateAlgorithm`]) and limiters chosen at run
+//!   time from a [`RateSpec`] ([`KeyedRate`], [`SingleRate`]).
 //! - [`ConcurrencyLimiter`]: a bulkhead with an optional FIFO queue and RAII permits.
 //!
 //! ```
@@ -47,6 +49,7 @@ pub mod keyed;
 pub mod limiter;
 pub mod pacing;
 pub mod pair_window;
+pub mod rate;
 pub mod retry;
 pub mod sliding_counter;
 pub mod sliding_log;
@@ -71,6 +74,7 @@ pub use gcra::Gcra;
 pub use keyed::KeyedLimiter;
 pub use limiter::Limiter;
 pub use pacing::Pacing;
+pub use rate::{KeyedRate, RateAlgorithm, RateSpec, SingleRate};
 pub use sliding_counter::SlidingCounter;
 pub use sliding_log::SlidingLog;
 pub use sliding_window::SlidingWindow;

@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weir_redis::{RedisAlgorithm, RedisConfig, RedisLimiter, RedisRule, RuleOptions};
+use weir_core::rate::{RateAlgorithm, RateSpec};
+use weir_redis::{RedisConfig, RedisLimiter, RedisRule, RuleOptions};
 
 fn main() {
     // One runtime thread by default: Redis needs a core of its own on a 2-core machine.
@@ -29,16 +30,16 @@ async fn run() {
         eprintln!("usage: redis_bench URL ALGORITHM CONCURRENCY MILLIS [KEYS]");
         std::process::exit(2);
     }
-    let algorithm = match args[1].as_str() {
-        "gcra" => RedisAlgorithm::Gcra { burst: 1_000 },
-        "token_bucket" => RedisAlgorithm::TokenBucket { burst: 1_000 },
-        "sliding_counter" => RedisAlgorithm::SlidingCounter,
-        "sliding_log" => RedisAlgorithm::SlidingLog,
-        "fixed_window" => RedisAlgorithm::FixedWindow,
-        other => {
-            eprintln!("redis_bench: unknown algorithm {other}");
-            std::process::exit(2);
-        }
+    let on_redis = [
+        RateAlgorithm::Gcra,
+        RateAlgorithm::TokenBucket,
+        RateAlgorithm::SlidingCounter,
+        RateAlgorithm::SlidingLog,
+        RateAlgorithm::FixedWindow,
+    ];
+    let Some(algorithm) = RateAlgorithm::parse_among(&args[1], &on_redis) else {
+        eprintln!("redis_bench: unknown algorithm {}", args[1]);
+        std::process::exit(2);
     };
     let concurrency: usize = args[2].parse().expect("CONCURRENCY");
     let run = Duration::from_millis(args[3].parse().expect("MILLIS"));
@@ -46,10 +47,8 @@ async fn run() {
     // A limit no key reaches: every call is a full round trip to Redis (no over-limit cache).
     let rule = Arc::new(
         RedisRule::new(
-            format!("bench-{}", algorithm.name()),
-            algorithm,
-            1_000_000,
-            Duration::from_secs(1),
+            format!("bench-{algorithm}"),
+            &RateSpec::new(algorithm, 1_000_000, Duration::from_secs(1)).with_burst(1_000),
             RuleOptions {
                 batch: std::env::var("WEIR_BENCH_BATCH")
                     .map_or(1, |b| b.parse().expect("WEIR_BENCH_BATCH")),

@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use parking_lot::RwLock;
 use weir_core::{Clock, Decision, MonotonicClock};
 
-pub use rule::{RedisAlgorithm, RedisRule, Retune, RuleOptions, MAX_MEMBER_LIMIT};
+pub use rule::{RedisRule, Retune, RuleOptions, MAX_MEMBER_LIMIT};
 pub use store::Target;
 
 use cache::OverLimit;

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use weir_core::rate::{KeyedRate, RateAlgorithm, RateSpec};
 use weir_core::{AnyClock, ClockKind, ConfigError, Decision, Quota};
-use weir_rules::rate::{KeyedRate, RateAlgorithm, RateSpec};
 
 use crate::scripts;
 
@@ -14,58 +14,27 @@ const EXACT: u128 = 1 << 53;
 /// Most units a sliding-log or concurrency rule may hold (one sorted-set member per unit).
 pub const MAX_MEMBER_LIMIT: u64 = 1 << 20;
 
-/// The algorithm a [`RedisRule`] runs in Redis (and locally during a fallback).
+/// What a [`RedisRule`] limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RedisAlgorithm {
-    /// Counter per aligned window; up to 2 × limit across a boundary.
-    FixedWindow,
-    /// Previous window weighted by overlap (Cloudflare); approximate.
-    SlidingCounter,
-    /// Bucketed sliding window (Sentinel's LeapArray) with `buckets` sub-windows.
-    SlidingWindow {
-        /// Sub-windows (10 by default in weir-core); the window must divide into whole µs.
-        buckets: u32,
-    },
-    /// Exact sliding window, a sorted set bounded to the limit.
-    SlidingLog,
-    /// GCRA with `burst` units at once.
-    Gcra {
-        /// Units that may pass at once.
-        burst: u64,
-    },
-    /// Token bucket (Guava SmoothBursty semantics, never waits) with capacity `burst`.
-    TokenBucket {
-        /// Bucket capacity.
-        burst: u64,
-    },
-    /// At most `limit` units held at once; each lease expires after the window (the lease TTL)
-    /// unless released, so a crashed holder's slots come back.
+enum Kind {
+    /// A rate: units per window under one of weir-core's algorithms (pacing and warm-up
+    /// excepted: they wait in process).
+    Rate(RateAlgorithm),
+    /// At most `limit` units held at once; each lease expires after the window (the lease
+    /// TTL) unless released, so a crashed holder's slots come back.
     Concurrency,
 }
 
-impl RedisAlgorithm {
-    /// Stable lower-case name (`fixed_window`, `gcra`, …).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::FixedWindow => "fixed_window",
-            Self::SlidingCounter => "sliding_counter",
-            Self::SlidingWindow { .. } => "sliding_window",
-            Self::SlidingLog => "sliding_log",
-            Self::Gcra { .. } => "gcra",
-            Self::TokenBucket { .. } => "token_bucket",
-            Self::Concurrency => "concurrency",
-        }
-    }
-}
-
-/// A validated limit: `limit` units per `window` under `algorithm`, keys `weir:{name:KEY}`.
+/// A validated limit: a rate ([`RateSpec`]: `limit` units per `window` under an algorithm)
+/// or a concurrency limit, keys `weir:{name:KEY}`.
 pub struct RedisRule {
     name: String,
-    algorithm: RedisAlgorithm,
+    kind: Kind,
+    /// The rate as configured (for a concurrency rule: fixed window of the lease TTL).
+    spec: RateSpec,
     quota: Quota,
     /// Algorithm parameters after `limit` (ARGV[5], ARGV[6]).
     params: [u64; 2],
-    count_denied: bool,
     batch: u64,
     /// The per-instance stand-in used during a fallback (shared with the rules retuned from
     /// this one, so that a new limit keeps the counters).
@@ -91,9 +60,6 @@ impl Retune {
 /// Options of a [`RedisRule`] beyond algorithm and quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuleOptions {
-    /// Count denied requests too (abuse protection: a client hammering a closed limit stays
-    /// closed). Default false: denied requests consume nothing.
-    pub count_denied: bool,
     /// Instances sharing the limit: the local fallback allows `limit / instances` (at least 1).
     pub instances: u64,
     /// Most keys the local fallback tracks (evicting idle ones first).
@@ -110,7 +76,6 @@ pub struct RuleOptions {
 impl Default for RuleOptions {
     fn default() -> Self {
         Self {
-            count_denied: false,
             instances: 1,
             local_keys: 100_000,
             batch: 1,
@@ -124,82 +89,116 @@ fn invalid(msg: String) -> ConfigError {
 }
 
 impl RedisRule {
-    /// Validates a rule. Windows are whole microseconds ≥ 1 ms; every value the script computes
-    /// must stay exact in a double.
+    /// Validates a rate rule. Windows are whole microseconds ≥ 1 ms; every value the script
+    /// computes must stay exact in a double. Fixed windows count denied units when the spec
+    /// says so ([`RateSpec::count_denied`]: abuse protection, a client hammering a closed
+    /// limit stays closed).
     pub fn new(
         name: impl Into<String>,
-        algorithm: RedisAlgorithm,
-        limit: u64,
-        window: Duration,
+        spec: &RateSpec,
         options: RuleOptions,
     ) -> Result<Self, ConfigError> {
-        let name = name.into();
-        let (quota, params, local) = Self::checked(algorithm, limit, window, options)?;
+        Self::build(name.into(), Self::rate_kind(spec)?, spec, options)
+    }
+
+    /// Validates a concurrency rule: at most `limit` units held at once, each lease expiring
+    /// after `ttl` unless released.
+    pub fn concurrency(
+        name: impl Into<String>,
+        limit: u64,
+        ttl: Duration,
+        options: RuleOptions,
+    ) -> Result<Self, ConfigError> {
+        let spec = RateSpec::new(RateAlgorithm::FixedWindow, limit, ttl);
+        Self::build(name.into(), Kind::Concurrency, &spec, options)
+    }
+
+    fn rate_kind(spec: &RateSpec) -> Result<Kind, ConfigError> {
+        match spec.algorithm {
+            RateAlgorithm::Pacing | RateAlgorithm::WarmUp => Err(invalid(format!(
+                "{} waits in process and has no Redis script",
+                spec.algorithm
+            ))),
+            a => Ok(Kind::Rate(a)),
+        }
+    }
+
+    fn build(
+        name: String,
+        kind: Kind,
+        spec: &RateSpec,
+        options: RuleOptions,
+    ) -> Result<Self, ConfigError> {
+        let (quota, params, local) = Self::checked(kind, spec, options)?;
         let local = KeyedRate::new(&local, options.local_keys.max(1), options.clock.build()?)?;
         Ok(Self {
             name,
-            algorithm,
+            kind,
+            spec: *spec,
             quota,
             params,
-            count_denied: options.count_denied,
             batch: options.batch,
             local: Arc::new(local),
         })
     }
 
-    /// This rule with another limit or algorithm parameter (burst) — same name, algorithm and
-    /// window, so the same Redis keys and state — sharing this rule's local counters. The
-    /// local counters take the new parameters when the returned [`Retune`] is applied (after
-    /// the rest of the new configuration proved valid; until then this rule is unchanged).
+    /// This rule with another limit, burst or counting of denied units — same name, kind,
+    /// algorithm and window, so the same Redis keys and state — sharing this rule's local
+    /// counters. The local counters take the new parameters when the returned [`Retune`] is
+    /// applied (after the rest of the new configuration proved valid; until then this rule is
+    /// unchanged).
     pub fn retuned(
         &self,
-        algorithm: RedisAlgorithm,
-        limit: u64,
+        spec: &RateSpec,
         options: RuleOptions,
     ) -> Result<(Self, Retune), ConfigError> {
-        if algorithm.name() != self.algorithm.name() {
+        let kind = match self.kind {
+            Kind::Concurrency => Kind::Concurrency,
+            Kind::Rate(_) => Self::rate_kind(spec)?,
+        };
+        if kind != self.kind {
             return Err(invalid(format!(
                 "a retune keeps the algorithm ({} → {})",
-                self.algorithm.name(),
-                algorithm.name()
+                self.algorithm_name(),
+                spec.algorithm
             )));
         }
-        let window = self.quota.window();
-        let (quota, params, spec) = Self::checked(algorithm, limit, window, options)?;
-        spec.check()?;
+        let spec = RateSpec {
+            window: self.quota.window(),
+            ..*spec
+        };
+        let (quota, params, local) = Self::checked(kind, &spec, options)?;
+        local.check()?;
         let rule = Self {
             name: self.name.clone(),
-            algorithm,
+            kind,
+            spec,
             quota,
             params,
-            count_denied: options.count_denied,
             batch: options.batch,
             local: self.local.clone(),
         };
         let retune = Retune {
             local: self.local.clone(),
-            spec,
+            spec: local,
         };
         Ok((rule, retune))
     }
 
-    /// Validates a rule: its quota, script parameters and local stand-in's spec. Messages do
-    /// not name the rule: callers say which one.
-    pub fn check(
-        algorithm: RedisAlgorithm,
-        limit: u64,
-        window: Duration,
-        options: RuleOptions,
-    ) -> Result<(), ConfigError> {
-        Self::checked(algorithm, limit, window, options)?.2.check()
+    /// Validates a rate rule: its quota, script parameters and local stand-in's spec.
+    /// Messages do not name the rule: callers say which one.
+    pub fn check(spec: &RateSpec, options: RuleOptions) -> Result<(), ConfigError> {
+        Self::checked(Self::rate_kind(spec)?, spec, options)?
+            .2
+            .check()
     }
 
     fn checked(
-        algorithm: RedisAlgorithm,
-        limit: u64,
-        window: Duration,
+        kind: Kind,
+        spec: &RateSpec,
         options: RuleOptions,
     ) -> Result<(Quota, [u64; 2], RateSpec), ConfigError> {
+        let (limit, window) = (spec.limit, spec.window);
         let quota = Quota::new(limit, window)?;
         let window_us = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
         if window < Duration::from_millis(1) || window.subsec_nanos() % 1_000 != 0 {
@@ -213,7 +212,7 @@ impl RedisRule {
                 options.batch
             )));
         }
-        if options.batch > 1 && algorithm == RedisAlgorithm::Concurrency {
+        if options.batch > 1 && kind == Kind::Concurrency {
             return Err(invalid(
                 "batch does not apply to concurrency rules".to_string(),
             ));
@@ -229,15 +228,12 @@ impl RedisRule {
         let interval = window_us.div_ceil(limit).max(1);
         // This instance's share, same algorithm: the fallback while Redis is unreachable.
         let local_spec = |alg: RateAlgorithm| RateSpec::new(alg, share, window);
-        let (params, local) = match algorithm {
-            RedisAlgorithm::FixedWindow => (
+        let (params, local) = match kind {
+            Kind::Rate(RateAlgorithm::FixedWindow) => (
                 [window_us, 0],
-                RateSpec {
-                    count_denied: options.count_denied,
-                    ..local_spec(RateAlgorithm::FixedWindow)
-                },
+                local_spec(RateAlgorithm::FixedWindow).counting_denied(spec.count_denied),
             ),
-            RedisAlgorithm::SlidingCounter => {
+            Kind::Rate(RateAlgorithm::SlidingCounter) => {
                 // prev · w and limit · w must be exact: switch to ms when µs would not be.
                 let res = if u128::from(limit) * u128::from(window_us) < EXACT {
                     1
@@ -259,7 +255,8 @@ impl RedisRule {
                     local_spec(RateAlgorithm::SlidingCounter),
                 )
             }
-            RedisAlgorithm::SlidingWindow { buckets } => {
+            Kind::Rate(RateAlgorithm::SlidingWindow) => {
+                let buckets = spec.buckets_or_default();
                 if buckets == 0 || window_us % u64::from(buckets) != 0 {
                     return Err(invalid(format!(
                         "a window of {window_us} µs does not divide into {buckets} buckets"
@@ -273,7 +270,7 @@ impl RedisRule {
                     },
                 )
             }
-            RedisAlgorithm::SlidingLog | RedisAlgorithm::Concurrency
+            Kind::Rate(RateAlgorithm::SlidingLog) | Kind::Concurrency
                 if limit > MAX_MEMBER_LIMIT =>
             {
                 return Err(ConfigError::TooLarge {
@@ -282,8 +279,11 @@ impl RedisRule {
                     max: MAX_MEMBER_LIMIT,
                 });
             }
-            RedisAlgorithm::SlidingLog => ([window_us, 0], local_spec(RateAlgorithm::SlidingLog)),
-            RedisAlgorithm::Gcra { burst } | RedisAlgorithm::TokenBucket { burst } => {
+            Kind::Rate(RateAlgorithm::SlidingLog) => {
+                ([window_us, 0], local_spec(RateAlgorithm::SlidingLog))
+            }
+            Kind::Rate(alg @ (RateAlgorithm::Gcra | RateAlgorithm::TokenBucket)) => {
+                let burst = spec.burst_or_limit();
                 if burst == 0 {
                     return Err(ConfigError::ZeroBurst);
                 }
@@ -298,10 +298,6 @@ impl RedisRule {
                         "burst × interval too large to be exact".to_string(),
                     ));
                 }
-                let alg = match algorithm {
-                    RedisAlgorithm::Gcra { .. } => RateAlgorithm::Gcra,
-                    _ => RateAlgorithm::TokenBucket,
-                };
                 let local = RateSpec {
                     burst: Some(burst.div_ceil(options.instances).max(1)),
                     ..local_spec(alg)
@@ -310,7 +306,10 @@ impl RedisRule {
             }
             // Leases are not tracked locally: the fallback admits this instance's share of
             // leases per window.
-            RedisAlgorithm::Concurrency => ([window_us, 0], local_spec(RateAlgorithm::FixedWindow)),
+            Kind::Concurrency => ([window_us, 0], local_spec(RateAlgorithm::FixedWindow)),
+            Kind::Rate(RateAlgorithm::Pacing | RateAlgorithm::WarmUp) => {
+                unreachable!("refused by rate_kind")
+            }
         };
         Ok((quota, params, local))
     }
@@ -320,9 +319,25 @@ impl RedisRule {
         &self.name
     }
 
-    /// The algorithm.
-    pub fn algorithm(&self) -> RedisAlgorithm {
-        self.algorithm
+    /// The rate's algorithm (`None`: a concurrency rule).
+    pub fn algorithm(&self) -> Option<RateAlgorithm> {
+        match self.kind {
+            Kind::Rate(a) => Some(a),
+            Kind::Concurrency => None,
+        }
+    }
+
+    /// The algorithm's name, `concurrency` for a concurrency rule.
+    pub fn algorithm_name(&self) -> &'static str {
+        match self.kind {
+            Kind::Rate(a) => a.as_str(),
+            Kind::Concurrency => "concurrency",
+        }
+    }
+
+    /// The rate as configured (a concurrency rule: a fixed window of the lease TTL).
+    pub fn spec(&self) -> &RateSpec {
+        &self.spec
     }
 
     /// Units per window.
@@ -344,14 +359,16 @@ impl RedisRule {
     }
 
     pub(crate) fn script(&self) -> &'static redis::Script {
-        match self.algorithm {
-            RedisAlgorithm::FixedWindow => &scripts::FIXED_WINDOW,
-            RedisAlgorithm::SlidingCounter => &scripts::SLIDING_COUNTER,
-            RedisAlgorithm::SlidingWindow { .. } => &scripts::SLIDING_WINDOW,
-            RedisAlgorithm::SlidingLog => &scripts::SLIDING_LOG,
-            RedisAlgorithm::Gcra { .. } => &scripts::GCRA,
-            RedisAlgorithm::TokenBucket { .. } => &scripts::TOKEN_BUCKET,
-            RedisAlgorithm::Concurrency => &scripts::CONCURRENCY,
+        match self.kind {
+            Kind::Rate(RateAlgorithm::FixedWindow) => &scripts::FIXED_WINDOW,
+            Kind::Rate(RateAlgorithm::SlidingCounter) => &scripts::SLIDING_COUNTER,
+            Kind::Rate(RateAlgorithm::SlidingWindow) => &scripts::SLIDING_WINDOW,
+            Kind::Rate(RateAlgorithm::SlidingLog) => &scripts::SLIDING_LOG,
+            Kind::Rate(RateAlgorithm::Gcra) => &scripts::GCRA,
+            Kind::Rate(RateAlgorithm::TokenBucket) => &scripts::TOKEN_BUCKET,
+            Kind::Concurrency => &scripts::CONCURRENCY,
+            // Refused when the rule was built.
+            Kind::Rate(RateAlgorithm::Pacing | RateAlgorithm::WarmUp) => &scripts::FIXED_WINDOW,
         }
     }
 
@@ -360,12 +377,12 @@ impl RedisRule {
     }
 
     pub(crate) fn count_denied(&self) -> bool {
-        self.count_denied
+        self.kind != Kind::Concurrency && self.spec.count_denied
     }
 
-    /// Whether denied units are counted too ([`RuleOptions::count_denied`]).
+    /// Whether denied units are counted too ([`RateSpec::count_denied`]).
     pub fn counts_denied(&self) -> bool {
-        self.count_denied
+        self.count_denied()
     }
 
     /// Units taken per round trip for one-unit requests (1 = no local batching).
@@ -389,9 +406,8 @@ impl std::fmt::Debug for RedisRule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisRule")
             .field("name", &self.name)
-            .field("algorithm", &self.algorithm)
-            .field("quota", &self.quota)
-            .field("count_denied", &self.count_denied)
+            .field("kind", &self.kind)
+            .field("spec", &self.spec)
             .finish_non_exhaustive()
     }
 }

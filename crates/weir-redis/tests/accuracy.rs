@@ -10,7 +10,8 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use weir_redis::{RedisAlgorithm, RedisConfig, RedisLimiter, RedisRule, RuleOptions};
+use weir_core::rate::{RateAlgorithm, RateSpec};
+use weir_redis::{RedisConfig, RedisLimiter, RedisRule, RuleOptions};
 
 /// Accuracy is measured here, not latency: a generous call timeout so a busy machine (tests run
 /// in parallel) cannot turn a slow answer into an error.
@@ -28,21 +29,20 @@ const RUN: Duration = Duration::from_millis(1_600);
 const MAX_CALLS: usize = 50_000;
 
 fn rules(prefix: &str) -> Vec<RedisRule> {
+    let spec = |a| RateSpec::new(a, LIMIT, WINDOW);
     [
-        RedisAlgorithm::SlidingLog,
-        RedisAlgorithm::Gcra { burst: 10 },
-        RedisAlgorithm::TokenBucket { burst: 10 },
-        RedisAlgorithm::FixedWindow,
-        RedisAlgorithm::SlidingCounter,
-        RedisAlgorithm::SlidingWindow { buckets: 10 },
+        spec(RateAlgorithm::SlidingLog),
+        spec(RateAlgorithm::Gcra).with_burst(10),
+        spec(RateAlgorithm::TokenBucket).with_burst(10),
+        spec(RateAlgorithm::FixedWindow),
+        spec(RateAlgorithm::SlidingCounter),
+        spec(RateAlgorithm::SlidingWindow).with_buckets(10),
     ]
     .into_iter()
-    .map(|a| {
+    .map(|s| {
         RedisRule::new(
-            format!("{prefix}-{}", a.name()),
-            a,
-            LIMIT,
-            WINDOW,
+            format!("{prefix}-{}", s.algorithm),
+            &s,
             RuleOptions::default(),
         )
         .unwrap()
@@ -121,12 +121,13 @@ fn check(rule: &RedisRule, times: &mut [u64]) {
         times.len()
     );
     let span = max_in_span(times, w);
-    let (bound, what) = match rule.algorithm() {
-        RedisAlgorithm::SlidingLog => (LIMIT, "limit"),
-        RedisAlgorithm::Gcra { burst } => (LIMIT + burst, "limit + burst"),
+    let burst = rule.spec().burst_or_limit();
+    let (bound, what) = match rule.algorithm().unwrap() {
+        RateAlgorithm::SlidingLog => (LIMIT, "limit"),
+        RateAlgorithm::Gcra => (LIMIT + burst, "limit + burst"),
         // Guava semantics: the last grant may be on credit (n = 1 here).
-        RedisAlgorithm::TokenBucket { burst } => (LIMIT + burst + 1, "limit + burst + 1"),
-        RedisAlgorithm::FixedWindow => {
+        RateAlgorithm::TokenBucket => (LIMIT + burst + 1, "limit + burst + 1"),
+        RateAlgorithm::FixedWindow => {
             assert!(
                 max_per_aligned_window(times, w) <= LIMIT,
                 "{}: aligned window over limit",
@@ -134,9 +135,9 @@ fn check(rule: &RedisRule, times: &mut [u64]) {
             );
             (2 * LIMIT, "2 × limit")
         }
-        RedisAlgorithm::SlidingWindow { buckets } => {
+        RateAlgorithm::SlidingWindow => {
             // Exact over (B − 1) / B of the window; 2 × limit over a whole one (adversarial).
-            let b = u64::from(buckets);
+            let b = u64::from(rule.spec().buckets_or_default());
             let short = max_in_span(times, w * (b - 1) / b);
             assert!(
                 short <= LIMIT,
@@ -145,7 +146,8 @@ fn check(rule: &RedisRule, times: &mut [u64]) {
             );
             (2 * LIMIT, "2 × limit")
         }
-        RedisAlgorithm::SlidingCounter | RedisAlgorithm::Concurrency => (2 * LIMIT, "2 × limit"),
+        RateAlgorithm::SlidingCounter => (2 * LIMIT, "2 × limit"),
+        a @ (RateAlgorithm::Pacing | RateAlgorithm::WarmUp) => panic!("{a} is not on Redis"),
     };
     assert!(
         span <= bound,
@@ -203,7 +205,7 @@ async fn child_hammer() {
     };
     let rule = rules("proc")
         .into_iter()
-        .find(|r| r.algorithm().name() == alg)
+        .find(|r| r.algorithm_name() == alg)
         .unwrap();
     let rule: &'static RedisRule = Box::leak(Box::new(rule));
     let limiter = RedisLimiter::connect(&url, config()).await.unwrap();
@@ -223,7 +225,7 @@ fn separate_processes() {
                 Command::new(&exe)
                     .args(["child_hammer", "--exact", "--nocapture", "--test-threads=1"])
                     .env("WEIR_HAMMER_URL", redis.url())
-                    .env("WEIR_HAMMER_ALG", rule.algorithm().name())
+                    .env("WEIR_HAMMER_ALG", rule.algorithm_name())
                     .stderr(std::process::Stdio::null())
                     .spawn_piped()
             })

@@ -5,9 +5,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use weir_redis::{
-    caller_now_us, RedisAlgorithm, RedisConfig, RedisLimiter, RedisRule, RuleOptions,
-};
+use weir_core::rate::{RateAlgorithm, RateSpec};
+use weir_redis::{caller_now_us, RedisConfig, RedisLimiter, RedisRule, RuleOptions};
 
 fn config() -> RedisConfig {
     RedisConfig {
@@ -22,9 +21,7 @@ async fn one_instance_takes_batches_and_admits_exactly_the_limit() {
     let limiter = RedisLimiter::connect(&redis.url(), config()).await.unwrap();
     let rule = RedisRule::new(
         "batch-exact",
-        RedisAlgorithm::FixedWindow,
-        22,
-        Duration::from_secs(3_600),
+        &RateSpec::new(RateAlgorithm::FixedWindow, 22, Duration::from_secs(3_600)),
         RuleOptions {
             batch: 5,
             ..RuleOptions::default()
@@ -69,9 +66,7 @@ async fn over_admission_stays_within_the_documented_bound() {
     let rule: &'static RedisRule = Box::leak(Box::new(
         RedisRule::new(
             "batch-bound",
-            RedisAlgorithm::SlidingLog,
-            LIMIT,
-            window,
+            &RateSpec::new(RateAlgorithm::SlidingLog, LIMIT, window),
             RuleOptions {
                 batch: BATCH,
                 instances: INSTANCES,

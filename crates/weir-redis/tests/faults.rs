@@ -6,7 +6,8 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weir_redis::{Fallback, RedisAlgorithm, RedisConfig, RedisLimiter, RedisRule, RuleOptions};
+use weir_core::rate::{RateAlgorithm, RateSpec};
+use weir_redis::{Fallback, RedisConfig, RedisLimiter, RedisRule, RuleOptions};
 
 /// Scheduling slack on this shared 2-core machine, on top of the configured timeout.
 const SLACK: Duration = Duration::from_millis(100);
@@ -17,9 +18,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 fn gcra(name: &str, instances: u64) -> RedisRule {
     RedisRule::new(
         name,
-        RedisAlgorithm::Gcra { burst: 100 },
-        1_000,
-        Duration::from_secs(1),
+        &RateSpec::new(RateAlgorithm::Gcra, 1_000, Duration::from_secs(1)).with_burst(100),
         RuleOptions {
             instances,
             ..RuleOptions::default()
@@ -128,9 +127,7 @@ async fn script_flush_reloads_transparently() {
     // 100 per hour: no refill between the calls.
     let rule = RedisRule::new(
         "flush",
-        RedisAlgorithm::Gcra { burst: 100 },
-        100,
-        Duration::from_secs(3_600),
+        &RateSpec::new(RateAlgorithm::Gcra, 100, Duration::from_secs(3_600)).with_burst(100),
         RuleOptions::default(),
     )
     .unwrap();
@@ -194,9 +191,7 @@ async fn fallbacks_local_share_open_and_closed() {
         // 100 per minute shared by 4 instances: the local share is 25.
         let rule = RedisRule::new(
             format!("fb-{}", fallback.name()),
-            RedisAlgorithm::FixedWindow,
-            100,
-            Duration::from_secs(60),
+            &RateSpec::new(RateAlgorithm::FixedWindow, 100, Duration::from_secs(60)),
             RuleOptions {
                 instances: 4,
                 ..RuleOptions::default()
@@ -222,9 +217,8 @@ async fn concurrency_leases_hold_release_and_expire() {
     let other = RedisLimiter::connect(&redis.url(), RedisConfig::default())
         .await
         .unwrap();
-    let rule = RedisRule::new(
+    let rule = RedisRule::concurrency(
         "leases",
-        RedisAlgorithm::Concurrency,
         3,
         Duration::from_millis(400), // lease TTL
         RuleOptions::default(),

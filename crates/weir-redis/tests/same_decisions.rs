@@ -6,14 +6,16 @@ mod support;
 
 use std::time::Duration;
 
+use weir_core::rate::{RateAlgorithm as A, RateSpec};
 use weir_core::{
     Algorithm, Decision, FixedWindow, Gcra, Limiter, ManualClock, Quota, SlidingCounter,
     SlidingLog, SlidingWindow, TokenBucket,
 };
-use weir_redis::{RedisAlgorithm, RedisConfig, RedisLimiter, RedisRule, RuleOptions};
+use weir_redis::{RedisConfig, RedisLimiter, RedisRule, RuleOptions};
 
 struct Case {
-    algorithm: RedisAlgorithm,
+    /// Algorithm and burst or buckets (limit and window below).
+    algorithm: (A, u64),
     limit: u64,
     window_ms: u64,
     seed: u64,
@@ -89,18 +91,18 @@ async fn redis_scripts_decide_like_weir_core() {
     let mut cases = Vec::new();
     for seed in 1..=4u64 {
         for (algorithm, limit, window_ms) in [
-            (RedisAlgorithm::FixedWindow, 5, 1_000),
-            (RedisAlgorithm::FixedWindow, 100, 60_000),
-            (RedisAlgorithm::SlidingCounter, 10, 1_000),
-            (RedisAlgorithm::SlidingCounter, 7, 30_000),
-            (RedisAlgorithm::SlidingWindow { buckets: 10 }, 8, 1_000),
-            (RedisAlgorithm::SlidingWindow { buckets: 4 }, 20, 60_000),
-            (RedisAlgorithm::SlidingLog, 5, 1_000),
-            (RedisAlgorithm::SlidingLog, 20, 10_000),
-            (RedisAlgorithm::Gcra { burst: 1 }, 10, 1_000),
-            (RedisAlgorithm::Gcra { burst: 5 }, 4, 100),
-            (RedisAlgorithm::TokenBucket { burst: 3 }, 10, 1_000),
-            (RedisAlgorithm::TokenBucket { burst: 8 }, 8, 2_000),
+            ((A::FixedWindow, 0), 5, 1_000),
+            ((A::FixedWindow, 0), 100, 60_000),
+            ((A::SlidingCounter, 0), 10, 1_000),
+            ((A::SlidingCounter, 0), 7, 30_000),
+            ((A::SlidingWindow, 10), 8, 1_000),
+            ((A::SlidingWindow, 4), 20, 60_000),
+            ((A::SlidingLog, 0), 5, 1_000),
+            ((A::SlidingLog, 0), 20, 10_000),
+            ((A::Gcra, 1), 10, 1_000),
+            ((A::Gcra, 5), 4, 100),
+            ((A::TokenBucket, 3), 10, 1_000),
+            ((A::TokenBucket, 8), 8, 2_000),
         ] {
             cases.push(Case {
                 algorithm,
@@ -121,37 +123,27 @@ async fn redis_scripts_decide_like_weir_core() {
         let start_us = 86_400_000_000 * 30 + 123_457 + case.seed * 7_777;
         let window = Duration::from_millis(case.window_ms);
         let quota = Quota::new(case.limit, window).unwrap();
-        let expected = match case.algorithm {
-            RedisAlgorithm::FixedWindow => {
-                core_run(FixedWindow::new(quota).unwrap(), start_us, &steps)
-            }
-            RedisAlgorithm::SlidingCounter => {
-                core_run(SlidingCounter::new(quota).unwrap(), start_us, &steps)
-            }
-            RedisAlgorithm::SlidingLog => {
-                core_run(SlidingLog::new(quota).unwrap(), start_us, &steps)
-            }
-            RedisAlgorithm::SlidingWindow { buckets } => core_run(
-                SlidingWindow::new(quota, buckets).unwrap(),
+        let (algorithm, param) = case.algorithm;
+        let expected = match algorithm {
+            A::FixedWindow => core_run(FixedWindow::new(quota).unwrap(), start_us, &steps),
+            A::SlidingCounter => core_run(SlidingCounter::new(quota).unwrap(), start_us, &steps),
+            A::SlidingLog => core_run(SlidingLog::new(quota).unwrap(), start_us, &steps),
+            A::SlidingWindow => core_run(
+                SlidingWindow::new(quota, param as u32).unwrap(),
                 start_us,
                 &steps,
             ),
-            RedisAlgorithm::Gcra { burst } => {
-                core_run(Gcra::new(quota, burst).unwrap(), start_us, &steps)
-            }
-            RedisAlgorithm::TokenBucket { burst } => {
-                core_run(TokenBucket::new(quota, burst).unwrap(), start_us, &steps)
-            }
-            RedisAlgorithm::Concurrency => unreachable!(),
+            A::Gcra => core_run(Gcra::new(quota, param).unwrap(), start_us, &steps),
+            A::TokenBucket => core_run(TokenBucket::new(quota, param).unwrap(), start_us, &steps),
+            A::Pacing | A::WarmUp => unreachable!(),
         };
-        let rule = RedisRule::new(
-            format!("table{i}"),
-            case.algorithm,
-            case.limit,
-            window,
-            RuleOptions::default(),
-        )
-        .unwrap();
+        let mut spec = RateSpec::new(algorithm, case.limit, window);
+        match algorithm {
+            A::SlidingWindow => spec = spec.with_buckets(param as u32),
+            A::Gcra | A::TokenBucket => spec = spec.with_burst(param),
+            _ => {}
+        }
+        let rule = RedisRule::new(format!("table{i}"), &spec, RuleOptions::default()).unwrap();
         let mut allowed = 0;
         for (step, (&(t, n), want)) in steps.iter().zip(&expected).enumerate() {
             let got = limiter
@@ -162,7 +154,7 @@ async fn redis_scripts_decide_like_weir_core() {
                 show(&got),
                 show(want),
                 "{} limit {} / {} ms seed {}: step {step} (t = {t} µs, n = {n})",
-                case.algorithm.name(),
+                algorithm,
                 case.limit,
                 case.window_ms,
                 case.seed

@@ -79,29 +79,42 @@ pub struct SwitchRule {
     pub on: bool,
 }
 
-/// The rate algorithm of a flow or hot-parameter rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum RateAlgorithm {
-    /// Bucketed sliding window, 10 buckets (Sentinel's default model with finer buckets).
-    #[default]
-    SlidingWindow,
-    /// Fixed window.
-    FixedWindow,
-    /// Exact sliding window.
-    SlidingLog,
-    /// Previous window weighted by overlap.
-    SlidingCounter,
-    /// GCRA (`burst`, default the threshold).
-    Gcra,
-    /// Token bucket (`burst`, default the threshold).
-    TokenBucket,
-    /// Pacing queue (from `behavior: pace`, not selectable as `algorithm`).
-    #[serde(skip)]
-    Pacing,
-    /// Warming-up token bucket (from `behavior: warm_up*`, not selectable as `algorithm`).
-    #[serde(skip)]
-    WarmUp,
+pub use weir_core::rate::RateAlgorithm;
+
+/// The algorithms a rule file's `algorithm` names (pacing and warm-up come from `behavior`);
+/// the default is the first, `sliding_window`.
+pub const FILE_ALGORITHMS: [RateAlgorithm; 6] = [
+    RateAlgorithm::SlidingWindow,
+    RateAlgorithm::FixedWindow,
+    RateAlgorithm::SlidingLog,
+    RateAlgorithm::SlidingCounter,
+    RateAlgorithm::Gcra,
+    RateAlgorithm::TokenBucket,
+];
+
+/// Reads an `algorithm` field: one of [`FILE_ALGORITHMS`] by its name.
+fn algorithm<'de, D: serde::Deserializer<'de>>(d: D) -> Result<RateAlgorithm, D::Error> {
+    const NAMES: [&str; 6] = [
+        "sliding_window",
+        "fixed_window",
+        "sliding_log",
+        "sliding_counter",
+        "gcra",
+        "token_bucket",
+    ];
+    let s = String::deserialize(d)?;
+    RateAlgorithm::parse_among(&s, &FILE_ALGORITHMS)
+        .ok_or_else(|| serde::de::Error::unknown_variant(&s, &NAMES))
+}
+
+fn optional_algorithm<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<RateAlgorithm>, D::Error> {
+    algorithm(d).map(Some)
+}
+
+fn default_algorithm() -> RateAlgorithm {
+    FILE_ALGORITHMS[0]
 }
 
 /// What a flow rate rule does with a call over the rate (Sentinel's control behaviours).
@@ -133,22 +146,6 @@ impl Behavior {
     }
 }
 
-impl RateAlgorithm {
-    /// The name used in rule files.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RateAlgorithm::SlidingWindow => "sliding_window",
-            RateAlgorithm::FixedWindow => "fixed_window",
-            RateAlgorithm::SlidingLog => "sliding_log",
-            RateAlgorithm::SlidingCounter => "sliding_counter",
-            RateAlgorithm::Gcra => "gcra",
-            RateAlgorithm::TokenBucket => "token_bucket",
-            RateAlgorithm::Pacing => "pacing",
-            RateAlgorithm::WarmUp => "warm_up",
-        }
-    }
-}
-
 /// A flow rule: a rate (`qps` units per `window`) or a concurrency limit.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -163,6 +160,7 @@ pub struct FlowRule {
     #[serde(default, deserialize_with = "window")]
     pub window: Option<Duration>,
     /// The algorithm of `qps` with behaviour `reject` (default sliding_window).
+    #[serde(default, deserialize_with = "optional_algorithm")]
     pub algorithm: Option<RateAlgorithm>,
     /// Burst for GCRA / token bucket.
     pub burst: Option<u64>,
@@ -252,7 +250,7 @@ pub struct HotParamRule {
     #[serde(default, deserialize_with = "window")]
     pub window: Option<Duration>,
     /// The algorithm.
-    #[serde(default)]
+    #[serde(default = "default_algorithm", deserialize_with = "algorithm")]
     pub algorithm: RateAlgorithm,
     /// Burst for GCRA / token bucket.
     pub burst: Option<u64>,

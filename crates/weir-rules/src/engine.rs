@@ -34,8 +34,8 @@ pub use crate::metrics::RuleKind;
 use crate::metrics::{
     BreakerSnapshot, HeavySnapshot, ResourceStats, RuleSnapshot, RuleStats, Snapshot,
 };
-use crate::rate::{KeyedRate, RateSpec, SingleRate};
 use crate::system::{Inbound, Part, System, SystemPermits};
+use weir_core::rate::{KeyedRate, RateSpec, SingleRate};
 
 /// Who calls and with what: the origin (caller), the criticality, the parameters that
 /// hot-parameter rules look at, and whether the call comes into this service (system rules
@@ -947,7 +947,10 @@ const ONE_SECOND: Duration = Duration::from_secs(1);
 /// A rate spec for a flow rule's `qps` (behaviour and algorithm applied).
 fn flow_spec(f: &FlowRule, qps: u64, window: Duration) -> RateSpec {
     let (algorithm, max_wait) = match f.behavior {
-        Behavior::Reject => (f.algorithm.unwrap_or_default(), Duration::ZERO),
+        Behavior::Reject => (
+            f.algorithm.unwrap_or(crate::config::FILE_ALGORITHMS[0]),
+            Duration::ZERO,
+        ),
         Behavior::Pace => (
             RateAlgorithm::Pacing,
             f.max_wait.unwrap_or(DEFAULT_MAX_WAIT),

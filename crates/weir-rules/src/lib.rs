@@ -3,8 +3,6 @@
 //! - [`yaml`]: YAML with errors located by file, line, column and field path.
 //! - [`config`]: the rule set (resources with flow, hot-parameter, authority and breaker rules;
 //!   `shadow` on any rule), as YAML or built in code, validated as a whole.
-//! - [`rate`]: a bounded keyed limiter over any weir-core algorithm chosen at run time (also
-//!   weir-redis's local fallback).
 //! - [`engine`]: [`engine::Rules::entry`] admits a call to a resource or says which rule
 //!   blocked it; [`engine::Rules::apply`] swaps a rule set in atomically, keeping the state of
 //!   unchanged rules and the counters of rules whose threshold changed.
@@ -43,7 +41,6 @@ pub mod history;
 pub mod keys;
 pub mod metrics;
 pub mod path;
-pub mod rate;
 mod system;
 pub mod watch;
 pub mod yaml;

@@ -14,7 +14,7 @@ use weir_core::{Clock, ConcurrencyConfig, ConfigError, Criticality, Nanos, Queue
 
 use crate::config::{AdaptiveAlgorithm, AdaptiveRule, BbrRule, RateAlgorithm, SystemRule};
 use crate::metrics::{second_window, RuleStats};
-use crate::rate::{KeyedRate, RateSpec};
+use weir_core::rate::{KeyedRate, RateSpec};
 
 /// The parts of a system rule, in the order they are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

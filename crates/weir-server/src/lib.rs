@@ -21,12 +21,12 @@
 //!
 //! ```
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
-//! use weir_server::rls::{engine::Store, Server};
+//! use weir_server::rls::{MemoryStore, Server};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! // The bundled example configuration (`.config_file(path)` for yours), in memory.
-//! let server = std::sync::Arc::new(Server::builder().store(Store::Memory).build().unwrap());
+//! let server = std::sync::Arc::new(Server::builder().store(MemoryStore::default()).build().unwrap());
 //! let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
 //! let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
 //! let addr = http.local_addr().unwrap();

@@ -10,7 +10,8 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, Request, Version};
 
-use weir_server::rls::engine::{Engine, EngineOptions, Request as RlsRequest, Store};
+use weir_server::rls::engine::{Engine, EngineOptions, Request as RlsRequest};
+use weir_server::rls::MemoryStore;
 
 /// A fuzz target: arbitrary bytes in, a panic only for a broken invariant.
 pub type Target = fn(&[u8]);
@@ -26,19 +27,25 @@ pub const TARGETS: [(&str, Target); 7] = [
     ("csv_trace", csv_trace),
 ];
 
+/// Counters in memory.
+fn memory() -> std::sync::Arc<MemoryStore> {
+    std::sync::Arc::new(MemoryStore::default())
+}
+
 /// The engine of the bundled example configuration, built once.
 fn example() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
         let domains =
             weir_server::rls::server::load(None, false).expect("the bundled example loads");
-        Engine::build(&domains, EngineOptions::default(), None).expect("the bundled example builds")
+        Engine::build(&domains, EngineOptions::default(), memory(), None)
+            .expect("the bundled example builds")
     })
 }
 
 /// Decides `r` on the bundled example in memory (no await point is ever pending there).
 fn decide(r: &RlsRequest) {
-    let answer = example().decide(&Store::Memory, r).now_or_never();
+    let answer = example().decide(r).now_or_never();
     let answer = answer.expect("a memory-store decision never waits");
     if let Ok(response) = answer {
         assert_eq!(response.statuses.len(), r.descriptors.len());
@@ -52,7 +59,7 @@ pub fn lyft_config(data: &[u8]) {
     };
     match weir_server::rls::config::parse(Path::new("fuzz.yaml"), text) {
         Ok(domain) => {
-            let _ = Engine::build(&[domain], EngineOptions::default(), None);
+            let _ = Engine::build(&[domain], EngineOptions::default(), memory(), None);
         }
         Err(errors) => {
             assert!(!errors.is_empty());

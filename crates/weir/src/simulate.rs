@@ -13,6 +13,7 @@ use std::fmt;
 use std::io::{self, BufRead, Write};
 use std::time::Duration;
 
+use weir_core::rate::RateAlgorithm;
 use weir_core::{
     Algorithm, ConfigError, FixedWindow, Gcra, Nanos, Pacing, Quota, SlidingCounter, SlidingLog,
     SlidingWindow, TokenBucket, WarmupTokenBucket,
@@ -20,16 +21,17 @@ use weir_core::{
 
 use crate::duration::{format_ms, scaled_decimal};
 
-/// The algorithms `--algorithm` accepts.
-pub const ALGORITHMS: [&str; 8] = [
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "sliding_counter",
-    "gcra",
-    "token_bucket",
-    "warmup_token_bucket",
-    "pacing",
+/// The algorithms `--algorithm` accepts, by the names it accepts (weir-core's, but
+/// `warmup_token_bucket` for the warming-up token bucket).
+pub const ALGORITHMS: [(&str, RateAlgorithm); 8] = [
+    ("fixed_window", RateAlgorithm::FixedWindow),
+    ("sliding_window", RateAlgorithm::SlidingWindow),
+    ("sliding_log", RateAlgorithm::SlidingLog),
+    ("sliding_counter", RateAlgorithm::SlidingCounter),
+    ("gcra", RateAlgorithm::Gcra),
+    ("token_bucket", RateAlgorithm::TokenBucket),
+    ("warmup_token_bucket", RateAlgorithm::WarmUp),
+    ("pacing", RateAlgorithm::Pacing),
 ];
 
 /// Longest key accepted in a trace.
@@ -204,38 +206,47 @@ pub fn simulate(
     out: &mut dyn Write,
 ) -> Result<Summary, SimError> {
     let s = settings;
-    let only = |given: bool, option: &str, algorithms: &[&str]| {
-        if given && !algorithms.contains(&s.algorithm.as_str()) {
+    let name = |a: RateAlgorithm| {
+        ALGORITHMS
+            .iter()
+            .find(|(_, b)| *b == a)
+            .map_or("", |(n, _)| n)
+    };
+    let Some(&(_, algorithm)) = ALGORITHMS.iter().find(|(n, _)| *n == s.algorithm) else {
+        let names: Vec<&str> = ALGORITHMS.iter().map(|(n, _)| *n).collect();
+        return Err(SimError::Usage(format!(
+            "unknown algorithm '{}' (expected one of: {})",
+            s.algorithm,
+            names.join(", ")
+        )));
+    };
+    let only = |given: bool, option: &str, algorithms: &[RateAlgorithm]| {
+        if given && !algorithms.contains(&algorithm) {
+            let names: Vec<&str> = algorithms.iter().map(|a| name(*a)).collect();
             Err(SimError::Usage(format!(
                 "{option} does not apply to {} (only to {})",
                 s.algorithm,
-                algorithms.join(", ")
+                names.join(", ")
             )))
         } else {
             Ok(())
         }
     };
-    if !ALGORITHMS.contains(&s.algorithm.as_str()) {
-        return Err(SimError::Usage(format!(
-            "unknown algorithm '{}' (expected one of: {})",
-            s.algorithm,
-            ALGORITHMS.join(", ")
-        )));
-    }
-    only(s.burst.is_some(), "--burst", &["gcra", "token_bucket"])?;
-    only(s.buckets.is_some(), "--buckets", &["sliding_window"])?;
-    only(s.warmup.is_some(), "--warmup", &["warmup_token_bucket"])?;
+    use RateAlgorithm as A;
+    only(s.burst.is_some(), "--burst", &[A::Gcra, A::TokenBucket])?;
+    only(s.buckets.is_some(), "--buckets", &[A::SlidingWindow])?;
+    only(s.warmup.is_some(), "--warmup", &[A::WarmUp])?;
     only(
         s.max_wait.is_some(),
         "--max-wait",
-        &["token_bucket", "warmup_token_bucket", "pacing"],
+        &[A::TokenBucket, A::WarmUp, A::Pacing],
     )?;
     let quota = Quota::new(s.limit, s.window).map_err(usage)?;
     let burst = s.burst.unwrap_or(s.limit);
     let max_wait = s.max_wait.unwrap_or(Duration::ZERO);
-    match s.algorithm.as_str() {
-        "fixed_window" => run(&FixedWindow::new(quota).map_err(usage)?, trace, out),
-        "sliding_window" => run(
+    match algorithm {
+        A::FixedWindow => run(&FixedWindow::new(quota).map_err(usage)?, trace, out),
+        A::SlidingWindow => run(
             &SlidingWindow::new(
                 quota,
                 s.buckets
@@ -245,24 +256,24 @@ pub fn simulate(
             trace,
             out,
         ),
-        "sliding_log" => run(&SlidingLog::new(quota).map_err(usage)?, trace, out),
-        "sliding_counter" => run(&SlidingCounter::new(quota).map_err(usage)?, trace, out),
-        "gcra" => run(&Gcra::new(quota, burst).map_err(usage)?, trace, out),
-        "token_bucket" => run(
+        A::SlidingLog => run(&SlidingLog::new(quota).map_err(usage)?, trace, out),
+        A::SlidingCounter => run(&SlidingCounter::new(quota).map_err(usage)?, trace, out),
+        A::Gcra => run(&Gcra::new(quota, burst).map_err(usage)?, trace, out),
+        A::TokenBucket => run(
             &TokenBucket::new(quota, burst)
                 .map_err(usage)?
                 .with_max_wait(max_wait),
             trace,
             out,
         ),
-        "warmup_token_bucket" => run(
+        A::WarmUp => run(
             &WarmupTokenBucket::new(quota, s.warmup.unwrap_or(Duration::from_secs(10)))
                 .map_err(usage)?
                 .with_max_wait(max_wait),
             trace,
             out,
         ),
-        _ => run(&Pacing::new(quota, max_wait).map_err(usage)?, trace, out),
+        A::Pacing => run(&Pacing::new(quota, max_wait).map_err(usage)?, trace, out),
     }
 }
 

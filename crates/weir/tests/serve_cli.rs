@@ -629,6 +629,23 @@ fn hot_reload_applies_changes_keeps_counters_and_survives_bad_files() {
 }
 
 #[test]
+fn instances_divide_only_a_shared_store() {
+    // A memory store is one process's: `--instances 2` would halve every limit for nothing.
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["serve", "--instances", "2", "--http-addr", "127.0.0.1:0"])
+        .args(["--grpc-addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("weir: error: --instances applies to a shared store"),
+        "{err}"
+    );
+}
+
+#[test]
 fn check_config_prints_rules_or_every_error() {
     let dir = temp_dir("check");
     let good = write_config(&dir, CONFIG);

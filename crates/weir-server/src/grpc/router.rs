@@ -223,7 +223,8 @@ fn grpc_builder(
 mod tests {
     use super::*;
     use crate::grpc::frame::tests::framed;
-    use crate::rls::engine::{EngineOptions, Store};
+    use crate::rls::engine::EngineOptions;
+    use crate::rls::store::MemoryStore;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -231,7 +232,13 @@ mod tests {
     use http_body_util::Full;
 
     fn service() -> Service {
-        Service::new(None, Store::Memory, EngineOptions::default(), None).expect("bundled example")
+        Service::new(
+            None,
+            Arc::new(MemoryStore::default()),
+            EngineOptions::default(),
+            None,
+        )
+        .expect("bundled example")
     }
 
     fn call(path: &str, content_type: &str, body: Bytes) -> Response<GrpcBody> {

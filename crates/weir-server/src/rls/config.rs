@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
+use weir_core::rate::{RateAlgorithm, RateSpec};
 
 /// One configuration error (file, line, column, field path, reason), printable as one line.
 pub use weir_rules::yaml::LocatedError as ConfigError;
@@ -100,36 +101,31 @@ impl<'de> Deserialize<'de> for Unit {
     }
 }
 
-/// The algorithm of a limit (extension; `fixed_window` by default, as Lyft).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Algorithm {
-    /// Lyft's behaviour.
-    #[default]
-    FixedWindow,
-    /// Previous window weighted by overlap.
-    SlidingCounter,
-    /// Bucketed sliding window (10 sub-windows).
-    SlidingWindow,
-    /// Exact sliding window.
-    SlidingLog,
-    /// GCRA (burst = `burst`, default the limit).
-    Gcra,
-    /// Token bucket (capacity = `burst`, default the limit).
-    TokenBucket,
-}
+/// The algorithms a limit's `algorithm` extension names; the default is the first,
+/// `fixed_window`, Lyft's behaviour.
+pub const ALGORITHMS: [RateAlgorithm; 6] = [
+    RateAlgorithm::FixedWindow,
+    RateAlgorithm::SlidingCounter,
+    RateAlgorithm::SlidingWindow,
+    RateAlgorithm::SlidingLog,
+    RateAlgorithm::Gcra,
+    RateAlgorithm::TokenBucket,
+];
 
-impl Algorithm {
-    /// The configuration name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::FixedWindow => "fixed_window",
-            Self::SlidingCounter => "sliding_counter",
-            Self::SlidingWindow => "sliding_window",
-            Self::SlidingLog => "sliding_log",
-            Self::Gcra => "gcra",
-            Self::TokenBucket => "token_bucket",
-        }
+/// Reads the `algorithm` extension: one of [`ALGORITHMS`] by its name.
+fn algorithm<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RateAlgorithm>, D::Error> {
+    const NAMES: [&str; 6] = [
+        "fixed_window",
+        "sliding_counter",
+        "sliding_window",
+        "sliding_log",
+        "gcra",
+        "token_bucket",
+    ];
+    let s = String::deserialize(d)?;
+    match RateAlgorithm::parse_among(&s, &ALGORITHMS) {
+        Some(a) => Ok(Some(a)),
+        None => Err(de::Error::unknown_variant(&s, &NAMES)),
     }
 }
 
@@ -164,7 +160,7 @@ pub struct RateLimit {
     /// Limits this one replaces.
     pub replaces: Vec<String>,
     /// The algorithm.
-    pub algorithm: Algorithm,
+    pub algorithm: RateAlgorithm,
     /// Burst for GCRA / token bucket.
     pub burst: Option<u64>,
 }
@@ -176,19 +172,13 @@ impl RateLimit {
         !self.unlimited && self.requests_per_unit == 0
     }
 
-    /// The algorithm as weir-redis runs it (in Redis, and in memory as its local stand-in).
-    pub fn redis_algorithm(&self) -> weir_redis::RedisAlgorithm {
-        use weir_redis::RedisAlgorithm as R;
-        let burst = self.burst.unwrap_or(self.requests_per_unit);
-        match self.algorithm {
-            Algorithm::FixedWindow => R::FixedWindow,
-            Algorithm::SlidingCounter => R::SlidingCounter,
-            Algorithm::SlidingWindow => R::SlidingWindow {
-                buckets: weir_core::sliding_window::DEFAULT_BUCKETS,
-            },
-            Algorithm::SlidingLog => R::SlidingLog,
-            Algorithm::Gcra => R::Gcra { burst },
-            Algorithm::TokenBucket => R::TokenBucket { burst },
+    /// The rate this limit counts with (in memory and in Redis alike), denied hits not
+    /// counted.
+    pub fn spec(&self) -> RateSpec {
+        let spec = RateSpec::new(self.algorithm, self.requests_per_unit, self.window);
+        match self.burst {
+            Some(b) => spec.with_burst(b),
+            None => spec,
         }
     }
 }
@@ -273,7 +263,8 @@ struct RawRateLimit {
     unlimited: bool,
     #[serde(default)]
     replaces: Vec<Replace>,
-    algorithm: Option<Algorithm>,
+    #[serde(default, deserialize_with = "algorithm")]
+    algorithm: Option<RateAlgorithm>,
     #[serde(default, deserialize_with = "count")]
     burst: Option<u64>,
     window: Option<String>,
@@ -311,7 +302,7 @@ impl<'de> Deserialize<'de> for RateLimit {
                 )));
             }
         }
-        let algorithm = raw.algorithm.unwrap_or_default();
+        let algorithm = raw.algorithm.unwrap_or(ALGORITHMS[0]);
         let unit = match (raw.unit, window) {
             (Some(u), None) => u,
             (None, Some(w)) => unit_covering(w),
@@ -333,10 +324,10 @@ impl<'de> Deserialize<'de> for RateLimit {
         if raw.burst == Some(0) {
             return Err(de::Error::custom("burst must be ≥ 1"));
         }
-        if raw.burst.is_some() && !matches!(algorithm, Algorithm::Gcra | Algorithm::TokenBucket) {
+        if raw.burst.is_some() && !algorithm.has_burst() {
             return Err(de::Error::custom(format!(
                 "burst applies to gcra and token_bucket, not {}",
-                algorithm.name()
+                algorithm.as_str()
             )));
         }
         let mut replaces = Vec::with_capacity(raw.replaces.len());
@@ -366,20 +357,15 @@ impl<'de> Deserialize<'de> for RateLimit {
         };
         if !limit.unlimited && !limit.denies_all() {
             // What the store checks when the rule is built, said here with the location.
-            weir_redis::RedisRule::check(
-                limit.redis_algorithm(),
-                limit.requests_per_unit,
-                limit.window,
-                weir_redis::RuleOptions::default(),
-            )
-            .map_err(|e| {
-                de::Error::custom(format!(
-                    "{} {} per {:?}: {e}",
-                    limit.algorithm.name(),
-                    limit.requests_per_unit,
-                    limit.window
-                ))
-            })?;
+            weir_redis::RedisRule::check(&limit.spec(), weir_redis::RuleOptions::default())
+                .map_err(|e| {
+                    de::Error::custom(format!(
+                        "{} {} per {:?}: {e}",
+                        limit.algorithm.as_str(),
+                        limit.requests_per_unit,
+                        limit.window
+                    ))
+                })?;
         }
         Ok(limit)
     }
@@ -791,7 +777,7 @@ mod tests {
         .unwrap();
         let rl = c.descriptors[0].rate_limit.as_ref().unwrap();
         assert_eq!(rl.window, Duration::from_secs(30));
-        assert_eq!(rl.algorithm, Algorithm::Gcra);
+        assert_eq!(rl.algorithm, RateAlgorithm::Gcra);
         assert_eq!(rl.burst, Some(5));
         assert_eq!(
             rl.reported(),

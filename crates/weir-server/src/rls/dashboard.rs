@@ -12,7 +12,6 @@ use serde_json::{json, Map, Value};
 use weir_rules::metrics::{HeavySnapshot, ResourceSnapshot, RuleKind};
 use weir_tower::dashboard::{unix_now, Dashboard, Sample, Source};
 
-use super::engine::Store;
 use super::server::Service;
 
 /// Store state changes kept.
@@ -41,10 +40,10 @@ struct ServeSource {
 
 impl ServeSource {
     fn store(&self) -> Value {
-        let Store::Redis(redis) = self.service.store() else {
-            return json!({"store": "memory"});
+        let store = self.service.store();
+        let Some(s) = store.fallback_status() else {
+            return json!({"store": store.name()});
         };
-        let s = redis.status();
         let now = if s.on_redis { "redis" } else { "fallback" };
         let mut seen = self.store.lock();
         if let Some(before) = seen.0.filter(|b| *b != now) {
@@ -113,7 +112,7 @@ impl Source for ServeSource {
             rows.push(json!({
                 "rule": r.id,
                 "limit": limit,
-                "algorithm": r.limit.algorithm.name(),
+                "algorithm": r.limit.algorithm.as_str(),
                 "name": r.limit.name,
                 "shadow": r.shadow,
             }));

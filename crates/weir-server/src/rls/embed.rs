@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use super::engine::{EngineOptions, HeaderStyle, Store};
+use super::engine::{EngineOptions, HeaderStyle};
 use super::server::{Admin, Service};
+use super::store::{MemoryStore, Store};
 use crate::accept::Limits;
 use crate::budget::{BodyLimits, Budget};
 
@@ -24,7 +25,7 @@ pub struct Server {
 /// bounds, unless told otherwise.
 pub struct Builder {
     config: Option<PathBuf>,
-    store: Store,
+    store: Arc<dyn Store>,
     options: EngineOptions,
     headers: HeaderStyle,
     limits: Limits,
@@ -42,7 +43,7 @@ impl Server {
     pub fn builder() -> Builder {
         Builder {
             config: None,
-            store: Store::Memory,
+            store: Arc::new(MemoryStore::default()),
             options: EngineOptions::default(),
             headers: HeaderStyle::None,
             limits: Limits::default(),
@@ -115,9 +116,10 @@ impl Builder {
         self
     }
 
-    /// Where the counters live (default: memory).
-    pub fn store(mut self, store: Store) -> Self {
-        self.store = store;
+    /// Where the counters live (default: [`MemoryStore::default`]; a
+    /// [`super::RedisStore`] for one limit across instances, or any [`Store`]).
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Arc::new(store);
         self
     }
 

@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use weir_core::rate::RateAlgorithm;
 use weir_core::Decision;
-use weir_redis::{RedisLimiter, RedisRule, Retune, RuleOptions};
 
-use super::config::{Algorithm, Descriptor, DomainConfig, Metadata, RateLimit, Unit};
+use super::config::{Descriptor, DomainConfig, Metadata, RateLimit, Unit};
+use super::store::{Counter, Retune, Store};
 
 /// Request bounds: anything larger is INVALID_ARGUMENT, never unbounded work or memory.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -112,15 +113,6 @@ pub struct Response {
 #[error("{0}")]
 pub struct BadRequest(pub String);
 
-/// Where counters live.
-#[derive(Clone)]
-pub enum Store {
-    /// This process (bounded keyed limiters).
-    Memory,
-    /// Redis through weir-redis (its fallback decides while Redis is down).
-    Redis(RedisLimiter),
-}
-
 /// One configured limit.
 pub struct Rule {
     /// `domain.key_value.key…`: stable across reloads while the path is unchanged.
@@ -137,7 +129,8 @@ pub struct Rule {
     /// rule, or `value_to_metric` on its path).
     per_value_metrics: bool,
     detailed_metric: bool,
-    store_rule: Option<Arc<RedisRule>>,
+    /// The counters (none for `unlimited` and `requests_per_unit: 0`).
+    counter: Option<Arc<dyn Counter>>,
     metrics: RuleMetrics,
     /// Per-value metric handles (bounded by [`MAX_METRIC_VALUES`]).
     value_metrics: Mutex<HashMap<Box<str>, Arc<RuleMetrics>>>,
@@ -280,11 +273,15 @@ impl EngineClock {
     }
 }
 
+/// The counters of request-supplied limit overrides, by rule id, limit and unit.
+type Overrides = HashMap<(String, u32, Unit), Arc<dyn Counter>>;
+
 /// Everything a loaded configuration needs to decide.
 pub struct Engine {
     domains: HashMap<String, Vec<Node>>,
     rules: Vec<Arc<Rule>>,
-    overrides: Mutex<HashMap<(String, u32, Unit), Arc<RedisRule>>>,
+    overrides: Mutex<Overrides>,
+    store: Arc<dyn Store>,
     /// For rules made from a request's limit override (shadow only with `--shadow`).
     options: EngineOptions,
     clock: EngineClock,
@@ -293,10 +290,6 @@ pub struct Engine {
 /// Options for building rules.
 #[derive(Debug, Clone, Copy)]
 pub struct EngineOptions {
-    /// Instances sharing a Redis store (the local fallback uses limit / instances).
-    pub instances: u64,
-    /// Most counters per rule kept in memory.
-    pub local_keys: usize,
     /// Force shadow mode on every rule (`--shadow`).
     pub shadow: bool,
     /// The clock of the in-memory limiters (`--clock`).
@@ -311,23 +304,11 @@ pub struct EngineOptions {
 impl Default for EngineOptions {
     fn default() -> Self {
         Self {
-            instances: 1,
-            local_keys: 100_000,
             shadow: false,
             clock: weir_core::ClockKind::Exact,
             response_metadata: false,
             merge_domains: false,
         }
-    }
-}
-
-fn rule_options(options: EngineOptions, count_denied: bool) -> RuleOptions {
-    RuleOptions {
-        instances: options.instances,
-        local_keys: options.local_keys,
-        clock: options.clock,
-        count_denied,
-        ..RuleOptions::default()
     }
 }
 
@@ -338,89 +319,80 @@ fn rule_options(options: EngineOptions, count_denied: bool) -> RuleOptions {
 fn counter_name(id: &str, limit: &RateLimit) -> String {
     format!(
         "{id}|{}|{}ms",
-        limit.algorithm.name(),
+        limit.algorithm.as_str(),
         limit.window.as_millis()
     )
 }
 
-fn store_rule(
+/// The counters of a limit in `store`: none for `unlimited` and `requests_per_unit: 0`.
+fn counter(
+    store: &dyn Store,
     id: &str,
     limit: &RateLimit,
-    options: EngineOptions,
     count_denied: bool,
-) -> Result<Option<Arc<RedisRule>>, String> {
+) -> Result<Option<Arc<dyn Counter>>, String> {
     if limit.unlimited || limit.denies_all() {
         return Ok(None);
     }
-    RedisRule::new(
-        counter_name(id, limit),
-        limit.redis_algorithm(),
-        limit.requests_per_unit,
-        limit.window,
-        rule_options(options, count_denied),
-    )
-    .map(|r| Some(Arc::new(r)))
-    .map_err(|e| format!("rule {id}: {e}"))
+    let spec = limit.spec().counting_denied(count_denied);
+    store
+        .counter(counter_name(id, limit), &spec)
+        .map(Some)
+        .map_err(|e| format!("rule {id}: {e}"))
 }
 
 /// The counters of a reloaded rule: the previous rule's when they still mean the same
-/// (same algorithm, window and counting of denied hits), retuned to the new limit once the
-/// whole configuration is valid (`retunes`); new ones otherwise.
-fn reloaded_store_rule(
+/// (same algorithm and window), retuned to the new limit, burst or counting of denied hits
+/// once the whole configuration is valid (`retunes`); new ones otherwise.
+fn reloaded_counter(
+    store: &dyn Store,
     id: &str,
     limit: &RateLimit,
     previous: Option<&Rule>,
-    options: EngineOptions,
     count_denied: bool,
     retunes: &mut Vec<Retune>,
-) -> Result<Option<Arc<RedisRule>>, String> {
+) -> Result<Option<Arc<dyn Counter>>, String> {
     let kept = previous.filter(|p| {
         !limit.unlimited && p.limit.algorithm == limit.algorithm && p.limit.window == limit.window
     });
-    let Some(old) = kept.and_then(|p| p.store_rule.as_ref()) else {
-        return store_rule(id, limit, options, count_denied);
+    let Some(old) = kept.and_then(|p| p.counter.as_ref()) else {
+        return counter(store, id, limit, count_denied);
     };
     if limit.denies_all() {
         return Ok(None);
     }
-    let algorithm = limit.redis_algorithm();
-    if old.limit() == limit.requests_per_unit
-        && old.algorithm() == algorithm
-        && old.counts_denied() == count_denied
-    {
+    let spec = limit.spec().counting_denied(count_denied);
+    if *old.spec() == spec {
         return Ok(Some(old.clone()));
     }
-    let (rule, retune) = old
-        .retuned(
-            algorithm,
-            limit.requests_per_unit,
-            rule_options(options, count_denied),
-        )
-        .map_err(|e| format!("rule {id}: {e}"))?;
+    let (counter, retune) = old.retuned(&spec).map_err(|e| format!("rule {id}: {e}"))?;
     retunes.push(retune);
-    Ok(Some(Arc::new(rule)))
+    Ok(Some(counter))
 }
 
 impl Engine {
-    /// Builds from loaded domains. A rule of `previous` with the same descriptor path, algorithm
-    /// and window keeps its counters, whatever else changed (limit, burst, name, shadow mode);
-    /// request-supplied limit overrides keep theirs. `previous` is untouched when this fails.
+    /// Builds from loaded domains with counters in `store`. A rule of `previous` with the same
+    /// descriptor path, algorithm and window keeps its counters, whatever else changed (limit,
+    /// burst, name, shadow mode); request-supplied limit overrides keep theirs. `previous` is
+    /// untouched when this fails.
     pub fn build(
         domains: &[DomainConfig],
         options: EngineOptions,
+        store: Arc<dyn Store>,
         previous: Option<&Engine>,
     ) -> Result<Self, String> {
         let clock = match previous {
             Some(p) => p.clock.clone(),
             None => EngineClock::aligned(options.clock)?,
         };
-        Self::build_with_clock(domains, options, previous, clock)
+        Self::build_with_clock(domains, options, store, previous, clock)
     }
 
     /// [`Engine::build`] on a given clock (tests: a manual clock).
     pub fn build_with_clock(
         domains: &[DomainConfig],
         options: EngineOptions,
+        store: Arc<dyn Store>,
         previous: Option<&Engine>,
         clock: EngineClock,
     ) -> Result<Self, String> {
@@ -429,6 +401,7 @@ impl Engine {
             .unwrap_or_default();
         let mut built = Built {
             options,
+            store: &*store,
             old: &old,
             rules: Vec::new(),
             retunes: Vec::new(),
@@ -449,9 +422,15 @@ impl Engine {
             domains: tree,
             rules: built.rules,
             overrides: Mutex::new(overrides),
+            store,
             options,
             clock,
         })
+    }
+
+    /// Where the counters live.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
     }
 
     /// Every rule, in configuration order.
@@ -536,7 +515,12 @@ impl Engine {
         Ok(())
     }
 
-    fn override_rule(&self, id: &str, rpu: u32, unit: Unit) -> Result<Arc<RedisRule>, BadRequest> {
+    fn override_counter(
+        &self,
+        id: &str,
+        rpu: u32,
+        unit: Unit,
+    ) -> Result<Arc<dyn Counter>, BadRequest> {
         let mut map = self.overrides.lock();
         let key = (id.to_string(), rpu, unit);
         if let Some(r) = map.get(&key) {
@@ -554,14 +538,14 @@ impl Engine {
             name: None,
             unlimited: false,
             replaces: Vec::new(),
-            algorithm: Algorithm::FixedWindow,
+            algorithm: RateAlgorithm::FixedWindow,
             burst: None,
         };
         // Lyft counts every hit of an override (it has no domain setting to say otherwise).
-        let rule = store_rule(
+        let rule = counter(
+            &*self.store,
             &format!("{id}~{rpu}/{}", unit.proto_name()),
             &limit,
-            self.options,
             true,
         )
         .map_err(BadRequest)?
@@ -573,7 +557,7 @@ impl Engine {
     /// Decides a request: every descriptor is evaluated (Lyft semantics, including
     /// `replaces`, `quota_mode` and request-supplied limit overrides); one clock reading for
     /// the whole request.
-    pub async fn decide(&self, store: &Store, request: &Request) -> Result<Response, BadRequest> {
+    pub async fn decide(&self, request: &Request) -> Result<Response, BadRequest> {
         Self::validate(request)?;
         let now = self.clock.now();
         // One domain lookup per request; an unknown domain matches nothing.
@@ -609,9 +593,9 @@ impl Engine {
                         || format!("{}.override", request.domain),
                         |m| m.rule.id.clone(),
                     );
-                    let sr = self.override_rule(&id, rpu, unit)?;
+                    let counter = self.override_counter(&id, rpu, unit)?;
                     let key = counter_key(d.entries.iter().map(|(k, v)| (&**k, &**v)), m.is_none());
-                    let decision = acquire(store, &sr, &key, hits, now).await;
+                    let decision = counter.acquire(&key, hits, now).await;
                     status_of(
                         &decision,
                         override_applied(rpu, unit),
@@ -634,7 +618,7 @@ impl Engine {
                             remaining: UNLIMITED_REMAINING,
                             ..no_limit()
                         }
-                    } else if let Some(sr) = &r.store_rule {
+                    } else if let Some(counter) = &r.counter {
                         let key = counter_key(
                             d.entries
                                 .iter()
@@ -642,8 +626,8 @@ impl Engine {
                                 .map(|(i, (_, v))| ("", m.counted(i, v))),
                             false,
                         );
-                        let decision = acquire(store, sr, &key, hits, now).await;
-                        let fixed = r.limit.algorithm == Algorithm::FixedWindow;
+                        let decision = counter.acquire(&key, hits, now).await;
+                        let fixed = r.limit.algorithm == RateAlgorithm::FixedWindow;
                         let mut status = status_of(
                             &decision,
                             r.applied.clone(),
@@ -875,19 +859,6 @@ fn descriptor_text(entries: &[(String, String)]) -> String {
     out
 }
 
-async fn acquire(
-    store: &Store,
-    rule: &RedisRule,
-    key: &str,
-    n: u64,
-    now: weir_core::Nanos,
-) -> Decision {
-    match store {
-        Store::Memory => rule.local_acquire_at(key, n, now),
-        Store::Redis(r) => r.check(rule, key, n).await,
-    }
-}
-
 fn no_limit() -> Status {
     Status {
         over_limit: false,
@@ -1012,6 +983,7 @@ fn wildcard_match(pattern: &str, value: &str) -> Option<usize> {
 /// A configuration being built into rules and a match tree.
 struct Built<'a> {
     options: EngineOptions,
+    store: &'a dyn Store,
     old: &'a HashMap<&'a str, &'a Arc<Rule>>,
     rules: Vec<Arc<Rule>>,
     retunes: Vec<Retune>,
@@ -1059,12 +1031,12 @@ impl Built<'_> {
     ) -> Result<Arc<Rule>, String> {
         let shadow = d.shadow_mode || self.options.shadow;
         let previous = self.old.get(id).map(|r| &***r);
-        let count_denied = self.count_denied && limit.algorithm == Algorithm::FixedWindow;
-        let store_rule = reloaded_store_rule(
+        let count_denied = self.count_denied && limit.algorithm == RateAlgorithm::FixedWindow;
+        let counter = reloaded_counter(
+            self.store,
             id,
             limit,
             previous,
-            self.options,
             count_denied,
             &mut self.retunes,
         )?;
@@ -1087,7 +1059,7 @@ impl Built<'_> {
             shadow,
             quota_mode: d.quota_mode,
             metadata: d.metadata.clone().map(Arc::new),
-            store_rule,
+            counter,
         });
         self.rules.push(rule.clone());
         Ok(rule)
@@ -1105,7 +1077,11 @@ mod tests {
 
     fn engine(yaml: &str) -> Engine {
         let c = super::super::config::parse(Path::new("t.yaml"), yaml).unwrap();
-        Engine::build(&[c], EngineOptions::default(), None).unwrap()
+        Engine::build(&[c], EngineOptions::default(), memory(), None).unwrap()
+    }
+
+    fn memory() -> Arc<dyn Store> {
+        Arc::new(super::super::store::MemoryStore::default())
     }
 
     fn req(domain: &str, entries: &[(&str, &str)]) -> Request {
@@ -1123,7 +1099,7 @@ mod tests {
     }
 
     async fn pass(e: &Engine, r: &Request) -> bool {
-        !e.decide(&Store::Memory, r).await.unwrap().over_limit
+        !e.decide(r).await.unwrap().over_limit
     }
 
     const CONFIG: &str = "domain: d
@@ -1193,10 +1169,7 @@ descriptors:
             assert!(pass(&e, &req("d", &[("a", "x")])).await);
         }
         // unknown domain / descriptor: no limit
-        let r = e
-            .decide(&Store::Memory, &req("nope", &[("k", "v")]))
-            .await
-            .unwrap();
+        let r = e.decide(&req("nope", &[("k", "v")])).await.unwrap();
         assert!(!r.over_limit && r.statuses[0].limit.is_none());
     }
 
@@ -1204,10 +1177,7 @@ descriptors:
     async fn shadow_mode_counts_but_never_blocks() {
         let e = engine(CONFIG);
         for _ in 0..5 {
-            let r = e
-                .decide(&Store::Memory, &req("d", &[("s", "v")]))
-                .await
-                .unwrap();
+            let r = e.decide(&req("d", &[("s", "v")])).await.unwrap();
             assert!(!r.over_limit);
         }
     }
@@ -1216,37 +1186,22 @@ descriptors:
     async fn bad_requests_are_refused_with_a_reason() {
         let e = engine(CONFIG);
         let mut r = req("", &[("k", "v")]);
-        assert!(e
-            .decide(&Store::Memory, &r)
-            .await
-            .unwrap_err()
-            .0
-            .contains("domain"));
+        assert!(e.decide(&r).await.unwrap_err().0.contains("domain"));
         r = req("d", &[("", "v")]);
-        assert!(e
-            .decide(&Store::Memory, &r)
-            .await
-            .unwrap_err()
-            .0
-            .contains("empty key"));
+        assert!(e.decide(&r).await.unwrap_err().0.contains("empty key"));
         r = req("d", &[("k", "")]);
-        assert!(e
-            .decide(&Store::Memory, &r)
-            .await
-            .unwrap_err()
-            .0
-            .contains("empty value"));
+        assert!(e.decide(&r).await.unwrap_err().0.contains("empty value"));
         let big = "x".repeat(MAX_VALUE_BYTES + 1);
         r = req("d", &[("k", &big)]);
-        assert!(e.decide(&Store::Memory, &r).await.is_err());
+        assert!(e.decide(&r).await.is_err());
         r = req("d", &[("k", "v")]);
         r.descriptors = vec![r.descriptors[0].clone(); MAX_DESCRIPTORS + 1];
-        assert!(e.decide(&Store::Memory, &r).await.is_err());
+        assert!(e.decide(&r).await.is_err());
     }
 
     fn reloaded(previous: &Engine, yaml: &str) -> Engine {
         let c = super::super::config::parse(Path::new("t.yaml"), yaml).unwrap();
-        Engine::build(&[c], EngineOptions::default(), Some(previous)).unwrap()
+        Engine::build(&[c], EngineOptions::default(), memory(), Some(previous)).unwrap()
     }
 
     async fn passes(e: &Engine, r: &Request, tries: u32) -> u32 {
@@ -1294,14 +1249,16 @@ descriptors:
         );
         let mut c = super::super::config::parse(Path::new("t.yaml"), &raised9).unwrap();
         // A rule the store refuses, past the parser's checks (built in code).
-        let mut big = c.descriptors[0].clone();
-        big.key = "big".into();
-        if let Some(l) = big.rate_limit.as_mut() {
-            l.algorithm = super::super::config::Algorithm::SlidingLog;
-            l.requests_per_unit = 4_000_000;
+        let mut bad = c.descriptors[0].clone();
+        bad.key = "bad".into();
+        if let Some(l) = bad.rate_limit.as_mut() {
+            l.algorithm = RateAlgorithm::Gcra;
+            l.burst = Some(0);
         }
-        c.descriptors.push(big);
-        assert!(Engine::build(&[c], EngineOptions::default(), Some(&e4)).is_err());
+        c.descriptors.push(bad);
+        let refused = Engine::build(&[c], EngineOptions::default(), memory(), Some(&e4));
+        let e = refused.err().unwrap();
+        assert!(e.starts_with("rule d.bad"), "{e}");
         assert_eq!(passes(&e4, &exact, 3).await, 0, "old limit still enforced");
     }
 
@@ -1350,7 +1307,7 @@ descriptors:
     fn on_clock(yaml: &str, clock: &Arc<weir_core::ManualClock>) -> Engine {
         let c = super::super::config::parse(Path::new("t.yaml"), yaml).unwrap();
         let clock = EngineClock::unaligned(clock.clone());
-        Engine::build_with_clock(&[c], EngineOptions::default(), None, clock).unwrap()
+        Engine::build_with_clock(&[c], EngineOptions::default(), memory(), None, clock).unwrap()
     }
 
     #[tokio::test]
@@ -1366,52 +1323,28 @@ descriptors:
         let second = Duration::from_secs(1);
         clock.advance(Duration::from_millis(60_000 + 1_500));
         // A check on an empty window still reports the time to its end (58.5 s).
-        let s = &e
-            .decide(&Store::Memory, &hits(0, "k"))
-            .await
-            .unwrap()
-            .statuses[0];
+        let s = &e.decide(&hits(0, "k")).await.unwrap().statuses[0];
         assert_eq!((s.remaining, s.reset), (20, Duration::from_millis(58_500)));
-        let s = &e
-            .decide(&Store::Memory, &hits(21, "k"))
-            .await
-            .unwrap()
-            .statuses[0];
+        let s = &e.decide(&hits(21, "k")).await.unwrap().statuses[0];
         assert!(s.over_limit);
         assert_eq!((s.remaining, s.reset), (0, Duration::from_millis(58_500)));
         clock.advance(second);
         // Counted though refused: the window holds 21 of 20.
-        let s = &e
-            .decide(&Store::Memory, &hits(0, "k"))
-            .await
-            .unwrap()
-            .statuses[0];
+        let s = &e.decide(&hits(0, "k")).await.unwrap().statuses[0];
         assert!(s.over_limit);
         assert_eq!((s.remaining, s.reset), (0, Duration::from_millis(57_500)));
         // The next minute starts from zero.
         clock.advance(Duration::from_secs(58));
-        let s = &e
-            .decide(&Store::Memory, &hits(1, "k"))
-            .await
-            .unwrap()
-            .statuses[0];
+        let s = &e.decide(&hits(1, "k")).await.unwrap().statuses[0];
         assert!(!s.over_limit);
         assert_eq!((s.remaining, s.reset), (19, Duration::from_millis(59_500)));
         // A limit of 0: over, its window's end.
-        let s = &e
-            .decide(&Store::Memory, &hits(1, "z"))
-            .await
-            .unwrap()
-            .statuses[0];
+        let s = &e.decide(&hits(1, "z")).await.unwrap().statuses[0];
         assert!(s.over_limit && s.remaining == 0);
         assert_eq!(s.reset, Duration::from_millis(3_600_000 - 120_500));
         assert_eq!(s.limit.as_ref().unwrap().requests_per_unit, 0);
         // Other algorithms report their own reset (GCRA: when the burst is whole again).
-        let s = &e
-            .decide(&Store::Memory, &hits(1, "g"))
-            .await
-            .unwrap()
-            .statuses[0];
+        let s = &e.decide(&hits(1, "g")).await.unwrap().statuses[0];
         assert_eq!(s.reset, Duration::from_secs(30));
     }
 

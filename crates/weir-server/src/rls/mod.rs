@@ -8,5 +8,7 @@ pub mod engine;
 pub mod grpc;
 pub mod latency;
 pub mod server;
+pub mod store;
 
 pub use embed::{BuildError, Builder, Server};
+pub use store::{Counter, MemoryStore, RedisStore, Store};

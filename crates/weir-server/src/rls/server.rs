@@ -24,8 +24,9 @@ use serde_json::{json, Value};
 
 use super::config::{self, DomainConfig, Unit};
 use super::engine::{
-    BadRequest, Engine, EngineOptions, HeaderStyle, Request, RequestDescriptor, Response, Store,
+    BadRequest, Engine, EngineOptions, HeaderStyle, Request, RequestDescriptor, Response,
 };
+use super::store::Store;
 use crate::budget::{BodyError, Budget, ConnectionBudget};
 
 /// The bundled example configuration (served without `--config`).
@@ -34,7 +35,6 @@ pub const EXAMPLE: &str = include_str!("../../../weir/config/example.yaml");
 /// Shared state of the service.
 pub struct Service {
     engine: RwLock<Arc<Engine>>,
-    store: Store,
     options: EngineOptions,
     config: Option<PathBuf>,
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
@@ -50,15 +50,14 @@ impl Service {
     /// Builds from the configuration at `config` (or the bundled example).
     pub fn new(
         config: Option<PathBuf>,
-        store: Store,
+        store: Arc<dyn Store>,
         options: EngineOptions,
         prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     ) -> Result<Self, Vec<String>> {
         let domains = load(config.as_deref(), options.merge_domains)?;
-        let engine = Engine::build(&domains, options, None).map_err(|e| vec![e])?;
+        let engine = Engine::build(&domains, options, store, None).map_err(|e| vec![e])?;
         Ok(Self {
             engine: RwLock::new(Arc::new(engine)),
-            store,
             options,
             config,
             prometheus,
@@ -101,7 +100,7 @@ impl Service {
     pub async fn decide(&self, request: &Request) -> Result<Response, BadRequest> {
         let start = self.latency.start();
         let engine = self.engine();
-        let r = engine.decide(&self.store, request).await;
+        let r = engine.decide(request).await;
         self.latency.since(start);
         if r.is_err() {
             metrics::counter!("weir_rls_bad_requests_total").increment(1);
@@ -123,7 +122,9 @@ impl Service {
     fn try_reload(&self) -> Result<(), Vec<String>> {
         let domains = load(self.config.as_deref(), self.options.merge_domains)?;
         let current = self.engine();
-        let engine = Engine::build(&domains, self.options, Some(&current)).map_err(|e| vec![e])?;
+        let store = current.store().clone();
+        let engine =
+            Engine::build(&domains, self.options, store, Some(&current)).map_err(|e| vec![e])?;
         *self.engine.write() = Arc::new(engine);
         Ok(())
     }
@@ -134,8 +135,8 @@ impl Service {
     }
 
     /// Where decisions are counted.
-    pub fn store(&self) -> &Store {
-        &self.store
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.engine().store().clone()
     }
 
     /// The configuration file or directory (none: the bundled example).

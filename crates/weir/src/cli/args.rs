@@ -180,7 +180,8 @@ pub(crate) struct ServeArgs {
     /// memory, redis://HOST:PORT[/DB] or redis+cluster://H1:P1,H2:P2.
     #[arg(long, value_name = "STORE", default_value = "memory")]
     pub(crate) store: String,
-    /// Instances sharing the Redis store (the local fallback allows limit / N each).
+    /// Instances sharing the Redis store (the local fallback allows limit / N each); a memory
+    /// store is one process's alone and takes no other value than 1.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub(crate) instances: u64,
     /// Evaluate and count every rule, never answer OVER_LIMIT.

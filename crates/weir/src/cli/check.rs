@@ -257,6 +257,7 @@ pub(crate) fn check_lyft(args: &CheckConfigArgs) -> ExitCode {
             let engine = match rls::engine::Engine::build(
                 &domains,
                 rls::engine::EngineOptions::default(),
+                std::sync::Arc::new(rls::MemoryStore::default()),
                 None,
             ) {
                 Ok(e) => e,
@@ -286,7 +287,7 @@ pub(crate) fn check_lyft(args: &CheckConfigArgs) -> ExitCode {
                             "{} per {} ({}{})",
                             l.requests_per_unit,
                             duration::format_duration(l.window),
-                            l.algorithm.name(),
+                            l.algorithm.as_str(),
                             l.burst.map(|b| format!(", burst {b}")).unwrap_or_default()
                         )
                     };

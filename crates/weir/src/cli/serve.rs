@@ -25,13 +25,19 @@ async fn serve(args: ServeArgs) -> ExitCode {
         eprintln!("weir: error: --instances must be ≥ 1");
         return ExitCode::from(2);
     }
-    let store = if args.store == "memory" {
-        rls::engine::Store::Memory
-    } else if args.store.starts_with("redis://") || args.store.starts_with("redis+cluster://") {
+    const KEYS: usize = 100_000;
+    let on_redis = args.store.starts_with("redis://") || args.store.starts_with("redis+cluster://");
+    let store: Arc<dyn rls::Store> = if args.store == "memory" {
+        // One process owns the memory store: there is no share to divide.
+        if args.instances != 1 {
+            return fail("--instances applies to a shared store (--store redis://…): a memory store is this process's alone");
+        }
+        Arc::new(rls::MemoryStore::new(KEYS, args.clock))
+    } else if on_redis {
         match weir_redis::RedisLimiter::connect(&args.store, weir_redis::RedisConfig::default())
             .await
         {
-            Ok(l) => rls::engine::Store::Redis(l),
+            Ok(l) => Arc::new(rls::RedisStore::new(l, args.instances, KEYS, args.clock)),
             Err(e) => {
                 eprintln!("weir: error: --store {}: {e}", args.store);
                 return ExitCode::from(2);
@@ -59,20 +65,18 @@ async fn serve(args: ServeArgs) -> ExitCode {
         });
     }
     let options = rls::engine::EngineOptions {
-        instances: args.instances,
         shadow: args.shadow,
         clock: args.clock,
         response_metadata: args.response_metadata,
         merge_domains: args.merge_domains,
-        ..Default::default()
     };
     let style = match args.response_headers.as_str() {
         "draft03" => rls::engine::HeaderStyle::Draft03,
         "ietf" => rls::engine::HeaderStyle::Ietf,
         _ => rls::engine::HeaderStyle::None,
     };
-    let failover = match (&args.quota, &store) {
-        (Some(_), rls::engine::Store::Redis(_)) => {
+    let failover = match &args.quota {
+        Some(_) if on_redis => {
             let advertise = match &args.quota_advertise {
                 Some(a) => a.clone(),
                 None if args.http_addr.port() != 0 && !args.http_addr.ip().is_unspecified() => {

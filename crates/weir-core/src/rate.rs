@@ -1,16 +1,93 @@
-//! A keyed rate limiter over any weir-core algorithm, chosen at run time: what flow and
-//! hot-parameter rules count with, and what weir-redis decides with locally when Redis fails.
+//! A rate limit chosen at run time: the one algorithm vocabulary ([`RateAlgorithm`]), its
+//! parameters ([`RateSpec`]) and the limiters built from them ([`KeyedRate`] per key,
+//! [`SingleRate`] for one counter). Rule files, the Lyft configuration of `weir serve`,
+//! weir-redis (its scripts and its local fallback) and `weir simulate` all name algorithms
+//! with this enum; each file format keeps its own spelling and default.
 
 use std::time::Duration;
 
-use weir_core::sliding_window::DEFAULT_BUCKETS;
-use weir_core::warmup::DEFAULT_COLD_FACTOR;
-use weir_core::{
-    Clock, ConfigError, Decision, FixedWindow, Gcra, KeyedLimiter, Limiter, Pacing, Quota,
-    SlidingCounter, SlidingLog, SlidingWindow, TokenBucket, WarmupTokenBucket,
-};
+use crate::algorithm::Quota;
+use crate::clock::{Clock, Nanos};
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::fixed_window::FixedWindow;
+use crate::gcra::Gcra;
+use crate::keyed::KeyedLimiter;
+use crate::limiter::Limiter;
+use crate::pacing::Pacing;
+use crate::sliding_counter::SlidingCounter;
+use crate::sliding_log::SlidingLog;
+use crate::sliding_window::SlidingWindow;
+use crate::sliding_window::DEFAULT_BUCKETS;
+use crate::token_bucket::TokenBucket;
+use crate::warmup::WarmupTokenBucket;
+use crate::warmup::DEFAULT_COLD_FACTOR;
 
-pub use crate::config::RateAlgorithm;
+/// A rate algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RateAlgorithm {
+    /// Bucketed sliding window (Sentinel's LeapArray; 10 sub-windows by default).
+    SlidingWindow,
+    /// Counter per aligned window; up to 2 × limit across a boundary.
+    FixedWindow,
+    /// Exact sliding window (one timestamp per unit).
+    SlidingLog,
+    /// Previous window weighted by overlap (Cloudflare); approximate.
+    SlidingCounter,
+    /// GCRA (`burst` units at once, default the limit).
+    Gcra,
+    /// Token bucket with Guava SmoothBursty semantics (capacity `burst`, default the limit).
+    TokenBucket,
+    /// Pacing queue: calls spaced evenly, waiting up to `max_wait` (leaky bucket as a queue).
+    Pacing,
+    /// Warming-up token bucket (Guava SmoothWarmingUp).
+    WarmUp,
+}
+
+impl RateAlgorithm {
+    /// Every algorithm.
+    pub const ALL: [RateAlgorithm; 8] = [
+        Self::SlidingWindow,
+        Self::FixedWindow,
+        Self::SlidingLog,
+        Self::SlidingCounter,
+        Self::Gcra,
+        Self::TokenBucket,
+        Self::Pacing,
+        Self::WarmUp,
+    ];
+
+    /// The canonical lower-case name (`sliding_window`, `gcra`, …, `pacing`, `warm_up`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SlidingWindow => "sliding_window",
+            Self::FixedWindow => "fixed_window",
+            Self::SlidingLog => "sliding_log",
+            Self::SlidingCounter => "sliding_counter",
+            Self::Gcra => "gcra",
+            Self::TokenBucket => "token_bucket",
+            Self::Pacing => "pacing",
+            Self::WarmUp => "warm_up",
+        }
+    }
+
+    /// The algorithm named `name` among `allowed` (a file format's choice of algorithms), or
+    /// `None`.
+    pub fn parse_among(name: &str, allowed: &[RateAlgorithm]) -> Option<Self> {
+        allowed.iter().copied().find(|a| a.as_str() == name)
+    }
+
+    /// Whether the algorithm takes a burst (GCRA, token bucket).
+    pub fn has_burst(self) -> bool {
+        matches!(self, Self::Gcra | Self::TokenBucket)
+    }
+}
+
+impl std::fmt::Display for RateAlgorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Algorithm and parameters of a rate limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,8 +108,10 @@ pub struct RateSpec {
     pub warmup: Duration,
     /// Cold rate = limit / cold_factor (warm-up; default 3).
     pub cold_factor: u32,
-    /// Count denied units too (fixed window only: envoyproxy/ratelimit's semantics, see
-    /// `FixedWindow::counting_denied`); ignored by the other algorithms.
+    /// Count denied units too (envoyproxy/ratelimit's semantics, see
+    /// `FixedWindow::counting_denied`). In memory only the fixed window counts them; the Redis
+    /// scripts of every algorithm do (weir-redis caps the GCRA / token-bucket penalty at one
+    /// window).
     pub count_denied: bool,
 }
 
@@ -49,6 +128,41 @@ impl RateSpec {
             warmup: Duration::ZERO,
             cold_factor: DEFAULT_COLD_FACTOR as u32,
             count_denied: false,
+        }
+    }
+
+    /// This spec with `burst` units at once (GCRA, token bucket).
+    pub fn with_burst(self, burst: u64) -> Self {
+        Self {
+            burst: Some(burst),
+            ..self
+        }
+    }
+
+    /// This spec with `buckets` sub-windows (sliding window).
+    pub fn with_buckets(self, buckets: u32) -> Self {
+        Self { buckets, ..self }
+    }
+
+    /// This spec counting denied units too (fixed window).
+    pub fn counting_denied(self, count_denied: bool) -> Self {
+        Self {
+            count_denied,
+            ..self
+        }
+    }
+
+    /// The burst in force: `burst`, or the limit.
+    pub fn burst_or_limit(&self) -> u64 {
+        self.burst.unwrap_or(self.limit)
+    }
+
+    /// The sub-windows in force: `buckets`, or weir-core's default.
+    pub fn buckets_or_default(&self) -> u32 {
+        if self.buckets == 0 {
+            DEFAULT_BUCKETS
+        } else {
+            self.buckets
         }
     }
 }
@@ -73,12 +187,8 @@ impl RateSpec {
 
     fn build(&self) -> Result<Built, ConfigError> {
         let q = Quota::new(self.limit, self.window)?;
-        let burst = self.burst.unwrap_or(self.limit);
-        let buckets = if self.buckets == 0 {
-            DEFAULT_BUCKETS
-        } else {
-            self.buckets
-        };
+        let burst = self.burst_or_limit();
+        let buckets = self.buckets_or_default();
         Ok(match self.algorithm {
             RateAlgorithm::FixedWindow => {
                 Built::Fixed(FixedWindow::new(q)?.counting_denied(self.count_denied))
@@ -196,7 +306,7 @@ impl<C: Clock + Clone> KeyedRate<C> {
     }
 
     /// Asks for `n` units for `key` at an explicit time.
-    pub fn acquire_at(&self, key: &str, n: u64, now: weir_core::Nanos) -> Decision {
+    pub fn acquire_at(&self, key: &str, n: u64, now: Nanos) -> Decision {
         each!(self, l => l.acquire_at(key, n, now))
     }
 
@@ -207,7 +317,7 @@ impl<C: Clock + Clone> KeyedRate<C> {
     }
 
     /// [`KeyedRate::acquire_if_room`] at an explicit time.
-    pub fn acquire_if_room_at(&self, key: &str, n: u64, now: weir_core::Nanos) -> Option<Decision> {
+    pub fn acquire_if_room_at(&self, key: &str, n: u64, now: Nanos) -> Option<Decision> {
         each!(self, l => l.acquire_if_room_at(key, n, now))
     }
 
@@ -315,7 +425,7 @@ impl<C: Clock + Clone> SingleRate<C> {
 
     /// Asks for `n` units at `now`.
     #[inline]
-    pub fn acquire_at(&self, n: u64, now: weir_core::Nanos) -> Decision {
+    pub fn acquire_at(&self, n: u64, now: Nanos) -> Decision {
         each_single!(self, l => l.acquire_at(n, now))
     }
 }
