@@ -1,20 +1,30 @@
 //! Weir's servers as a library: what `weir serve` and `weir proxy` run, for any tokio program
 //! to embed. The `weir` binary only parses its command line and wires these together.
 //!
-//! - [`grpc`]: the gRPC port — `frame` (unary calls framed by hand on hyper), `router` (each
-//!   call to its service: rate limit, lease API, RLQS, health, reflection; and the port's
-//!   server), `batch` (streams run on their connection's task, answers written together).
+//! The layout, one concept per module, dependencies pointing down this list:
+//!
+//! - [`net`]: connection plumbing every server shares — `accept` (listeners, connection caps
+//!   per process and per address, graceful stop), `conn` (idle and header timeouts), `budget`
+//!   (request-body bounds). Nothing above it is known here.
+//! - [`reload`]: the configuration files' watcher, applying a changed file to its owner.
+//! - [`admin`]: the admin port's parts — `switches` (degradation switches and their API).
 //! - [`rls`]: Envoy's rate-limit service (RLS v3) on Lyft's configuration — `config` (the
-//!   file), `engine` (decisions, one clock read per request), `server` (the service and its
-//!   HTTP API), `grpc` (the method and its request message), `latency`, `dashboard`.
-//! - [`quota_api`], [`quota_grpc`], [`quota_ha`], [`rlqs`]: the cluster-quota lease server's
-//!   front ends — HTTP/JSON, gRPC, failover through Redis, Envoy's RLQS — over weir-quota's
-//!   sans-I/O core.
-//! - [`proxy`]: the reverse proxy applying weir-rules to any HTTP service, with its switches,
-//!   metrics, per-address upstream slots and paced request bodies.
-//! - Connection plumbing shared by all: [`accept`] (listeners, connection caps, graceful
-//!   stop), [`conn`] (per-connection timeouts), [`budget`] (request-body budgets), [`reload`]
-//!   (file watching), [`reflection`] (gRPC server reflection).
+//!   file), `store` (the seam: where counters live, memory or Redis), `engine` (matching and
+//!   Lyft's answers, one clock read per request), `server` (the service and its HTTP API),
+//!   `grpc` (the method and its request message), `latency`, `dashboard`, and `embed`
+//!   ([`rls::Server::builder`], the entry point for embedding).
+//! - [`quota`]: the cluster-quota lease server's front ends over weir-quota's sans-I/O core —
+//!   `api` (HTTP/JSON), `grpc`, `ha` (failover through Redis), `rlqs` (Envoy's RLQS streams).
+//! - [`grpc`]: the gRPC port — `frame` (unary calls framed by hand on hyper), `batch` (streams
+//!   run on their connection's task, answers written together), `reflection`, and `router`
+//!   (each call to its service: rate limit, lease API, RLQS, health, reflection; the port's
+//!   server). It is the one module that knows every gRPC service.
+//! - [`proxy`]: the reverse proxy applying weir-rules to any HTTP service, with its metrics,
+//!   per-address upstream slots and paced request bodies.
+//!
+//! A new server goes in its own module beside `rls`, `quota` and `proxy`, built on `net`; a
+//! new gRPC service is a module of its server listed in `grpc::router`; a new store for the
+//! rate-limit service implements `rls::store::Store`.
 //!
 //! Embedding the rate-limit service in an existing tokio program (Envoy would call the gRPC
 //! listener; here the JSON API answers one request):
@@ -54,15 +64,10 @@
 //! # }
 //! ```
 
-pub mod accept;
-pub mod budget;
-pub mod conn;
+pub mod admin;
 pub mod grpc;
+pub mod net;
 pub mod proxy;
-pub mod quota_api;
-pub mod quota_grpc;
-pub mod quota_ha;
-pub mod reflection;
+pub mod quota;
 pub mod reload;
-pub mod rlqs;
 pub mod rls;

@@ -241,9 +241,9 @@ pub async fn serve<S, B>(
     builder: impl FnOnce(ConnectionExecutor) -> hyper::server::conn::http2::Builder<ConnectionExecutor>,
     stream: TcpStream,
     service: S,
-    mut shutdown: crate::accept::Shutdown,
-    connection: Arc<crate::conn::Connection>,
-    timeouts: crate::conn::Timeouts,
+    mut shutdown: crate::net::accept::Shutdown,
+    connection: Arc<crate::net::conn::Connection>,
+    timeouts: crate::net::conn::Timeouts,
 ) -> Result<(), hyper::Error>
 where
     S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
@@ -263,7 +263,7 @@ where
     }));
     let executor = ConnectionExecutor::default();
     let io = hyper_util::rt::TokioIo::new(CoalescedIo(shared.clone()));
-    let service = crate::conn::Tracked::new(service, connection.clone());
+    let service = crate::net::conn::Tracked::new(service, connection.clone());
     let conn = builder(executor.clone()).serve_connection(io, service);
     let mut drain = Drain {
         conn: Box::pin(conn),
@@ -349,7 +349,7 @@ mod tests {
                         bytes::Bytes::from_static(b"answer"),
                     )))
                 });
-            let (_keep, shutdown) = crate::accept::shutdown();
+            let (_keep, shutdown) = crate::net::accept::shutdown();
             let _ = serve(
                 |e| {
                     let mut b = hyper::server::conn::http2::Builder::new(e);
@@ -359,8 +359,8 @@ mod tests {
                 s,
                 svc,
                 shutdown,
-                crate::conn::Connection::new(),
-                crate::conn::Timeouts::default(),
+                crate::net::conn::Connection::new(),
+                crate::net::conn::Timeouts::default(),
             )
             .await;
         });

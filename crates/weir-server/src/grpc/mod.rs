@@ -3,4 +3,5 @@
 
 pub mod batch;
 pub mod frame;
+pub mod reflection;
 pub mod router;

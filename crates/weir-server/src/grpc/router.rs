@@ -15,7 +15,7 @@ use weir_quota::proto::{REFRESH_PATH, RELEASE_PATH};
 
 use super::batch;
 use super::frame::{ok, status, unframe, Code, GrpcBody, MAX_MESSAGE};
-use crate::budget::{BodyError, Budget, ConnectionBudget};
+use crate::net::budget::{BodyError, Budget, ConnectionBudget};
 use crate::rls::grpc::{decode, PATH};
 use crate::rls::server::{to_proto, Service};
 
@@ -44,7 +44,7 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let (service, budget) = (self.service.clone(), self.budget.clone());
-        if let Some(mut reflection) = crate::reflection::server_for(req.uri().path()) {
+        if let Some(mut reflection) = crate::grpc::reflection::server_for(req.uri().path()) {
             return Box::pin(async move {
                 let r = tower::Service::call(&mut reflection, req).await;
                 Ok(match r {
@@ -53,7 +53,7 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
                 })
             });
         }
-        if req.uri().path() == crate::rlqs::PATH {
+        if req.uri().path() == crate::quota::rlqs::PATH {
             if let Some(q) = service.quota().filter(|q| q.serves_rlqs()) {
                 // A long-lived stream: tonic reads it as it comes (bounded per message),
                 // not the unary path's whole-body read.
@@ -85,7 +85,7 @@ where
     B::Error: std::fmt::Display,
 {
     let path = req.uri().path();
-    let health = path == crate::rlqs::HEALTH_PATH;
+    let health = path == crate::quota::rlqs::HEALTH_PATH;
     let quota = match service.quota() {
         _ if health => None,
         Some(q) if path == REFRESH_PATH || path == RELEASE_PATH => Some((q, path == REFRESH_PATH)),
@@ -127,7 +127,7 @@ where
         return match unframe(&body.bytes)
             .map_err(|(c, m)| (c, m.to_string()))
             .and_then(|m| {
-                crate::rlqs::HealthCheckRequest::decode(m).map_err(|e| {
+                crate::quota::rlqs::HealthCheckRequest::decode(m).map_err(|e| {
                     (
                         Code::InvalidArgument,
                         format!("bad HealthCheckRequest: {e}"),
@@ -138,14 +138,14 @@ where
                 let follower = service
                     .quota()
                     .is_some_and(|q| q.elsewhere(weir_core::Clock::now(&q.clock)).is_some());
-                ok(&crate::rlqs::health(follower))
+                ok(&crate::quota::rlqs::health(follower))
             }
             Err((code, m)) => status(code, &m),
         };
     }
     if let Some((api, refresh)) = quota {
         return match unframe(&body.bytes) {
-            Ok(m) => crate::quota_grpc::call(api, refresh, m, bearer.as_deref()),
+            Ok(m) => crate::quota::grpc::call(api, refresh, m, bearer.as_deref()),
             Err((code, m)) => status(code, m),
         };
     }
@@ -169,11 +169,11 @@ where
 pub async fn serve_grpc(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
-    limits: crate::accept::Limits,
+    limits: crate::net::accept::Limits,
     bodies: Arc<Budget>,
-    shutdown: crate::accept::Shutdown,
+    shutdown: crate::net::accept::Shutdown,
 ) {
-    crate::accept::serve(
+    crate::net::accept::serve(
         listener,
         limits.max_connections,
         "gRPC",
@@ -250,7 +250,7 @@ mod tests {
             .enable_time()
             .build()
             .unwrap();
-        let budget = crate::budget::Budget::new(Default::default()).connection();
+        let budget = crate::net::budget::Budget::new(Default::default()).connection();
         rt.block_on(handle(&service(), &budget, req))
     }
 

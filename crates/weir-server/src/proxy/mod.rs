@@ -12,7 +12,6 @@
 pub mod paced;
 mod prom;
 pub mod slots;
-pub mod switches;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -39,6 +38,7 @@ use weir_rules::watch::{Event, Watcher};
 use weir_tower::key::PeerAddr;
 use weir_tower::rules::RulesLayer;
 
+use crate::admin::switches;
 use paced::PacedBody;
 use slots::{AddressSlot, AddressSlots};
 
@@ -59,7 +59,7 @@ pub struct Settings {
     /// How often the rule file is checked for changes.
     pub reload_interval: Duration,
     /// Client connections: how many at once, first-request and idle timeouts.
-    pub limits: crate::accept::Limits,
+    pub limits: crate::net::accept::Limits,
     /// Most upstream requests in flight, all clients together (then 503).
     pub max_upstream_requests: usize,
     /// Most upstream requests in flight from one client address (an IPv6 /64); then 503.
@@ -124,7 +124,7 @@ pub struct ProxyStats {
     loops: AtomicU64,
     reloads_applied: AtomicU64,
     reloads_rejected: AtomicU64,
-    switch_changes: AtomicU64,
+    switch_changes: Arc<AtomicU64>,
     /// The gutter's decisions and breakers, when there is one.
     gutter: std::sync::OnceLock<weir_tower::gutter::Gutter<(), ()>>,
 }
@@ -729,7 +729,7 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
             .map(|a| format!(", dashboard: http://{a}/, metrics: http://{a}/metrics"))
             .unwrap_or_default()
     );
-    let (trigger, shutdown) = crate::accept::shutdown();
+    let (trigger, shutdown) = crate::net::accept::shutdown();
     if let Some(admin) = admin {
         dashboard.spawn_sampler();
         tokio::spawn(serve_admin(
@@ -746,7 +746,7 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         ));
     }
     let limits = s.limits;
-    let accept = crate::accept::serve(
+    let accept = crate::net::accept::serve(
         listener,
         limits.max_connections,
         "proxy",
@@ -782,10 +782,10 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
                 via,
                 stats,
             };
-            crate::accept::serve_http(stream, svc, limits.timeouts, sd, conn)
+            crate::net::accept::serve_http(stream, svc, limits.timeouts, sd, conn)
         },
     );
-    crate::accept::run_until_stopped("weir proxy", accept, trigger, s.drain_timeout).await;
+    crate::net::accept::run_until_stopped("weir proxy", accept, trigger, s.drain_timeout).await;
     if let Some(q) = quota {
         // Gives the leases back so other proxies get the capacity at once.
         q.shutdown().await;
@@ -827,8 +827,8 @@ struct Admin {
 async fn serve_admin(
     listener: tokio::net::TcpListener,
     admin: Admin,
-    timeouts: crate::conn::Timeouts,
-    shutdown: crate::accept::Shutdown,
+    timeouts: crate::net::conn::Timeouts,
+    shutdown: crate::net::accept::Shutdown,
 ) {
     use axum::routing::get;
     use weir_tower::dashboard;
@@ -845,7 +845,7 @@ async fn serve_admin(
         data = data.merge(switches::routes(switches::Switches {
             rules: rules.clone(),
             path: switch_file,
-            stats: stats.clone(),
+            changes: stats.switch_changes.clone(),
             lock: Default::default(),
         }));
     }
@@ -863,13 +863,13 @@ async fn serve_admin(
         .route("/healthz", get(|| async { "ok\n" }));
     // A handful of scrapers and probes at most: a small cap keeps a connection flood off the
     // proxy; at the cap the connection idle the longest makes room, so health checks get in.
-    crate::accept::serve(
+    crate::net::accept::serve(
         listener,
         ADMIN_CONNECTIONS,
         "admin",
         shutdown,
         move |stream, _, sd, conn| {
-            crate::accept::serve_http(stream, app.clone(), timeouts, sd, conn)
+            crate::net::accept::serve_http(stream, app.clone(), timeouts, sd, conn)
         },
     )
     .await;

@@ -11,8 +11,8 @@ use tokio::net::TcpListener;
 use super::engine::{EngineOptions, HeaderStyle};
 use super::server::{Admin, Service};
 use super::store::{MemoryStore, Store};
-use crate::accept::Limits;
-use crate::budget::{BodyLimits, Budget};
+use crate::net::accept::Limits;
+use crate::net::budget::{BodyLimits, Budget};
 
 /// Envoy's rate-limit service, ready to serve on listeners the caller opened.
 pub struct Server {
@@ -59,7 +59,7 @@ impl Server {
     /// Serves gRPC (`ShouldRateLimit`, health, reflection) on `listener` until `stop`
     /// completes, then lets the calls in flight finish.
     pub async fn serve_grpc(&self, listener: TcpListener, stop: impl Future<Output = ()>) {
-        let (trigger, shutdown) = crate::accept::shutdown();
+        let (trigger, shutdown) = crate::net::accept::shutdown();
         let serve = crate::grpc::router::serve_grpc(
             self.service.clone(),
             listener,
@@ -81,7 +81,7 @@ impl Server {
     ) {
         let dashboard = super::dashboard::dashboard(self.service.clone());
         dashboard.spawn_sampler();
-        let (trigger, shutdown) = crate::accept::shutdown();
+        let (trigger, shutdown) = crate::net::accept::shutdown();
         let serve = super::server::serve_http(
             self.service.clone(),
             listener,
@@ -98,7 +98,7 @@ impl Server {
 async fn until(
     serve: impl Future<Output = ()>,
     stop: impl Future<Output = ()>,
-    trigger: crate::accept::ShutdownTrigger,
+    trigger: crate::net::accept::ShutdownTrigger,
 ) {
     tokio::pin!(serve);
     tokio::select! {

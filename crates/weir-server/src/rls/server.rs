@@ -27,7 +27,7 @@ use super::engine::{
     BadRequest, Engine, EngineOptions, HeaderStyle, Request, RequestDescriptor, Response,
 };
 use super::store::Store;
-use crate::budget::{BodyError, Budget, ConnectionBudget};
+use crate::net::budget::{BodyError, Budget, ConnectionBudget};
 
 /// The bundled example configuration (served without `--config`).
 pub const EXAMPLE: &str = include_str!("../../../weir/config/example.yaml");
@@ -40,7 +40,7 @@ pub struct Service {
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     headers: HeaderStyle,
     latency: super::latency::Latency,
-    quota: Option<Arc<crate::quota_api::QuotaApi>>,
+    quota: Option<Arc<crate::quota::api::QuotaApi>>,
     last_reload: parking_lot::Mutex<Option<weir_tower::dashboard::Reload>>,
     /// The configuration's watcher, once [`Service::watch`] started it.
     watcher: parking_lot::Mutex<Option<weir_rules::watch::Watcher>>,
@@ -76,12 +76,12 @@ impl Service {
     }
 
     /// The cluster-quota lease API, if served.
-    pub fn quota(&self) -> Option<&Arc<crate::quota_api::QuotaApi>> {
+    pub fn quota(&self) -> Option<&Arc<crate::quota::api::QuotaApi>> {
         self.quota.as_ref()
     }
 
     /// Also serves the cluster-quota lease API (`quota_api`) on the HTTP and gRPC ports.
-    pub fn with_quota(mut self, quota: Arc<crate::quota_api::QuotaApi>) -> Self {
+    pub fn with_quota(mut self, quota: Arc<crate::quota::api::QuotaApi>) -> Self {
         self.quota = Some(quota);
         self
     }
@@ -573,10 +573,10 @@ pub struct Admin {
 pub async fn serve_http(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
-    limits: crate::accept::Limits,
+    limits: crate::net::accept::Limits,
     bodies: Arc<Budget>,
     admin: Admin,
-    shutdown: crate::accept::Shutdown,
+    shutdown: crate::net::accept::Shutdown,
 ) {
     use weir_tower::dashboard;
     let quota = service.quota.as_ref().map(|q| q.routes());
@@ -597,14 +597,14 @@ pub async fn serve_http(
     if let Some(q) = quota {
         app = app.merge(q);
     }
-    crate::accept::serve(
+    crate::net::accept::serve(
         listener,
         limits.max_connections,
         "HTTP",
         shutdown,
         move |stream, _, sd, conn| {
             let app = app.clone().layer(axum::Extension(bodies.connection()));
-            crate::accept::serve_http(stream, app, limits.timeouts, sd, conn)
+            crate::net::accept::serve_http(stream, app, limits.timeouts, sd, conn)
         },
     )
     .await;

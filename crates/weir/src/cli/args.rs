@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use weir::{duration, overload};
-use weir_server::{accept, conn, proxy};
+use weir_server::net::{accept, conn};
+use weir_server::proxy;
 
 #[derive(Parser)]
 #[command(

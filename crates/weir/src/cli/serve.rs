@@ -4,7 +4,8 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use weir_server::{accept, budget, rls};
+use weir_server::net::{accept, budget};
+use weir_server::rls;
 
 use super::args::*;
 use crate::{fail, runtime};
@@ -96,7 +97,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             let grpc = (args.grpc_addr.port() != 0 && !args.grpc_addr.ip().is_unspecified())
                 .then(|| args.grpc_addr.to_string());
             let grpc = args.quota_advertise_grpc.clone().or(grpc);
-            match weir_server::quota_ha::Ha::new(
+            match weir_server::quota::ha::Ha::new(
                 &args.store,
                 &args.quota_group,
                 &advertise,
@@ -112,8 +113,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let quota = match &args.quota {
         None => None,
         Some(p) => match match failover {
-            Some(h) => weir_server::quota_api::QuotaApi::load_with_failover(p.clone(), h),
-            None => weir_server::quota_api::QuotaApi::load(p.clone()),
+            Some(h) => weir_server::quota::api::QuotaApi::load_with_failover(p.clone(), h),
+            None => weir_server::quota::api::QuotaApi::load(p.clone()),
         } {
             Ok(q) => Some(q),
             Err(errors) => {

@@ -1,7 +1,7 @@
 //! The cluster-quota lease API over gRPC (`proto/weir/quota/v1/quota.proto`), on `weir
 //! serve`'s gRPC port beside the rate-limit service: unary `Refresh` and `Release`, framed by
 //! hand like `ShouldRateLimit` ([`crate::rls::grpc`]). The answers are those of the HTTP/JSON
-//! API ([`crate::quota_api`]); a server that is not the quota leader answers
+//! API ([`crate::quota::api`]); a server that is not the quota leader answers
 //! `FAILED_PRECONDITION` with the leader in the metadata `weir-quota-leader-grpc` and
 //! `weir-quota-leader-http`, or `UNAVAILABLE` while no leader is known.
 
@@ -15,7 +15,7 @@ use weir_quota::proto::{
 use weir_quota::Ask;
 
 use crate::grpc::frame::{ok, status, Code, GrpcBody};
-use crate::quota_api::{CallError, QuotaApi};
+use crate::quota::api::{CallError, QuotaApi};
 use weir_quota::clients::Denied;
 
 /// The status of a call refused as a whole.
@@ -82,13 +82,13 @@ pub fn call(
         request
             .resources
             .len()
-            .min(crate::quota_api::MAX_RESOURCES_PER_CALL),
+            .min(crate::quota::api::MAX_RESOURCES_PER_CALL),
     );
     for (i, r) in request
         .resources
         .iter()
         .enumerate()
-        .take(crate::quota_api::MAX_RESOURCES_PER_CALL)
+        .take(crate::quota::api::MAX_RESOURCES_PER_CALL)
     {
         let Ok(priority) = Priority::try_from(r.priority) else {
             let m = format!("resources[{i}].priority: unknown value {}", r.priority);

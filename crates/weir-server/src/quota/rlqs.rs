@@ -1,7 +1,7 @@
 //! Envoy's Rate Limit Quota Service on `weir serve`'s gRPC port
 //! (`envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas`), served
 //! when the quota file has an `rlqs` section: one bidirectional stream per Envoy, driven by a
-//! [`weir_quota::rlqs::Session`] on the lease server of [`QuotaApi`] (docs/rlqs.md).
+//! [`weir_quota::rlqs::Session`] on the lease server of [`super::api::QuotaApi`] (docs/rlqs.md).
 //!
 //! Tonic's generated server handles the stream (a long-lived bidirectional call is not worth
 //! framing by hand; the hot path of `ShouldRateLimit` stays hand-framed). Each stream's task
@@ -35,7 +35,7 @@ use weir_quota::rlqs::{RlqsTotals, Session};
 use weir_core::MonotonicClock;
 use weir_quota::server::LeaseServer;
 
-use crate::quota_ha::Ha;
+use crate::quota::ha::Ha;
 
 /// The RLQS method's path.
 pub const PATH: &str =
@@ -75,7 +75,7 @@ impl Rlqs {
 
     /// Whether another server leads the quota at `now` (streams are then refused and ended).
     fn following(&self, now: weir_core::Nanos) -> bool {
-        crate::quota_ha::elsewhere(self.ha.as_deref(), now).is_some()
+        crate::quota::ha::elsewhere(self.ha.as_deref(), now).is_some()
     }
 
     /// The tonic service to route RLQS calls to.

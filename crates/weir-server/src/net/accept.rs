@@ -5,7 +5,7 @@
 //!   connection is accepted and the connection idle the longest (no request in flight) is asked
 //!   to close to make room; when every connection has a request in flight, the new one waits
 //!   for a slot (and further ones in the kernel's backlog). Idle connections — including ones
-//!   that never send a request — close on their own after a timeout ([`crate::conn`]), so a
+//!   that never send a request — close on their own after a timeout ([`crate::net::conn`]), so a
 //!   flood of them costs a bounded number of descriptors and tasks and locks no one out.
 //! - `TCP_NODELAY` on every socket: Nagle + delayed ACK otherwise stall a caller that
 //!   multiplexes streams on one connection (Envoy opens one per worker) for 40 ms.
@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
-use crate::conn::{Connection, Timeouts, Tracked};
+use crate::net::conn::{Connection, Timeouts, Tracked};
 
 /// Says "stop" to every [`Shutdown`] made with it.
 pub struct ShutdownTrigger(watch::Sender<bool>);
@@ -115,7 +115,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: 10_000,
-            timeouts: crate::conn::Timeouts::default(),
+            timeouts: crate::net::conn::Timeouts::default(),
         }
     }
 }

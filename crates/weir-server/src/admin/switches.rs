@@ -22,8 +22,6 @@ use axum::{Json, Router};
 use serde_json::json;
 use weir_rules::engine::Rules;
 
-use super::ProxyStats;
-
 /// Largest state file read back (a few bytes per switch).
 pub const MAX_STATE_BYTES: u64 = 1 << 20;
 
@@ -96,8 +94,8 @@ pub struct Switches {
     pub rules: Arc<Rules<weir_core::AnyClock>>,
     /// The state file.
     pub path: PathBuf,
-    /// Counters (`switch_changes`).
-    pub stats: Arc<ProxyStats>,
+    /// Changes made through the API (the `weir_switch_changes` metric).
+    pub changes: Arc<std::sync::atomic::AtomicU64>,
     /// Serialises changes, so the file always holds the last one.
     pub lock: Arc<tokio::sync::Mutex<()>>,
 }
@@ -155,7 +153,7 @@ async fn set(s: Switches, id: String, state: Option<bool>) -> Response {
         return (StatusCode::NOT_FOUND, Json(json!({"error": e.to_string()}))).into_response();
     }
     let on = state;
-    s.stats.switch_changes.fetch_add(1, Ordering::Relaxed);
+    s.changes.fetch_add(1, Ordering::Relaxed);
     let states = s.rules.switch_overrides();
     let path = s.path.clone();
     let saved = tokio::task::spawn_blocking(move || save(&path, &states)).await;

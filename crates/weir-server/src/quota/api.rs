@@ -34,7 +34,7 @@ use weir_quota::config::QuotaConfig;
 use weir_quota::server::LeaseServer;
 use weir_quota::Ask;
 
-use crate::budget::ConnectionBudget;
+use crate::net::budget::ConnectionBudget;
 
 /// Largest request body of the quota API.
 const MAX_BODY: usize = 1 << 20;
@@ -66,9 +66,9 @@ pub struct QuotaApi {
     pub(crate) clock: MonotonicClock,
     path: PathBuf,
     /// Failover through Redis, when several servers share the quota.
-    pub(crate) ha: Option<Arc<crate::quota_ha::Ha>>,
+    pub(crate) ha: Option<Arc<crate::quota::ha::Ha>>,
     /// Envoy's RLQS on this lease server (made on first use).
-    rlqs: std::sync::OnceLock<Arc<crate::rlqs::Rlqs>>,
+    rlqs: std::sync::OnceLock<Arc<crate::quota::rlqs::Rlqs>>,
     /// The quota file's watcher, once [`QuotaApi::watch`] started it.
     watcher: parking_lot::Mutex<Option<weir_rules::watch::Watcher>>,
 }
@@ -80,12 +80,15 @@ impl QuotaApi {
     }
 
     /// Loads `path` for one of several servers sharing the quota through Redis: only the
-    /// elected leader allocates ([`crate::quota_ha`]); the others name it.
-    pub fn load_with_failover(path: PathBuf, ha: crate::quota_ha::Ha) -> Result<Arc<Self>, String> {
+    /// elected leader allocates ([`crate::quota::ha`]); the others name it.
+    pub fn load_with_failover(
+        path: PathBuf,
+        ha: crate::quota::ha::Ha,
+    ) -> Result<Arc<Self>, String> {
         Self::open(path, Some(ha))
     }
 
-    fn open(path: PathBuf, ha: Option<crate::quota_ha::Ha>) -> Result<Arc<Self>, String> {
+    fn open(path: PathBuf, ha: Option<crate::quota::ha::Ha>) -> Result<Arc<Self>, String> {
         let config = QuotaConfig::load(&path).map_err(|e| e.to_string())?;
         let clock = MonotonicClock::new();
         Ok(Arc::new(Self {
@@ -98,7 +101,7 @@ impl QuotaApi {
         }))
     }
 
-    /// Refuses the id of an open RLQS stream's bucket ([`crate::rlqs::Rlqs::owns`]).
+    /// Refuses the id of an open RLQS stream's bucket ([`crate::quota::rlqs::Rlqs::owns`]).
     fn not_an_envoy(&self, client: &str) -> Result<(), String> {
         match self.rlqs.get() {
             Some(r) if r.owns(client) => Err(format!(
@@ -110,22 +113,22 @@ impl QuotaApi {
 
     /// `None` when this server may allocate now; otherwise where the quota leader is
     /// (`Some(None)`: no leader known yet).
-    pub fn elsewhere(&self, now: weir_core::Nanos) -> Option<Option<crate::quota_ha::Leader>> {
-        crate::quota_ha::elsewhere(self.ha.as_deref(), now)
+    pub fn elsewhere(&self, now: weir_core::Nanos) -> Option<Option<crate::quota::ha::Leader>> {
+        crate::quota::ha::elsewhere(self.ha.as_deref(), now)
     }
 
     /// Starts campaigning for the leadership, when this server shares the quota through
     /// Redis (until it is dropped or resigns).
     pub fn start_failover(&self) {
         if let Some(ha) = &self.ha {
-            crate::quota_ha::start(&self.server, self.clock.clone(), ha);
+            crate::quota::ha::start(&self.server, self.clock.clone(), ha);
         }
     }
 
-    /// A stopping leader steps down ([`crate::quota_ha::resign`]).
+    /// A stopping leader steps down ([`crate::quota::ha::resign`]).
     pub async fn resign(&self) {
         if let Some(ha) = &self.ha {
-            crate::quota_ha::resign(&self.server, &self.clock, ha).await;
+            crate::quota::ha::resign(&self.server, &self.clock, ha).await;
         }
     }
 
@@ -145,10 +148,14 @@ impl QuotaApi {
     }
 
     /// The RLQS service on this lease server.
-    pub fn rlqs(self: &Arc<Self>) -> Arc<crate::rlqs::Rlqs> {
+    pub fn rlqs(self: &Arc<Self>) -> Arc<crate::quota::rlqs::Rlqs> {
         self.rlqs
             .get_or_init(|| {
-                crate::rlqs::Rlqs::new(self.server.clone(), self.clock.clone(), self.ha.clone())
+                crate::quota::rlqs::Rlqs::new(
+                    self.server.clone(),
+                    self.clock.clone(),
+                    self.ha.clone(),
+                )
             })
             .clone()
     }
@@ -476,7 +483,7 @@ async fn refresh(
         ));
     }
     let now = api.clock.now();
-    if let Some(r) = crate::quota_ha::not_leader(api.ha.as_deref(), now) {
+    if let Some(r) = crate::quota::ha::not_leader(api.ha.as_deref(), now) {
         return r;
     }
     let count = b.resources.len();
@@ -527,7 +534,7 @@ async fn release(
             Err(e) => return bad(e),
         }
     }
-    if let Some(r) = crate::quota_ha::not_leader(api.ha.as_deref(), api.clock.now()) {
+    if let Some(r) = crate::quota::ha::not_leader(api.ha.as_deref(), api.clock.now()) {
         return r;
     }
     match api.release(&b.client, token.as_deref(), &resources) {

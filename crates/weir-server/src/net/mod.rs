@@ -1,0 +1,7 @@
+//! Connection plumbing shared by every server: [`accept`] (listeners, connection caps per
+//! process and per address, graceful stop), [`conn`] (per-connection idle and header
+//! timeouts), [`budget`] (request-body bounds per body and in all).
+
+pub mod accept;
+pub mod budget;
+pub mod conn;
