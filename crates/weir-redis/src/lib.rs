@@ -123,8 +123,11 @@ impl Default for RedisConfig {
     }
 }
 
+/// The kinds of failed calls counted in [`Status::errors_by_kind`].
+pub const ERROR_KINDS: [&str; 3] = ["timeout", "connection", "answer"];
+
 /// Counters of a [`RedisLimiter`] (also exported through `metrics`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Status {
     /// Decisions are being made by Redis (false: by the fallback).
     pub on_redis: bool,
@@ -132,6 +135,9 @@ pub struct Status {
     pub fallback_decisions: u64,
     /// Failed or timed-out calls.
     pub errors: u64,
+    /// [`Status::errors`] by kind: `timeout`, `connection` (the store unreachable) and
+    /// `answer` (Redis answered with an error).
+    pub errors_by_kind: [(&'static str, u64); 3],
     /// Switches from Redis to the fallback.
     pub to_fallback: u64,
     /// Switches back to Redis.
@@ -169,6 +175,8 @@ struct Inner {
     lease_seq: AtomicU64,
     fallback_decisions: AtomicU64,
     errors: AtomicU64,
+    /// Errors by kind, in [`ERROR_KINDS`] order.
+    errors_by_kind: [AtomicU64; 3],
     to_fallback: AtomicU64,
     to_redis: AtomicU64,
     cache_hits: AtomicU64,
@@ -216,6 +224,7 @@ impl RedisLimiter {
                 lease_seq: AtomicU64::new(0),
                 fallback_decisions: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
+                errors_by_kind: Default::default(),
                 to_fallback: AtomicU64::new(0),
                 to_redis: AtomicU64::new(0),
                 cache_hits: AtomicU64::new(0),
@@ -241,6 +250,9 @@ impl RedisLimiter {
             on_redis: i.healthy.load(Ordering::Acquire),
             fallback_decisions: i.fallback_decisions.load(Ordering::Relaxed),
             errors: i.errors.load(Ordering::Relaxed),
+            errors_by_kind: std::array::from_fn(|k| {
+                (ERROR_KINDS[k], i.errors_by_kind[k].load(Ordering::Relaxed))
+            }),
             to_fallback: i.to_fallback.load(Ordering::Relaxed),
             to_redis: i.to_redis.load(Ordering::Relaxed),
             cache_hits: i.cache_hits.load(Ordering::Relaxed),
@@ -501,12 +513,14 @@ impl Inner {
     /// fallback and starts the probe.
     fn failed(self: &Arc<Self>, e: &StoreError) {
         self.errors.fetch_add(1, Ordering::Relaxed);
-        let kind = match e {
-            StoreError::Timeout(_) => "timeout",
-            StoreError::Redis(r) if is_outage(r) => "connection",
-            StoreError::NotConnected => "connection",
-            _ => "answer",
+        let k = match e {
+            StoreError::Timeout(_) => 0,
+            StoreError::Redis(r) if is_outage(r) => 1,
+            StoreError::NotConnected => 1,
+            _ => 2,
         };
+        self.errors_by_kind[k].fetch_add(1, Ordering::Relaxed);
+        let kind = ERROR_KINDS[k];
         metrics::counter!("weir_redis_errors_total", "kind" => kind).increment(1);
         if kind == "answer" {
             tracing::error!(target: "weir_redis", "redis call failed: {e}");

@@ -2,22 +2,52 @@
 //! file) when their contents change, on weir-rules' one file watcher
 //! ([`weir_rules::watch::Watcher`]): the owner's `reload` runs on the watcher's thread, never on
 //! a runtime worker, so a large or pathological file does not hold up requests. Each outcome
-//! is one log event (`tracing`) per error and a `result="applied"|"rejected"` count on
-//! `metric`.
+//! is one log event (`tracing`) per error and one count in the owner's [`Reloads`].
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use weir_rules::watch::Watcher;
 
+/// Changes of a watched file seen so far, by result.
+#[derive(Debug, Default)]
+pub struct Reloads {
+    /// Changes applied.
+    pub applied: AtomicU64,
+    /// Changes refused (the previous file stays in force).
+    pub rejected: AtomicU64,
+}
+
+impl Reloads {
+    /// Writes the counts as the counter `name` (`_total`) by `result`.
+    pub fn encode(
+        &self,
+        enc: &mut crate::admin::metrics::Encoder,
+        name: &str,
+        help: &str,
+    ) -> std::fmt::Result {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        crate::admin::metrics::counters(
+            enc,
+            name,
+            help,
+            [
+                ([("result", "applied")], load(&self.applied)),
+                ([("result", "rejected")], load(&self.rejected)),
+            ],
+        )
+    }
+}
+
 /// Watches `path` for `owner` (until the watcher or `owner` is dropped), calling `reload` on a
-/// change; `what` names the file in the messages.
+/// change and counting the outcome in `counts`; `what` names the file in the messages.
 pub fn watch<S: Send + Sync + 'static>(
     owner: &Arc<S>,
     path: PathBuf,
     interval: Duration,
-    metric: &'static str,
+    counts: Arc<Reloads>,
     what: &'static str,
     reload: fn(&S) -> Result<(), Vec<String>>,
 ) -> std::io::Result<Watcher> {
@@ -29,11 +59,11 @@ pub fn watch<S: Send + Sync + 'static>(
         };
         match reload(&me) {
             Ok(()) => {
-                metrics::counter!(metric, "result" => "applied").increment(1);
+                counts.applied.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(file = %file.display(), "reloaded the {what}");
             }
             Err(errors) => {
-                metrics::counter!(metric, "result" => "rejected").increment(1);
+                counts.rejected.fetch_add(1, Ordering::Relaxed);
                 for e in errors {
                     tracing::error!("reload kept the previous {what}: {e}");
                 }

@@ -236,7 +236,7 @@ mod tests {
             None,
             Arc::new(MemoryStore::default()),
             EngineOptions::default(),
-            None,
+            Arc::default(),
         )
         .expect("bundled example")
     }

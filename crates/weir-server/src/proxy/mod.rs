@@ -9,8 +9,8 @@
 //! serves the live dashboard (weir-tower's `dashboard`), `/metrics` (Prometheus text) and
 //! `/healthz`; `--admin-token` puts the dashboard's data and `/metrics` behind a bearer token.
 
+mod metrics;
 pub mod paced;
-mod prom;
 pub mod slots;
 
 use std::convert::Infallible;
@@ -849,12 +849,19 @@ async fn serve_admin(
             lock: Default::default(),
         }));
     }
+    let registry = Arc::new(crate::admin::metrics::Metrics::new());
+    registry.register(metrics::ProxyCollector { rules, stats });
     let data = data
         .route(
             "/metrics",
             get(move || {
-                let text = prom::render(rules.snapshot(), &stats);
-                async move { ([(header::CONTENT_TYPE, prom::CONTENT_TYPE)], text) }
+                let text = registry.render();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, crate::admin::metrics::CONTENT_TYPE)],
+                        text,
+                    )
+                }
             }),
         )
         .merge(dash.api_router());

@@ -71,6 +71,8 @@ pub struct QuotaApi {
     rlqs: std::sync::OnceLock<Arc<crate::quota::rlqs::Rlqs>>,
     /// The quota file's watcher, once [`QuotaApi::watch`] started it.
     watcher: parking_lot::Mutex<Option<weir_rules::watch::Watcher>>,
+    /// Changes of the quota file seen.
+    reloads: Arc<crate::reload::Reloads>,
 }
 
 impl QuotaApi {
@@ -97,6 +99,7 @@ impl QuotaApi {
             path,
             ha: ha.map(Arc::new),
             rlqs: std::sync::OnceLock::new(),
+            reloads: Arc::default(),
             watcher: parking_lot::Mutex::new(None),
         }))
     }
@@ -167,7 +170,7 @@ impl QuotaApi {
             self,
             self.path.clone(),
             interval,
-            "weir_quota_reloads_total",
+            self.reloads.clone(),
             "quota configuration",
             Self::reload,
         ) {
@@ -258,90 +261,104 @@ impl QuotaApi {
             .collect()
     }
 
-    /// Prometheus text for every resource in use, its clients (at most
-    /// [`MAX_CLIENT_SERIES`] series) and the failover role.
-    pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write;
+    /// Writes the lease server's families: every resource in use, its clients (at most
+    /// [`MAX_CLIENT_SERIES`] series), reloads, the failover role and RLQS.
+    pub fn encode(&self, enc: &mut crate::admin::metrics::Encoder) -> std::fmt::Result {
+        use crate::admin::metrics::{counters, gauges};
         let now = self.clock.now();
         let all = self.server.allocations(now);
-        let families = [
+        let gauge_fields: [(&str, &str, Field<f64>); 4] = [
             (
                 "weir_quota_capacity",
-                "gauge",
                 "Units per second of the resource.",
+                |a| a.capacity,
             ),
             (
                 "weir_quota_wants",
-                "gauge",
                 "Sum of the clients' demands (units/s).",
+                |a| a.wants,
             ),
             (
                 "weir_quota_granted",
-                "gauge",
                 "Sum of unexpired grants (units/s).",
+                |a| a.granted,
             ),
-            ("weir_quota_clients", "gauge", "Clients holding a lease."),
+            ("weir_quota_clients", "Clients holding a lease.", |a| {
+                a.clients.len() as f64
+            }),
+        ];
+        for (name, help, field) in gauge_fields {
+            let rows = all
+                .iter()
+                .map(|a| ([("resource", a.resource.as_str())], field(a)));
+            gauges(enc, name, help, rows)?;
+        }
+        let counter_fields: [(&str, &str, Field<u64>); 2] = [
+            ("weir_quota_refreshes", "Lease refreshes answered.", |a| {
+                a.refreshes
+            }),
             (
-                "weir_quota_refreshes_total",
-                "counter",
-                "Lease refreshes answered.",
-            ),
-            (
-                "weir_quota_expirations_total",
-                "counter",
+                "weir_quota_expirations",
                 "Leases that lapsed without a refresh.",
+                |a| a.expirations,
             ),
         ];
-        for (i, (name, kind, help)) in families.iter().enumerate() {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for a in &all {
-                let v = match i {
-                    0 => a.capacity,
-                    1 => a.wants,
-                    2 => a.granted,
-                    3 => a.clients.len() as f64,
-                    4 => a.refreshes as f64,
-                    _ => a.expirations as f64,
-                };
-                let _ = writeln!(out, "{name}{{resource=\"{}\"}} {v}", escape(&a.resource));
-            }
+        for (name, help, field) in counter_fields {
+            let rows = all
+                .iter()
+                .map(|a| ([("resource", a.resource.as_str())], field(a)));
+            counters(enc, name, help, rows)?;
         }
         for (i, (name, help)) in [
             ("weir_quota_client_wants", "A client's demand (units/s)."),
             ("weir_quota_client_granted", "A client's grant (units/s)."),
         ]
-        .iter()
+        .into_iter()
         .enumerate()
         {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-            let rows = all
+            let labels: Vec<([(&str, &str); 2], f64)> = all
                 .iter()
                 .flat_map(|a| a.clients.iter().map(move |c| (&a.resource, c)))
-                .take(MAX_CLIENT_SERIES);
-            for (resource, (client, wants, granted, _)) in rows {
-                let v = if i == 0 { wants } else { granted };
-                let _ = writeln!(
-                    out,
-                    "{name}{{resource=\"{}\",client=\"{}\"}} {v}",
-                    escape(resource),
-                    escape(client)
-                );
-            }
+                .take(MAX_CLIENT_SERIES)
+                .map(|(resource, (client, wants, granted, _))| {
+                    let v = if i == 0 { *wants } else { *granted };
+                    (
+                        [("resource", resource.as_str()), ("client", client.as_str())],
+                        v,
+                    )
+                })
+                .collect();
+            gauges(enc, name, help, labels)?;
         }
+        self.reloads.encode(
+            enc,
+            "weir_quota_reloads",
+            "Quota file changes seen, by result.",
+        )?;
         if let Some(ha) = &self.ha {
-            ha.render_metrics(now, out);
+            ha.encode(now, enc)?;
         }
         if let Some(r) = self.rlqs.get() {
-            r.render_metrics(out);
+            r.encode(enc)?;
         }
+        Ok(())
     }
 }
 
-/// A Prometheus label value: `\`, `"` and newlines escaped.
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// One value of a resource's allocation.
+type Field<T> = fn(&weir_quota::server::Allocation) -> T;
+
+/// The lease server's metrics collector (holds the API weakly: a dropped API reports none).
+#[derive(Debug)]
+pub struct Collector(pub std::sync::Weak<QuotaApi>);
+
+impl crate::admin::metrics::Collector for Collector {
+    fn encode(&self, mut enc: crate::admin::metrics::Encoder) -> std::fmt::Result {
+        match self.0.upgrade() {
+            Some(api) => api.encode(&mut enc),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Deserialize)]

@@ -110,33 +110,36 @@ impl Ha {
         })
     }
 
-    /// Prometheus text: the role and the counts of this server.
-    pub fn render_metrics(&self, now: Nanos, out: &mut String) {
-        use std::fmt::Write;
+    /// Writes the failover families: the role and the counts of this server.
+    pub fn encode(&self, now: Nanos, enc: &mut crate::admin::metrics::Encoder) -> std::fmt::Result {
+        use crate::admin::metrics::{counter, gauges};
         let role = self.leadership.lock().role(now);
-        let _ = writeln!(
-            out,
-            "# HELP weir_quota_role 1 for this server's failover role.\n# TYPE weir_quota_role gauge"
-        );
-        for r in ["leader", "holding", "follower"] {
-            let on = matches!(
+        let on = |r: &str| {
+            matches!(
                 (&role, r),
                 (Role::Leader, "leader")
                     | (Role::Holding { .. }, "holding")
                     | (Role::Follower { .. }, "follower")
-            );
-            let _ = writeln!(out, "weir_quota_role{{role=\"{r}\"}} {}", u8::from(on));
-        }
-        let _ = writeln!(
-            out,
-            "# HELP weir_quota_elections_total Times this server was elected leader.\n# TYPE weir_quota_elections_total counter\nweir_quota_elections_total {}",
-            self.elections.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP weir_quota_store_errors_total Campaigns that could not reach Redis.\n# TYPE weir_quota_store_errors_total counter\nweir_quota_store_errors_total {}",
-            self.errors.load(Ordering::Relaxed)
-        );
+            )
+        };
+        gauges(
+            enc,
+            "weir_quota_role",
+            "1 for this server's failover role.",
+            ["leader", "holding", "follower"].map(|r| ([("role", r)], f64::from(u8::from(on(r))))),
+        )?;
+        counter(
+            enc,
+            "weir_quota_elections",
+            "Times this server was elected leader.",
+            self.elections.load(Ordering::Relaxed),
+        )?;
+        counter(
+            enc,
+            "weir_quota_store_errors",
+            "Campaigns that could not reach Redis.",
+            self.errors.load(Ordering::Relaxed),
+        )
     }
 }
 

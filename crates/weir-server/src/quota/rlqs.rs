@@ -110,59 +110,53 @@ impl Rlqs {
         id
     }
 
-    /// Prometheus text.
-    pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write;
+    /// Writes the RLQS families.
+    pub fn encode(&self, enc: &mut crate::admin::metrics::Encoder) -> std::fmt::Result {
+        use crate::admin::metrics::{counter, gauge};
         let t = &self.totals;
-        for (name, kind, help, v) in [
-            (
-                "weir_rlqs_streams",
-                "gauge",
-                "RLQS streams open.",
-                t.streams.load(Ordering::Relaxed) as u64,
-            ),
-            (
-                "weir_rlqs_buckets",
-                "gauge",
-                "RLQS buckets tracked.",
-                t.buckets.load(Ordering::Relaxed) as u64,
-            ),
-            (
-                "weir_rlqs_reports_total",
-                "counter",
-                "Bucket usage reports received.",
-                t.reports.load(Ordering::Relaxed),
-            ),
-            (
-                "weir_rlqs_assignments_total",
-                "counter",
-                "Quota assignments sent.",
-                t.assignments.load(Ordering::Relaxed),
-            ),
-            (
-                "weir_rlqs_abandoned_idle_total",
-                "counter",
-                "Buckets abandoned after their idle time.",
-                t.abandoned_idle.load(Ordering::Relaxed),
-            ),
-            (
-                "weir_rlqs_refused_total",
-                "counter",
-                "Buckets refused (abandoned at once): a bound reached, or an id too long.",
-                t.refused.load(Ordering::Relaxed),
-            ),
-            (
-                "weir_rlqs_unmatched_total",
-                "counter",
-                "Buckets no rule matches (no assignment sent).",
-                t.unmatched.load(Ordering::Relaxed),
-            ),
-        ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-            );
-        }
+        gauge(
+            enc,
+            "weir_rlqs_streams",
+            "RLQS streams open.",
+            t.streams.load(Ordering::Relaxed) as f64,
+        )?;
+        gauge(
+            enc,
+            "weir_rlqs_buckets",
+            "RLQS buckets tracked.",
+            t.buckets.load(Ordering::Relaxed) as f64,
+        )?;
+        counter(
+            enc,
+            "weir_rlqs_reports",
+            "Bucket usage reports received.",
+            t.reports.load(Ordering::Relaxed),
+        )?;
+        counter(
+            enc,
+            "weir_rlqs_assignments",
+            "Quota assignments sent.",
+            t.assignments.load(Ordering::Relaxed),
+        )?;
+        counter(
+            enc,
+            "weir_rlqs_abandoned_idle",
+            "Buckets abandoned after their idle time.",
+            t.abandoned_idle.load(Ordering::Relaxed),
+        )?;
+        counter(
+            enc,
+            "weir_rlqs_refused",
+            "Buckets refused (abandoned at once): a bound reached, or an id too long.",
+            t.refused.load(Ordering::Relaxed),
+        )?;
+        counter(
+            enc,
+            "weir_rlqs_unmatched",
+            "Buckets no rule matches (no assignment sent).",
+            t.unmatched.load(Ordering::Relaxed),
+        )?;
+        Ok(())
     }
 }
 

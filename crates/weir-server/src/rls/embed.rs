@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use super::engine::{EngineOptions, HeaderStyle};
 use super::server::{Admin, Service};
 use super::store::{MemoryStore, Store};
+use crate::admin::metrics::Metrics;
 use crate::net::accept::Limits;
 use crate::net::budget::{BodyLimits, Budget};
 
@@ -30,6 +31,7 @@ pub struct Builder {
     headers: HeaderStyle,
     limits: Limits,
     bodies: BodyLimits,
+    metrics: Arc<Metrics>,
 }
 
 /// Why a [`Server`] could not be built: every error of the configuration, each with its file,
@@ -48,6 +50,7 @@ impl Server {
             headers: HeaderStyle::None,
             limits: Limits::default(),
             bodies: BodyLimits::default(),
+            metrics: Arc::default(),
         }
     }
 
@@ -147,15 +150,27 @@ impl Builder {
         self
     }
 
+    /// The metrics registry to report to (default: one of its own); share one with the
+    /// program's other servers to serve a single `/metrics`.
+    pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
     /// Loads the configuration and builds the engine.
     pub fn build(self) -> Result<Server, BuildError> {
-        let service = Service::new(self.config, self.store, self.options, None)
+        let service = Service::new(self.config, self.store, self.options, self.metrics)
             .map_err(BuildError)?
-            .with_headers(self.headers);
+            .with_headers(self.headers)
+            .start();
+        let bodies = Budget::new(self.bodies);
+        service
+            .metrics()
+            .register(super::metrics::BufferedBodies(bodies.clone()));
         Ok(Server {
-            service: Arc::new(service),
+            service,
             limits: self.limits,
-            bodies: Budget::new(self.bodies),
+            bodies,
         })
     }
 }

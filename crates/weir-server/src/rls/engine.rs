@@ -131,9 +131,10 @@ pub struct Rule {
     detailed_metric: bool,
     /// The counters (none for `unlimited` and `requests_per_unit: 0`).
     counter: Option<Arc<dyn Counter>>,
-    metrics: RuleMetrics,
-    /// Per-value metric handles (bounded by [`MAX_METRIC_VALUES`]).
-    value_metrics: Mutex<HashMap<Box<str>, Arc<RuleMetrics>>>,
+    metrics: Arc<RuleMetrics>,
+    /// Per-value metric counts (bounded by [`MAX_METRIC_VALUES`]), kept across reloads
+    /// with the rule's own.
+    value_metrics: Arc<Mutex<HashMap<Box<str>, Arc<RuleMetrics>>>>,
     /// The dashboard's counters, kept across reloads while the id stays.
     pub counts: Arc<RuleCounts>,
     /// Built once, cloned (two reference counts) into every status.
@@ -145,24 +146,18 @@ pub struct Rule {
 /// without bound.
 pub const MAX_METRIC_VALUES: usize = 1_000;
 
-/// Metric handles registered once per rule (no label allocation per request).
-struct RuleMetrics {
-    hits: metrics::Counter,
-    over_limit: metrics::Counter,
-    near_limit: metrics::Counter,
-    shadow_over_limit: metrics::Counter,
-}
-
-impl RuleMetrics {
-    fn new(id: &str) -> Self {
-        let rule = id.to_string();
-        Self {
-            hits: metrics::counter!("weir_rls_hits_total", "rule" => rule.clone()),
-            over_limit: metrics::counter!("weir_rls_over_limit_total", "rule" => rule.clone()),
-            near_limit: metrics::counter!("weir_rls_near_limit_total", "rule" => rule.clone()),
-            shadow_over_limit: metrics::counter!("weir_rls_shadow_over_limit_total", "rule" => rule),
-        }
-    }
+/// The Prometheus counts of one metric label (`weir_rls_*_total{rule=…}`), kept in relaxed
+/// atomics on the request path and read by [`super::metrics`] at a scrape.
+#[derive(Debug, Default)]
+pub struct RuleMetrics {
+    /// Hits counted.
+    pub hits: AtomicU64,
+    /// Hits answered OVER_LIMIT.
+    pub over_limit: AtomicU64,
+    /// Hits let through with less than a tenth of the limit left.
+    pub near_limit: AtomicU64,
+    /// Hits over the limit in shadow mode.
+    pub shadow_over_limit: AtomicU64,
 }
 
 /// Cumulative counts of one rule, for the dashboard (the Prometheus counters are write-only).
@@ -693,26 +688,35 @@ impl Engine {
             &rule.metrics
         };
         let c = &rule.counts;
-        metrics.hits.increment(hits);
+        let add = |c: &AtomicU64| c.fetch_add(hits, Ordering::Relaxed);
+        add(&metrics.hits);
         c.hits.fetch_add(hits, Ordering::Relaxed);
         if exceeded {
             if rule.shadow {
-                metrics.shadow_over_limit.increment(hits);
+                add(&metrics.shadow_over_limit);
                 c.shadow_over_limit.fetch_add(hits, Ordering::Relaxed);
             } else {
-                metrics.over_limit.increment(hits);
+                add(&metrics.over_limit);
                 c.over_limit.fetch_add(hits, Ordering::Relaxed);
             }
             if let Some(mut top) = c.top.try_lock() {
                 top.record_n(&descriptor_text(&d.entries), hits);
             }
         } else if remaining * 10 < rule.limit.requests_per_unit {
-            metrics.near_limit.increment(hits);
+            add(&metrics.near_limit);
         }
     }
 }
 
 impl Rule {
+    /// Visits this rule's metric labels with their counts: its id, then each per-value label.
+    pub fn metric_series(&self, mut visit: impl FnMut(&str, &RuleMetrics)) {
+        visit(&self.id, &self.metrics);
+        for (label, m) in self.value_metrics.lock().iter() {
+            visit(label, m);
+        }
+    }
+
     /// The metric handles of one per-value label (`None` past [`MAX_METRIC_VALUES`] or when
     /// the label is the rule's own).
     fn value_metrics(&self, key: &str) -> Option<Arc<RuleMetrics>> {
@@ -726,7 +730,7 @@ impl Rule {
         if map.len() >= MAX_METRIC_VALUES {
             return None;
         }
-        let m = Arc::new(RuleMetrics::new(key));
+        let m = Arc::new(RuleMetrics::default());
         map.insert(key.into(), m.clone());
         Some(m)
     }
@@ -1049,8 +1053,10 @@ impl Built<'_> {
                 unit,
                 quota: limit.requests_per_unit,
             },
-            metrics: RuleMetrics::new(id),
-            value_metrics: Mutex::new(HashMap::new()),
+            metrics: previous.map(|p| p.metrics.clone()).unwrap_or_default(),
+            value_metrics: previous
+                .map(|p| p.value_metrics.clone())
+                .unwrap_or_default(),
             per_value_metrics: d.detailed_metric || value_to_metric,
             detailed_metric: d.detailed_metric,
             counts: previous.map(|p| p.counts.clone()).unwrap_or_default(),

@@ -7,6 +7,7 @@ pub mod embed;
 pub mod engine;
 pub mod grpc;
 pub mod latency;
+pub mod metrics;
 pub mod server;
 pub mod store;
 

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +28,9 @@ use super::engine::{
     BadRequest, Engine, EngineOptions, HeaderStyle, Request, RequestDescriptor, Response,
 };
 use super::store::Store;
+use crate::admin::metrics::{Metrics, CONTENT_TYPE};
 use crate::net::budget::{BodyError, Budget, ConnectionBudget};
+use crate::reload::Reloads;
 
 /// The bundled example configuration (served without `--config`).
 pub const EXAMPLE: &str = include_str!("../../../weir/config/example.yaml");
@@ -37,7 +40,12 @@ pub struct Service {
     engine: RwLock<Arc<Engine>>,
     options: EngineOptions,
     config: Option<PathBuf>,
-    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// The process's metrics registry (served at `/metrics`).
+    metrics: Arc<Metrics>,
+    /// Requests refused as invalid.
+    bad_requests: AtomicU64,
+    /// Changes of the configuration seen.
+    reloads: Arc<Reloads>,
     headers: HeaderStyle,
     latency: super::latency::Latency,
     quota: Option<Arc<crate::quota::api::QuotaApi>>,
@@ -47,12 +55,13 @@ pub struct Service {
 }
 
 impl Service {
-    /// Builds from the configuration at `config` (or the bundled example).
+    /// Builds from the configuration at `config` (or the bundled example), with counters in
+    /// `store`; its metrics go to `metrics` once [`Service::start`] shares it.
     pub fn new(
         config: Option<PathBuf>,
         store: Arc<dyn Store>,
         options: EngineOptions,
-        prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, Vec<String>> {
         let domains = load(config.as_deref(), options.merge_domains)?;
         let engine = Engine::build(&domains, options, store, None).map_err(|e| vec![e])?;
@@ -60,7 +69,9 @@ impl Service {
             engine: RwLock::new(Arc::new(engine)),
             options,
             config,
-            prometheus,
+            metrics,
+            bad_requests: AtomicU64::new(0),
+            reloads: Arc::default(),
             headers: HeaderStyle::None,
             latency: super::latency::Latency::default(),
             quota: None,
@@ -86,6 +97,46 @@ impl Service {
         self
     }
 
+    /// Shares the service and registers its metrics (and its lease server's) with the
+    /// process's registry.
+    pub fn start(self) -> Arc<Self> {
+        let service = Arc::new(self);
+        service
+            .metrics
+            .register(super::metrics::RlsCollector(Arc::downgrade(&service)));
+        if let Some(q) = &service.quota {
+            service
+                .metrics
+                .register(crate::quota::api::Collector(Arc::downgrade(q)));
+        }
+        service
+    }
+
+    /// The process's metrics registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Requests refused as invalid so far.
+    pub fn bad_requests(&self) -> u64 {
+        self.bad_requests.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request refused as invalid.
+    pub(crate) fn refused(&self) {
+        self.bad_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Changes of the configuration seen so far.
+    pub fn reloads(&self) -> &Reloads {
+        &self.reloads
+    }
+
+    /// The decision-latency histogram.
+    pub fn latency(&self) -> &super::latency::Latency {
+        &self.latency
+    }
+
     /// The style of rate-limit headers asked of Envoy.
     pub fn header_style(&self) -> HeaderStyle {
         self.headers
@@ -103,7 +154,7 @@ impl Service {
         let r = engine.decide(request).await;
         self.latency.since(start);
         if r.is_err() {
-            metrics::counter!("weir_rls_bad_requests_total").increment(1);
+            self.refused();
         }
         r
     }
@@ -154,7 +205,7 @@ impl Service {
             self,
             path,
             interval,
-            "weir_rls_reloads_total",
+            self.reloads.clone(),
             "configuration",
             Self::reload,
         ) {
@@ -499,7 +550,7 @@ async fn json_handler(
     let body = match budget.read(request.into_body(), MAX_JSON_BODY).await {
         Ok(b) => b,
         Err(e) => {
-            metrics::counter!("weir_rls_bad_requests_total").increment(1);
+            service.refused();
             let status = match e {
                 BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
                 BodyError::ConnectionFull(_) | BodyError::ProcessFull(_) => {
@@ -514,7 +565,7 @@ async fn json_handler(
     let request = match from_json(&body.bytes) {
         Ok(r) => r,
         Err(e) => {
-            metrics::counter!("weir_rls_bad_requests_total").increment(1);
+            service.refused();
             return error(StatusCode::BAD_REQUEST, e.0);
         }
     };
@@ -531,32 +582,12 @@ async fn json_handler(
     }
 }
 
-async fn metrics_handler(
-    State(service): State<Arc<Service>>,
-    axum::Extension(budget): axum::Extension<Arc<ConnectionBudget>>,
-) -> axum::response::Response {
-    match &service.prometheus {
-        Some(h) => (
-            [(
-                axum::http::header::CONTENT_TYPE,
-                "text/plain; version=0.0.4",
-            )],
-            {
-                let mut text = h.render();
-                service.latency.render(&mut text);
-                if let Some(q) = &service.quota {
-                    q.render_metrics(&mut text);
-                }
-                text.push_str(&format!(
-                    "# HELP weir_buffered_body_bytes Bytes of unfinished request bodies held in memory.\n# TYPE weir_buffered_body_bytes gauge\nweir_buffered_body_bytes {}\n",
-                    budget.process().used()
-                ));
-                text
-            },
-        )
-            .into_response(),
-        None => (StatusCode::NOT_FOUND, "metrics recorder not installed").into_response(),
-    }
+async fn metrics_handler(State(service): State<Arc<Service>>) -> axum::response::Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)],
+        service.metrics.render(),
+    )
+        .into_response()
 }
 
 /// What the HTTP listener serves besides the rate-limit API.

@@ -1,22 +1,18 @@
-//! `/metrics` of `weir proxy`: the rules' counters and the proxy's own, in the OpenMetrics text
-//! format (which Prometheus scrapes), encoded by `prometheus-client`.
+//! The metric families of `weir proxy`: the rules' counters and the proxy's own, reported to
+//! the process's one registry ([`crate::admin::metrics`]).
 //!
 //! The rules engine keeps lock-free atomics on the call path; a scrape takes one
-//! [`Snapshot`] and a collector encodes it, so nothing is registered or looked up per request.
+//! [`Snapshot`] and encodes it, so nothing is registered or looked up per request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::Registry;
 use weir_rules::metrics::{ResourceSnapshot, RuleSnapshot, Snapshot};
 
 use super::ProxyStats;
 use weir_rules::history::state_name;
-
-/// The content type of [`render`]'s output.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// One scrape's values.
 #[derive(Debug)]
@@ -211,10 +207,30 @@ impl Collector for Scrape {
     }
 }
 
-/// The exposition of `snap` and `proxy`.
-pub fn render(snap: Snapshot, proxy: &ProxyStats) -> String {
+/// The proxy's collector: its rules and its own counters, read at each scrape.
+pub struct ProxyCollector {
+    /// The rules in force.
+    pub rules: std::sync::Arc<weir_rules::engine::Rules<weir_core::AnyClock>>,
+    /// The proxy's counters.
+    pub stats: std::sync::Arc<ProxyStats>,
+}
+
+impl std::fmt::Debug for ProxyCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for ProxyCollector {
+    fn encode(&self, enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        scrape(self.rules.snapshot(), &self.stats).encode(enc)
+    }
+}
+
+/// One scrape of `snap` and `proxy`.
+fn scrape(snap: Snapshot, proxy: &ProxyStats) -> Scrape {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let scrape = Scrape {
+    Scrape {
         snap,
         forwarded: load(&proxy.forwarded),
         unreachable: load(&proxy.upstream_unreachable),
@@ -229,13 +245,7 @@ pub fn render(snap: Snapshot, proxy: &ProxyStats) -> String {
             let (p, q) = g.states();
             (g.stats(), [state_name(p), state_name(q)])
         }),
-    };
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(scrape));
-    let mut out = String::with_capacity(4096);
-    // Writing to a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-    out
+    }
 }
 
 #[cfg(test)]
@@ -272,7 +282,9 @@ mod tests {
             }],
             ..Snapshot::default()
         };
-        let text = render(snap, &ProxyStats::default());
+        let registry = crate::admin::metrics::Metrics::new();
+        registry.register(scrape(snap, &ProxyStats::default()));
+        let text = registry.render();
         for line in [
             "weir_resource_passes_total{resource=\"a\\\"b\"} 3",
             "weir_resource_in_flight{resource=\"a\\\"b\"} 1",
