@@ -80,7 +80,7 @@ pub fn scaled_decimal(number: &str, scale: u128) -> Option<u128> {
 }
 
 /// A duration for humans, in the grammar: `30s`, `5m`, `1h`, `1d` when whole, else
-/// milliseconds.
+/// milliseconds, else microseconds.
 pub fn format(d: Duration) -> String {
     let ms = d.as_millis();
     for (unit, len) in [
@@ -93,7 +93,11 @@ pub fn format(d: Duration) -> String {
             return format!("{}{unit}", ms / len);
         }
     }
-    format!("{ms}ms")
+    if ms > 0 && d.subsec_nanos() % 1_000_000 == 0 {
+        format!("{ms}ms")
+    } else {
+        format!("{}us", d.as_micros())
+    }
 }
 
 #[cfg(test)]
@@ -124,6 +128,7 @@ mod tests {
             assert!(parse(bad).is_err(), "{bad} accepted");
         }
         assert_eq!(format(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(format(Duration::from_micros(1500)), "1500us");
         assert_eq!(scaled_decimal(".5", 1_000_000), Some(500_000));
         assert_eq!(scaled_decimal("", 1_000_000), None);
     }

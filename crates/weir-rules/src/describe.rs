@@ -21,21 +21,6 @@ pub struct RuleRow {
     pub shadow: bool,
 }
 
-/// A duration as the rule files write it: `30s`, `5m`, `250ms`.
-pub fn duration_text(d: Duration) -> String {
-    let ms = d.as_millis();
-    for (unit, len) in [("h", 3_600_000u128), ("m", 60_000), ("s", 1_000)] {
-        if ms >= len && ms % len == 0 {
-            return format!("{}{unit}", ms / len);
-        }
-    }
-    if ms > 0 && d.subsec_nanos() % 1_000_000 == 0 {
-        format!("{ms}ms")
-    } else {
-        format!("{}us", d.as_micros())
-    }
-}
-
 /// Accumulates `field value` pairs.
 #[derive(Default)]
 struct Detail(String);
@@ -57,7 +42,7 @@ impl Detail {
     }
 
     fn dur(&mut self, field: &str, value: Option<Duration>) -> &mut Self {
-        self.opt(field, value.map(duration_text))
+        self.opt(field, value.map(weir_core::duration::format))
     }
 }
 
@@ -78,7 +63,7 @@ fn breaker_detail(b: &crate::config::BreakerRule) -> Detail {
     match c.window {
         Window::Count(n) => d.add("window_calls", n),
         Window::Time { length, buckets } => d
-            .add("window", duration_text(length))
+            .add("window", weir_core::duration::format(length))
             .add("buckets", buckets),
     };
     d.add("min_calls", c.min_calls)
@@ -86,18 +71,21 @@ fn breaker_detail(b: &crate::config::BreakerRule) -> Detail {
         .opt("error_count", c.error_count);
     if c.slow_ratio.is_some() {
         d.opt("slow_ratio", c.slow_ratio)
-            .add("slow_call", duration_text(c.slow_call));
+            .add("slow_call", weir_core::duration::format(c.slow_call));
     }
-    d.add("open_for", duration_text(c.open_duration));
+    d.add("open_for", weir_core::duration::format(c.open_duration));
     if c.open_backoff > 1.0 {
         d.add("open_backoff", c.open_backoff)
-            .add("max_open", duration_text(c.max_open));
+            .add("max_open", weir_core::duration::format(c.max_open));
     }
     d.add("max_probes", c.max_probes)
         .add("successes_to_close", c.successes_to_close)
-        .add("probe_timeout", duration_text(c.probe_timeout));
+        .add(
+            "probe_timeout",
+            weir_core::duration::format(c.probe_timeout),
+        );
     if !c.slow_start.is_zero() {
-        d.add("slow_start", duration_text(c.slow_start));
+        d.add("slow_start", weir_core::duration::format(c.slow_start));
     }
     d
 }
@@ -115,10 +103,17 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
         };
         for f in &r.flow {
             let mut d = Detail::default();
+            // A rate shows its window and algorithm in force, given or not.
+            let rate = f.qps.is_some() && f.cluster.is_none();
+            let window = f.window.or(rate.then_some(Duration::from_secs(1)));
+            let reject = f.behavior == crate::config::Behavior::Reject;
+            let algorithm = f
+                .algorithm
+                .or((rate && reject).then_some(crate::config::FILE_ALGORITHMS[0]));
             d.opt("qps", f.qps)
                 .opt("concurrency", f.concurrency)
-                .dur("window", f.window)
-                .opt("algorithm", f.algorithm.map(|a| a.as_str()))
+                .dur("window", window)
+                .opt("algorithm", algorithm.map(|a| a.as_str()))
                 .opt("burst", f.burst);
             if f.behavior != Default::default() {
                 d.add("behavior", f.behavior.as_str());
@@ -136,10 +131,11 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
             let mut d = Detail::default();
             d.add("param", h.param)
                 .add("threshold", h.threshold)
-                .dur("window", h.window)
+                .dur("window", h.window.or(Some(Duration::from_secs(1))))
                 .add("algorithm", h.algorithm.as_str())
                 .opt("burst", h.burst)
-                .add("max_values", h.max_values);
+                .add("max_values", h.max_values)
+                .add("on_full", format!("{:?}", h.on_full).to_lowercase());
             if !h.exceptions.is_empty() {
                 d.add("exceptions", h.exceptions.len());
             }
@@ -157,7 +153,7 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
         }
         if let Some(sw) = &r.switch {
             let mut d = Detail::default();
-            d.add("on", sw.on);
+            d.add("on", if sw.on { "true (blocked)" } else { "false" });
             out.push(row(&sw.id, "switch", d, false));
         }
         if let Some(b) = &r.breaker {
@@ -173,7 +169,11 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
         if let Some(b) = &s.bbr {
             d.add(
                 "bbr",
-                format!("cpu_threshold {}", b.cpu_threshold.unwrap_or(0.8)),
+                format!(
+                    "cpu_threshold {}",
+                    b.cpu_threshold
+                        .unwrap_or(weir_core::adaptive::bbr::BbrConfig::default().cpu_threshold)
+                ),
             );
         }
         if let Some(a) = &s.adaptive {
@@ -230,7 +230,10 @@ system: {max_in_flight: 500}
                 ("system", "system", "")
             ]
         );
-        assert_eq!(rows[0].detail, "qps 100 · algorithm gcra · burst 10");
+        assert_eq!(
+            rows[0].detail,
+            "qps 100 · window 1s · algorithm gcra · burst 10"
+        );
         assert!(
             rows[1]
                 .detail
@@ -244,7 +247,5 @@ system: {max_in_flight: 500}
             "preset resilience4j · window_calls 100 · min_calls 100 · error_ratio 0.5 · slow_ratio 1 · slow_call 1m · open_for 30s · max_probes 10 · successes_to_close 10 · probe_timeout 1m"
         );
         assert_eq!(rows[3].detail, "max_in_flight 500");
-        assert_eq!(duration_text(Duration::from_micros(1500)), "1500us");
-        assert_eq!(duration_text(Duration::from_millis(250)), "250ms");
     }
 }

@@ -566,8 +566,8 @@ fn check_config_shows_switches_fallbacks_and_breakers_as_in_force() {
         String::from_utf8_lossy(&out.stderr)
     );
     for want in [
-        "switch cart-off: on (blocked) in the file",
-        "switch recs-off: off in the file",
+        "switch cart-off: on true (blocked)",
+        "switch recs-off: on false",
         "breaker pay-breaker: preset resilience4j · window_calls 20 · min_calls 20 · error_ratio 0.5",
         "fallback on switch: 200 with a 12-byte body",
         "fallback on flow: 429 with the body of slow-down.txt",

@@ -515,7 +515,7 @@ fn check_config_tells_rule_files_from_lyft_files() {
     let (code, out, err) = weir(&["check-config", rules.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("resource api") && out.contains("flow api-qps: 2 per 1h"),
+        out.contains("resource api") && out.contains("flow api-qps: qps 2 · window 1h"),
         "{out}"
     );
     assert!(out.contains("route * /api -> api"), "{out}");

@@ -250,10 +250,8 @@ where
         + Send
         + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Error: Into<crate::net::conn::BoxError>,
+    B: crate::net::conn::ResponseBody,
 {
     let shared = Arc::new(Mutex::new(Shared {
         stream,

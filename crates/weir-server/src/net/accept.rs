@@ -232,10 +232,8 @@ pub async fn serve_http<S, B>(
         + Send
         + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Error: Into<crate::net::conn::BoxError>,
+    B: crate::net::conn::ResponseBody,
 {
     let io = hyper_util::rt::TokioIo::new(stream);
     let service = Tracked::new(

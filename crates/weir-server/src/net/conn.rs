@@ -23,6 +23,15 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+/// Any error a connection's service or body may end with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What hyper needs of a response body to send it from a connection's task (one bound for
+/// every server's connections).
+pub trait ResponseBody: Body<Data: Send, Error: Into<BoxError>> + Send + 'static {}
+
+impl<B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static> ResponseBody for B {}
+
 /// Time limits of a listener's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {

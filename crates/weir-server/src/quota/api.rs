@@ -345,6 +345,40 @@ impl QuotaApi {
     }
 }
 
+/// A client's ask for `resource` as the front ends read it from the wire (HTTP/JSON or gRPC);
+/// what it needs is the lease server's to say, not the client's.
+pub(crate) fn client_ask(
+    resource: &str,
+    wants: f64,
+    has: f64,
+    safe: f64,
+    weight: f64,
+    priority: Criticality,
+    lease_id: u64,
+) -> (String, Ask) {
+    let ask = Ask {
+        needs: None,
+        wants,
+        has,
+        safe,
+        weight,
+        priority,
+        lease_id,
+    };
+    (resource.to_string(), ask)
+}
+
+/// The asks of a refresh: at most [`MAX_RESOURCES_PER_CALL`] of `items` (the call is refused
+/// past it), each read by `read` (given its index for the message), stopping at the first
+/// that is wrong.
+pub(crate) fn read_asks<T>(
+    items: &[T],
+    read: impl Fn(usize, &T) -> Result<(String, Ask), String>,
+) -> Result<Vec<(String, Ask)>, String> {
+    let items = &items[..items.len().min(MAX_RESOURCES_PER_CALL)];
+    items.iter().enumerate().map(|(i, t)| read(i, t)).collect()
+}
+
 /// One value of a resource's allocation.
 type Field<T> = fn(&weir_quota::server::Allocation) -> T;
 
@@ -473,32 +507,28 @@ async fn refresh(
         Ok(b) => b,
         Err(r) => return r,
     };
-    let mut asks = Vec::with_capacity(b.resources.len().min(MAX_RESOURCES_PER_CALL));
-    for (i, r) in b.resources.iter().enumerate().take(MAX_RESOURCES_PER_CALL) {
+    let asks = read_asks(&b.resources, |i, r| {
         let priority = match &r.priority {
             None => Criticality::Critical,
-            Some(p) => match p.parse() {
-                Ok(p) => p,
-                Err(e) => return bad(format!("resources[{i}].priority: {e}")),
-            },
+            Some(p) => p
+                .parse()
+                .map_err(|e| format!("resources[{i}].priority: {e}"))?,
         };
-        let lease_id = match lease_id(r.lease_id.as_deref(), &format!("resources[{i}].leaseId")) {
-            Ok(id) => id,
-            Err(e) => return bad(e),
-        };
-        asks.push((
-            r.resource.clone(),
-            Ask {
-                needs: None,
-                wants: r.wants,
-                has: r.has,
-                safe: r.safe,
-                weight: r.weight,
-                priority,
-                lease_id,
-            },
-        ));
-    }
+        let lease_id = lease_id(r.lease_id.as_deref(), &format!("resources[{i}].leaseId"))?;
+        Ok(client_ask(
+            &r.resource,
+            r.wants,
+            r.has,
+            r.safe,
+            r.weight,
+            priority,
+            lease_id,
+        ))
+    });
+    let mut asks = match asks {
+        Ok(a) => a,
+        Err(e) => return bad(e),
+    };
     let now = api.clock.now();
     if let Some(r) = crate::quota::ha::not_leader(api.ha.as_deref(), now) {
         return r;

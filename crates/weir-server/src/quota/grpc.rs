@@ -12,10 +12,9 @@ use weir_core::Clock;
 use weir_quota::proto::{
     Priority, RefreshRequest, RefreshResponse, ReleaseRequest, ReleaseResponse, ResourceLease,
 };
-use weir_quota::Ask;
 
 use crate::grpc::frame::{ok, status, Code, GrpcBody};
-use crate::quota::api::{CallError, QuotaApi};
+use crate::quota::api::{client_ask, read_asks, CallError, QuotaApi};
 use weir_quota::clients::Denied;
 
 /// The status of a call refused as a whole.
@@ -78,35 +77,27 @@ pub fn call(
         Ok(r) => r,
         Err(e) => return status(Code::InvalidArgument, &format!("bad RefreshRequest: {e}")),
     };
-    let mut asks = Vec::with_capacity(
-        request
-            .resources
-            .len()
-            .min(crate::quota::api::MAX_RESOURCES_PER_CALL),
-    );
-    for (i, r) in request
-        .resources
-        .iter()
-        .enumerate()
-        .take(crate::quota::api::MAX_RESOURCES_PER_CALL)
-    {
-        let Ok(priority) = Priority::try_from(r.priority) else {
-            let m = format!("resources[{i}].priority: unknown value {}", r.priority);
-            return status(Code::InvalidArgument, &m);
-        };
-        asks.push((
-            r.resource.clone(),
-            Ask {
-                needs: None,
-                wants: r.wants,
-                has: r.has,
-                safe: r.safe,
-                weight: if r.weight == 0.0 { 1.0 } else { r.weight },
-                priority: priority.criticality(),
-                lease_id: r.lease_id,
-            },
-        ));
-    }
+    let asks = read_asks(&request.resources, |i, r| {
+        let priority = Priority::try_from(r.priority)
+            .map_err(|_| format!("resources[{i}].priority: unknown value {}", r.priority))?;
+        // proto3 has no absent number: weight 0 is the default weight, 1.
+        let weight = if r.weight == 0.0 { 1.0 } else { r.weight };
+        let (wants, has, safe) = (r.wants, r.has, r.safe);
+        let c = priority.criticality();
+        Ok(client_ask(
+            &r.resource,
+            wants,
+            has,
+            safe,
+            weight,
+            c,
+            r.lease_id,
+        ))
+    });
+    let mut asks = match asks {
+        Ok(a) => a,
+        Err(m) => return status(Code::InvalidArgument, &m),
+    };
     let count = request.resources.len();
     let answers = match api.refresh(&request.client, bearer, count, &mut asks, now) {
         Ok(a) => a,

@@ -106,7 +106,7 @@ impl Source for ServeSource {
                 format!(
                     "{} per {}",
                     r.limit.requests_per_unit,
-                    weir_rules::describe::duration_text(r.limit.window)
+                    weir_core::duration::format(r.limit.window)
                 )
             };
             rows.push(json!({

@@ -3,7 +3,6 @@
 
 use std::io::{self, Write};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use weir::duration;
 use weir_server::rls;
@@ -116,111 +115,27 @@ pub(crate) fn check_rules(path: &std::path::Path) -> ExitCode {
     if let Err(e) = weir_rules::engine::Rules::new(&set) {
         return fail(format_args!("{}: {e}", path.display()));
     }
-    // Breaker rows by resource (one pass: a file may have tens of thousands of resources).
-    let mut breakers: std::collections::HashMap<&str, Vec<&weir_rules::describe::RuleRow>> =
-        std::collections::HashMap::new();
+    // Every rule as in force (presets filled in), in weir-rules' wording, the dashboard's.
     let rows = weir_rules::describe::rows(&set);
-    for row in rows.iter().filter(|row| row.kind == "breaker") {
-        breakers.entry(row.resource.as_str()).or_default().push(row);
-    }
     let mut out = io::stdout().lock();
     let _ = writeln!(out, "weir rules: {}", path.display());
+    let line = |row: &weir_rules::describe::RuleRow| {
+        let shadow = if row.shadow { " [shadow]" } else { "" };
+        format!("{}: {}{shadow}", row.id, row.detail)
+    };
+    // Rows come resource by resource in file order, the system rule last.
+    let mut rows = rows.iter().peekable();
     for r in &set.resources {
         let _ = writeln!(out, "resource {}", r.name);
-        if let Some(s) = &r.switch {
-            let on = if s.on { "on (blocked)" } else { "off" };
-            let _ = writeln!(out, "  switch {}: {on} in the file", s.id);
-        }
-        if let Some(a) = &r.authority {
-            let (what, list) = if a.allow.is_empty() {
-                ("deny", &a.deny)
-            } else {
-                ("allow", &a.allow)
-            };
-            let _ = writeln!(out, "  authority {}: {what} {}", a.id, list.join(", "));
-        }
-        for h in &r.hot_params {
-            let _ = writeln!(
-                out,
-                "  hot_param {}: params[{}] {} per {} each ({}, at most {} values, on_full {}){}",
-                h.id,
-                h.param,
-                h.threshold,
-                duration::format_duration(h.window.unwrap_or(Duration::from_secs(1))),
-                h.algorithm.as_str(),
-                h.max_values,
-                format!("{:?}", h.on_full).to_lowercase(),
-                if h.shadow { " [shadow]" } else { "" }
-            );
-        }
-        for f in &r.flow {
-            let what = match (f.qps, f.concurrency) {
-                (Some(q), _) => format!(
-                    "{q} per {} ({}{}{})",
-                    duration::format_duration(f.window.unwrap_or(Duration::from_secs(1))),
-                    f.behavior.as_str(),
-                    f.algorithm
-                        .map(|a| format!(", {}", a.as_str()))
-                        .unwrap_or_default(),
-                    f.max_wait
-                        .map(|w| format!(", max_wait {}", duration::format_duration(w)))
-                        .unwrap_or_default()
-                ),
-                (None, Some(c)) => format!("{c} in flight"),
-                _ => String::new(),
-            };
-            let scope = match (&f.origin, &f.relate) {
-                (Some(o), _) => format!(" [origin {o}]"),
-                (_, Some(r)) => format!(" [when {r} passes this rate]"),
-                _ => String::new(),
-            };
-            let _ = writeln!(
-                out,
-                "  flow {}: {what}{scope}{}",
-                f.id,
-                if f.shadow { " [shadow]" } else { "" }
-            );
-        }
-        // Breakers as in force (the preset's values filled in), as the dashboard shows them.
-        for row in breakers.get(r.name.as_str()).into_iter().flatten() {
-            let _ = writeln!(
-                out,
-                "  breaker {}: {}{}",
-                row.id,
-                row.detail,
-                if row.shadow { " [shadow]" } else { "" }
-            );
+        while let Some(row) = rows.next_if(|row| row.kind != "system" && row.resource == r.name) {
+            let _ = writeln!(out, "  {} {}", row.kind, line(row));
         }
     }
-    if let Some(s) = &set.system {
-        let mut parts = Vec::new();
-        if let Some(n) = s.max_qps {
-            parts.push(format!("max_qps {n}/s"));
-        }
-        if let Some(n) = s.max_in_flight {
-            parts.push(format!("max_in_flight {n}"));
-        }
-        if let Some(d) = s.max_avg_rt {
-            parts.push(format!("max_avg_rt {}", duration::format_duration(d)));
-        }
-        if let Some(c) = s.max_cpu {
-            parts.push(format!("max_cpu {c}"));
-        }
-        if let Some(b) = &s.bbr {
-            parts.push(format!(
-                "bbr (cpu ≥ {})",
-                b.cpu_threshold
-                    .unwrap_or(weir_core::adaptive::bbr::BbrConfig::default().cpu_threshold)
-            ));
-        }
-        if let Some(a) = &s.adaptive {
-            parts.push(format!("adaptive {:?}", a.algorithm));
-        }
+    for row in rows {
         let _ = writeln!(
             out,
-            "system (inbound calls): {}{}",
-            parts.join(", "),
-            if s.shadow { " [shadow]" } else { "" }
+            "system (inbound calls): {}",
+            line(row).trim_start_matches("system: ")
         );
     }
     if let Some(h) = &set.http {
