@@ -978,6 +978,58 @@ const MAX_OTHER_ORIGINS: usize = 4096;
 /// The key `origin: other` rules count calls without an origin under.
 const UNKNOWN_ORIGIN: &str = "(unknown)";
 
+/// The previous rule set's configurations and states, by rule id, and its resources'
+/// statistics by name: what a new set keeps.
+struct Previous<'a, C: Clock> {
+    flows: HashMap<&'a str, (&'a FlowRule, &'a Arc<FlowState<C>>)>,
+    hot: HashMap<&'a str, (&'a HotParamRule, &'a Arc<HotState<C>>)>,
+    breakers: HashMap<&'a str, (&'a BreakerRule, &'a Arc<BreakerState>)>,
+    authority: HashMap<&'a str, &'a Arc<RuleStats>>,
+    switches: HashMap<&'a str, (&'a Arc<std::sync::atomic::AtomicBool>, &'a Arc<RuleStats>)>,
+    stats: HashMap<&'a str, Arc<ResourceStats>>,
+}
+
+impl<'a, C: Clock> Previous<'a, C> {
+    fn of(old: Option<&'a Compiled<C>>) -> Self {
+        let mut p = Previous {
+            flows: HashMap::new(),
+            hot: HashMap::new(),
+            breakers: HashMap::new(),
+            authority: HashMap::new(),
+            switches: HashMap::new(),
+            stats: HashMap::new(),
+        };
+        for (name, r) in old.iter().flat_map(|o| o.resources.iter()) {
+            p.stats.insert(name.as_str(), r.stats.clone());
+            if let Some(sw) = &r.switch {
+                p.switches.insert(&*sw.id, (&sw.on, &sw.stats));
+            }
+            for f in &r.flows {
+                p.flows.insert(f.config.id.as_str(), (&f.config, &f.state));
+            }
+            for (c, h, _) in &r.hot {
+                p.hot.insert(c.id.as_str(), (c, h));
+            }
+            if let Some((c, b, _)) = &r.breaker {
+                p.breakers.insert(c.id.as_str(), (c, b));
+            }
+            if let Some((c, _, s)) = &r.authority {
+                p.authority.insert(c.id.as_str(), s);
+            }
+        }
+        p
+    }
+}
+
+/// Changes to state the running rules share (kept state, new parameters): checked while a set
+/// compiles, applied only once all of it has, so a rejected set changes nothing.
+type Deferred<'a> = Vec<Box<dyn FnOnce() + 'a>>;
+
+/// A rule's error with its id.
+fn rule_error(id: &str) -> impl Fn(ConfigError) -> RulesError + '_ {
+    move |e| RulesError::Rule(id.to_string(), e)
+}
+
 fn compile<C: Clock + Clone>(
     set: &RuleSet,
     old: Option<&Compiled<C>>,
@@ -985,42 +1037,13 @@ fn compile<C: Clock + Clone>(
 ) -> Result<Compiled<C>, RulesError> {
     let (inbound, clock) = (&shared.inbound, &shared.clock);
     set.validate().map_err(|(p, r)| RulesError::Invalid(p, r))?;
-    let err = |id: &str| {
-        let id = id.to_string();
-        move |e: ConfigError| RulesError::Rule(id.clone(), e)
-    };
-    // The previous rules' configurations and states, by id; resource statistics by name.
-    let mut old_flows = HashMap::new();
-    let mut old_hot = HashMap::new();
-    let mut old_breakers = HashMap::new();
-    let mut old_authority = HashMap::new();
-    let mut old_switches = HashMap::new();
-    let mut old_stats = HashMap::new();
-    if let Some(old) = old {
-        for (name, r) in &old.resources {
-            old_stats.insert(name.as_str(), r.stats.clone());
-            if let Some(sw) = &r.switch {
-                old_switches.insert(&*sw.id, (&sw.on, &sw.stats));
-            }
-            for f in &r.flows {
-                old_flows.insert(f.config.id.as_str(), (&f.config, &f.state));
-            }
-            for (c, h, _) in &r.hot {
-                old_hot.insert(c.id.as_str(), (c, h));
-            }
-            if let Some((c, b, _)) = &r.breaker {
-                old_breakers.insert(c.id.as_str(), (c, b));
-            }
-            if let Some((c, _, s)) = &r.authority {
-                old_authority.insert(c.id.as_str(), s);
-            }
-        }
-    }
+    let previous = Previous::of(old);
     let stats: HashMap<&str, Arc<ResourceStats>> = set
         .resources
         .iter()
         .map(|r| {
-            let s = old_stats
+            let s = previous
+                .stats
                 .get(r.name.as_str())
                 .cloned()
                 .unwrap_or_else(|| Arc::new(ResourceStats::new()));
@@ -1028,240 +1051,15 @@ fn compile<C: Clock + Clone>(
         })
         .collect();
     let mut resources = ResourceMap::default();
-    // Changes to limiters the running rules share (kept state, new parameters): checked now,
-    // applied only once the whole set has compiled, so a rejected set changes nothing.
-    let mut deferred: Vec<Box<dyn FnOnce() + '_>> = Vec::new();
+    let mut deferred: Deferred<'_> = Vec::new();
     for r in &set.resources {
-        let mut flows = Vec::new();
-        let mut named_origins: Vec<Box<str>> = Vec::new();
-        for f in &r.flow {
-            if let Some(o) = f.origin.as_deref().filter(|o| *o != OTHER_ORIGIN) {
-                named_origins.push(o.into());
-            }
-        }
-        for f in &r.flow {
-            let window = f.window.unwrap_or(ONE_SECOND);
-            let origins = match f.origin.as_deref() {
-                None => Origins::All,
-                Some(OTHER_ORIGIN) => Origins::Other,
-                Some(o) => Origins::Named(o.into()),
-            };
-            let spec = f.qps.map(|qps| flow_spec(f, qps, window));
-            // Same id, algorithm, window, kind and origins: keep the state, retune.
-            let reused = old_flows.get(f.id.as_str()).filter(|(c, _)| {
-                let old_spec = c
-                    .qps
-                    .map(|q| flow_spec(c, q, c.window.unwrap_or(ONE_SECOND)));
-                old_spec.map(|s| (s.algorithm, s.window)) == spec.map(|s| (s.algorithm, s.window))
-                    && c.origin == f.origin
-                    && c.relate.is_none()
-                    && f.relate.is_none()
-            });
-            let state = match (reused, spec, f.concurrency) {
-                _ if f.relate.is_some() => Arc::new(FlowState::empty()),
-                _ if f.cluster.is_some() => Arc::new(FlowState {
-                    single: f.cluster.as_ref().and_then(|c| cluster_fallback(c, clock)),
-                    ..FlowState::empty()
-                }),
-                (Some((c, s)), Some(spec), _) => {
-                    if let Some(rate) = &s.rate {
-                        spec.check().map_err(err(&f.id))?;
-                        deferred.push(Box::new(move || {
-                            // Checked above, same algorithm (the reuse condition).
-                            let _ = rate.retune(&spec);
-                        }));
-                        Arc::clone(s)
-                    } else if let Some(single) = s.single.as_ref().filter(|_| {
-                        c.qps != f.qps
-                            || c.burst != f.burst
-                            || c.max_wait != f.max_wait
-                            || c.warmup != f.warmup
-                            || c.cold_factor != f.cold_factor
-                    }) {
-                        // New parameters: a new limiter starting from the old one's state.
-                        Arc::new(FlowState {
-                            single: Some(single.retuned(&spec).map_err(err(&f.id))?),
-                            stats: s.stats.clone(),
-                            ..FlowState::empty()
-                        })
-                    } else {
-                        Arc::clone(s)
-                    }
-                }
-                (Some((_, s)), None, Some(n)) => {
-                    if let Some(c) = &s.concurrency {
-                        c.set_max_in_flight(n);
-                    }
-                    Arc::clone(s)
-                }
-                (_, Some(spec), _) if origins == Origins::Other => Arc::new(FlowState {
-                    rate: Some(
-                        KeyedRate::new(&spec, MAX_OTHER_ORIGINS, clock.clone())
-                            .map_err(err(&f.id))?,
-                    ),
-                    ..FlowState::empty()
-                }),
-                (_, Some(spec), _) => Arc::new(FlowState {
-                    single: Some(SingleRate::new(&spec, clock.clone()).map_err(err(&f.id))?),
-                    ..FlowState::empty()
-                }),
-                (_, None, n) => Arc::new(FlowState {
-                    concurrency: Some(
-                        ConcurrencyLimiter::with_config(ConcurrencyConfig {
-                            max_in_flight: n.unwrap_or(1),
-                            max_queue: 0,
-                            order: QueueOrder::Fifo,
-                            shares: None,
-                        })
-                        .map_err(err(&f.id))?,
-                    ),
-                    ..FlowState::empty()
-                }),
-            };
-            flows.push(Flow {
-                config: f.clone(),
-                id: Arc::from(f.id.as_str()),
-                state,
-                origins,
-                relate: f.relate.as_deref().and_then(|o| {
-                    let s = stats.get(o).cloned()?;
-                    s.related.store(true, Ordering::Relaxed);
-                    Some(s)
-                }),
-            });
-        }
-        let mut hot = Vec::new();
-        for h in &r.hot_params {
-            let window = h.window.unwrap_or(ONE_SECOND);
-            let reused = old_hot.get(h.id.as_str()).filter(|(c, _)| {
-                c.algorithm == h.algorithm
-                    && c.window.unwrap_or(ONE_SECOND) == window
-                    && c.max_values == h.max_values
-            });
-            let spec = |limit| RateSpec {
-                burst: h.burst,
-                ..RateSpec::new(h.algorithm, limit, window)
-            };
-            let state = match reused {
-                Some((c, s)) => {
-                    let base = spec(h.threshold);
-                    base.check().map_err(err(&h.id))?;
-                    let mut exceptions = Vec::with_capacity(h.exceptions.len());
-                    for (value, limit) in &h.exceptions {
-                        let e = spec(*limit);
-                        e.check().map_err(err(&h.id))?;
-                        exceptions.push((value.as_str(), e));
-                    }
-                    let removed: Vec<&str> = c
-                        .exceptions
-                        .keys()
-                        .filter(|v| !h.exceptions.contains_key(*v))
-                        .map(String::as_str)
-                        .collect();
-                    let rate = &s.rate;
-                    deferred.push(Box::new(move || {
-                        // Every spec was checked above; the algorithm is the same (the reuse
-                        // condition): these cannot fail.
-                        let _ = rate.retune(&base);
-                        for value in removed {
-                            rate.remove_exception(value);
-                        }
-                        for (value, e) in exceptions {
-                            let _ = rate.set_exception(value, &e);
-                        }
-                    }));
-                    Arc::clone(s)
-                }
-                None => {
-                    let rate = KeyedRate::new(&spec(h.threshold), h.max_values, clock.clone())
-                        .map_err(err(&h.id))?;
-                    for (value, limit) in &h.exceptions {
-                        rate.set_exception(value, &spec(*limit))
-                            .map_err(err(&h.id))?;
-                    }
-                    Arc::new(HotState {
-                        rate,
-                        stats: RuleStats::default(),
-                        top: parking_lot::Mutex::new(weir_core::TopK::new(TOP_VALUES)),
-                    })
-                }
-            };
-            hot.push((h.clone(), state, Arc::from(h.id.as_str())));
-        }
-        let breaker = match &r.breaker {
-            Some(b) => {
-                let state = match old_breakers.get(b.id.as_str()).filter(|(c, _)| *c == b) {
-                    Some((_, s)) => Arc::clone(s),
-                    None => {
-                        let (resource, id) = (r.name.clone(), b.id.clone());
-                        let breaker = Breaker::new(b.config()).map_err(err(&b.id))?.with_observer(
-                            move |t: Transition| {
-                                tracing::info!(
-                                    resource,
-                                    rule = id,
-                                    from = ?t.from,
-                                    to = ?t.to,
-                                    "breaker state changed"
-                                );
-                            },
-                        );
-                        Arc::new(BreakerState {
-                            breaker,
-                            stats: RuleStats::default(),
-                        })
-                    }
-                };
-                Some((b.clone(), state, Arc::from(b.id.as_str())))
-            }
-            None => None,
-        };
-        let authority = r.authority.as_ref().map(|a| {
-            let stats = old_authority
-                .get(a.id.as_str())
-                .map(|s| Arc::clone(s))
-                .unwrap_or_default();
-            (a.clone(), Arc::from(a.id.as_str()), stats)
-        });
-        let switch = r.switch.as_ref().map(|sw| {
-            let (on, stats) = old_switches
-                .get(sw.id.as_str())
-                .map(|(on, s)| (Arc::clone(on), Arc::clone(s)))
-                .unwrap_or_default();
-            (sw, on, stats)
-        });
-        if let Some((sw, on, _)) = &switch {
-            // Read and stored under the lock `set_switch` holds too: never a stale state.
-            let (on, id, file) = (Arc::clone(on), sw.id.as_str(), sw.on);
-            deferred.push(Box::new(move || {
-                let overrides = shared.switches.lock();
-                on.store(
-                    overrides.get(id).copied().unwrap_or(file),
-                    Ordering::Release,
-                );
-            }));
-        }
-        resources.insert(
-            r.name.clone(),
-            Arc::new(Resource {
-                clock: clock.clone(),
-                stats: stats[r.name.as_str()].clone(),
-                authority,
-                hot,
-                flows,
-                named_origins,
-                breaker,
-                switch: switch.map(|(sw, on, stats)| Switch {
-                    id: Arc::from(sw.id.as_str()),
-                    on,
-                    stats,
-                }),
-            }),
-        );
+        let resource = compile_resource(r, &previous, &stats, shared, &mut deferred)?;
+        resources.insert(r.name.clone(), Arc::new(resource));
     }
     let system = match &set.system {
         Some(rule) => Some(
             System::compile(rule, old.and_then(|o| o.system.as_ref()), inbound, clock)
-                .map_err(err("system"))?,
+                .map_err(rule_error("system"))?,
         ),
         None => None,
     };
@@ -1273,4 +1071,265 @@ fn compile<C: Clock + Clone>(
         system,
         set: Arc::new(set.clone()),
     })
+}
+
+/// One resource's rules, keeping the state of the rules `previous` had.
+fn compile_resource<'a, C: Clock + Clone>(
+    r: &'a crate::config::ResourceConfig,
+    previous: &Previous<'a, C>,
+    stats: &HashMap<&str, Arc<ResourceStats>>,
+    shared: &'a Shared<C>,
+    deferred: &mut Deferred<'a>,
+) -> Result<Resource<C>, RulesError> {
+    let clock = &shared.clock;
+    let named_origins: Vec<Box<str>> = r
+        .flow
+        .iter()
+        .filter_map(|f| f.origin.as_deref().filter(|o| *o != OTHER_ORIGIN))
+        .map(Into::into)
+        .collect();
+    let mut flows = Vec::with_capacity(r.flow.len());
+    for f in &r.flow {
+        flows.push(compile_flow(f, previous, stats, clock, deferred)?);
+    }
+    let mut hot = Vec::with_capacity(r.hot_params.len());
+    for h in &r.hot_params {
+        let state = compile_hot(h, previous, clock, deferred)?;
+        hot.push((h.clone(), state, Arc::from(h.id.as_str())));
+    }
+    let breaker = match &r.breaker {
+        Some(b) => Some((
+            b.clone(),
+            compile_breaker(&r.name, b, previous)?,
+            Arc::from(b.id.as_str()),
+        )),
+        None => None,
+    };
+    let authority = r.authority.as_ref().map(|a| {
+        let stats = previous
+            .authority
+            .get(a.id.as_str())
+            .map(|s| Arc::clone(s))
+            .unwrap_or_default();
+        (a.clone(), Arc::from(a.id.as_str()), stats)
+    });
+    let switch = r.switch.as_ref().map(|sw| {
+        let (on, stats) = previous
+            .switches
+            .get(sw.id.as_str())
+            .map(|(on, s)| (Arc::clone(on), Arc::clone(s)))
+            .unwrap_or_default();
+        // Read and stored under the lock `set_switch` holds too: never a stale state.
+        let (state, id, file) = (Arc::clone(&on), sw.id.as_str(), sw.on);
+        deferred.push(Box::new(move || {
+            let overrides = shared.switches.lock();
+            state.store(
+                overrides.get(id).copied().unwrap_or(file),
+                Ordering::Release,
+            );
+        }));
+        Switch {
+            id: Arc::from(sw.id.as_str()),
+            on,
+            stats,
+        }
+    });
+    Ok(Resource {
+        clock: clock.clone(),
+        stats: stats[r.name.as_str()].clone(),
+        authority,
+        hot,
+        flows,
+        named_origins,
+        breaker,
+        switch,
+    })
+}
+
+/// A flow rule: the previous rule's state when the id, algorithm, window, kind and origins
+/// are the same (retuned to the new parameters), a new state otherwise.
+fn compile_flow<'a, C: Clock + Clone>(
+    f: &FlowRule,
+    previous: &Previous<'a, C>,
+    stats: &HashMap<&str, Arc<ResourceStats>>,
+    clock: &C,
+    deferred: &mut Deferred<'a>,
+) -> Result<Flow<C>, RulesError> {
+    let err = rule_error(&f.id);
+    let window = f.window.unwrap_or(ONE_SECOND);
+    let origins = match f.origin.as_deref() {
+        None => Origins::All,
+        Some(OTHER_ORIGIN) => Origins::Other,
+        Some(o) => Origins::Named(o.into()),
+    };
+    let spec = f.qps.map(|qps| flow_spec(f, qps, window));
+    let reused = previous.flows.get(f.id.as_str()).copied().filter(|(c, _)| {
+        let old_spec = c
+            .qps
+            .map(|q| flow_spec(c, q, c.window.unwrap_or(ONE_SECOND)));
+        old_spec.map(|s| (s.algorithm, s.window)) == spec.map(|s| (s.algorithm, s.window))
+            && c.origin == f.origin
+            && c.relate.is_none()
+            && f.relate.is_none()
+    });
+    let state = match (reused, spec, f.concurrency) {
+        _ if f.relate.is_some() => Arc::new(FlowState::empty()),
+        _ if f.cluster.is_some() => Arc::new(FlowState {
+            single: f.cluster.as_ref().and_then(|c| cluster_fallback(c, clock)),
+            ..FlowState::empty()
+        }),
+        (Some((c, s)), Some(spec), _) => {
+            if let Some(rate) = &s.rate {
+                spec.check().map_err(&err)?;
+                deferred.push(Box::new(move || {
+                    // Checked above, same algorithm (the reuse condition).
+                    let _ = rate.retune(&spec);
+                }));
+                Arc::clone(s)
+            } else if let Some(single) = s.single.as_ref().filter(|_| {
+                c.qps != f.qps
+                    || c.burst != f.burst
+                    || c.max_wait != f.max_wait
+                    || c.warmup != f.warmup
+                    || c.cold_factor != f.cold_factor
+            }) {
+                // New parameters: a new limiter starting from the old one's state.
+                Arc::new(FlowState {
+                    single: Some(single.retuned(&spec).map_err(&err)?),
+                    stats: s.stats.clone(),
+                    ..FlowState::empty()
+                })
+            } else {
+                Arc::clone(s)
+            }
+        }
+        (Some((_, s)), None, Some(n)) => {
+            if let Some(c) = &s.concurrency {
+                c.set_max_in_flight(n);
+            }
+            Arc::clone(s)
+        }
+        (_, Some(spec), _) if origins == Origins::Other => Arc::new(FlowState {
+            rate: Some(KeyedRate::new(&spec, MAX_OTHER_ORIGINS, clock.clone()).map_err(&err)?),
+            ..FlowState::empty()
+        }),
+        (_, Some(spec), _) => Arc::new(FlowState {
+            single: Some(SingleRate::new(&spec, clock.clone()).map_err(&err)?),
+            ..FlowState::empty()
+        }),
+        (_, None, n) => Arc::new(FlowState {
+            concurrency: Some(
+                ConcurrencyLimiter::with_config(ConcurrencyConfig {
+                    max_in_flight: n.unwrap_or(1),
+                    max_queue: 0,
+                    order: QueueOrder::Fifo,
+                    shares: None,
+                })
+                .map_err(&err)?,
+            ),
+            ..FlowState::empty()
+        }),
+    };
+    Ok(Flow {
+        config: f.clone(),
+        id: Arc::from(f.id.as_str()),
+        state,
+        origins,
+        relate: f.relate.as_deref().and_then(|o| {
+            let s = stats.get(o).cloned()?;
+            s.related.store(true, Ordering::Relaxed);
+            Some(s)
+        }),
+    })
+}
+
+/// A hot-parameter rule: the previous state (same algorithm, window and bound on values)
+/// retuned with its exceptions, or a new one.
+fn compile_hot<'a, C: Clock + Clone>(
+    h: &'a HotParamRule,
+    previous: &Previous<'a, C>,
+    clock: &C,
+    deferred: &mut Deferred<'a>,
+) -> Result<Arc<HotState<C>>, RulesError> {
+    let err = rule_error(&h.id);
+    let window = h.window.unwrap_or(ONE_SECOND);
+    let reused = previous.hot.get(h.id.as_str()).copied().filter(|(c, _)| {
+        c.algorithm == h.algorithm
+            && c.window.unwrap_or(ONE_SECOND) == window
+            && c.max_values == h.max_values
+    });
+    let spec = |limit| RateSpec {
+        burst: h.burst,
+        ..RateSpec::new(h.algorithm, limit, window)
+    };
+    if let Some((c, s)) = reused {
+        let base = spec(h.threshold);
+        base.check().map_err(&err)?;
+        let mut exceptions = Vec::with_capacity(h.exceptions.len());
+        for (value, limit) in &h.exceptions {
+            let e = spec(*limit);
+            e.check().map_err(&err)?;
+            exceptions.push((value.as_str(), e));
+        }
+        let removed: Vec<&str> = c
+            .exceptions
+            .keys()
+            .filter(|v| !h.exceptions.contains_key(*v))
+            .map(String::as_str)
+            .collect();
+        let rate = &s.rate;
+        deferred.push(Box::new(move || {
+            // Every spec was checked above; the algorithm is the same (the reuse condition):
+            // these cannot fail.
+            let _ = rate.retune(&base);
+            for value in removed {
+                rate.remove_exception(value);
+            }
+            for (value, e) in exceptions {
+                let _ = rate.set_exception(value, &e);
+            }
+        }));
+        return Ok(Arc::clone(s));
+    }
+    let rate = KeyedRate::new(&spec(h.threshold), h.max_values, clock.clone()).map_err(&err)?;
+    for (value, limit) in &h.exceptions {
+        rate.set_exception(value, &spec(*limit)).map_err(&err)?;
+    }
+    Ok(Arc::new(HotState {
+        rate,
+        stats: RuleStats::default(),
+        top: parking_lot::Mutex::new(weir_core::TopK::new(TOP_VALUES)),
+    }))
+}
+
+/// A breaker rule: the previous breaker when the rule is unchanged, else a new one (closed)
+/// that logs its transitions.
+fn compile_breaker<C: Clock>(
+    resource: &str,
+    b: &BreakerRule,
+    previous: &Previous<'_, C>,
+) -> Result<Arc<BreakerState>, RulesError> {
+    if let Some((_, s)) = previous
+        .breakers
+        .get(b.id.as_str())
+        .filter(|(c, _)| *c == b)
+    {
+        return Ok(Arc::clone(s));
+    }
+    let (resource, id) = (resource.to_string(), b.id.clone());
+    let breaker = Breaker::new(b.config())
+        .map_err(rule_error(&b.id))?
+        .with_observer(move |t: Transition| {
+            tracing::info!(
+                resource,
+                rule = id,
+                from = ?t.from,
+                to = ?t.to,
+                "breaker state changed"
+            );
+        });
+    Ok(Arc::new(BreakerState {
+        breaker,
+        stats: RuleStats::default(),
+    }))
 }

@@ -156,8 +156,8 @@ fn adaptive(alg: impl LimitAlgorithm + 'static) -> Result<AdaptiveLimiter, Strin
     .map_err(|e| e.to_string())
 }
 
-/// Runs one simulation.
-pub fn run(s: &Settings) -> Result<Report, String> {
+/// Refuses settings out of range (each message names its flag).
+fn validate(s: &Settings) -> Result<(), String> {
     if !PROTECTIONS.contains(&s.protection.as_str()) {
         return Err(format!(
             "unknown protection '{}' (expected one of: {})",
@@ -187,6 +187,62 @@ pub fn run(s: &Settings) -> Result<Report, String> {
     if s.load * s.capacity * s.duration.as_secs_f64() > 2e7 {
         return Err("load × capacity × duration exceeds 20 million requests".into());
     }
+    Ok(())
+}
+
+/// The protection named `name` for `workers` workers; BBR reads the simulated CPU from `cpu`.
+fn protection(name: &str, workers: usize, cpu: Arc<AtomicU64>) -> Result<Protection, String> {
+    Ok(match name {
+        "none" => Protection::None,
+        "static" => Protection::Static(
+            ConcurrencyLimiter::with_config(ConcurrencyConfig {
+                max_in_flight: 2 * workers as u64,
+                max_queue: 0,
+                order: QueueOrder::Fifo,
+                shares: Some(Shares::default()),
+            })
+            .map_err(|e| e.to_string())?,
+        ),
+        "bbr" => {
+            let source = move || f64::from_bits(cpu.load(Ordering::Relaxed));
+            let bbr =
+                Bbr::new(BbrConfig::default(), Arc::new(source)).map_err(|e| e.to_string())?;
+            // Lives for the rest of the process: permits borrow it.
+            Protection::Bbr(Box::leak(Box::new(bbr)))
+        }
+        "gradient2" => Protection::Adaptive(adaptive(Windowed::new(Gradient2::default()))?),
+        "aimd" => Protection::Adaptive(adaptive(Windowed::new(Aimd::default()))?),
+        "vegas" => Protection::Adaptive(adaptive(Windowed::new(Vegas::default()))?),
+        _ => Protection::Codel(Codel::new(CodelConfig::default())),
+    })
+}
+
+/// A request's criticality drawn from [`MIX`].
+fn draw_level(rng: &mut SplitMix64) -> Criticality {
+    let u = rng.next_f64();
+    let mut acc = 0.0;
+    for (i, share) in MIX.iter().enumerate() {
+        acc += share;
+        if u < acc {
+            return Criticality::ALL[i];
+        }
+    }
+    Criticality::CriticalPlus
+}
+
+/// The protection's verdict on an arrival: its guard, or `None` (shed).
+fn admit(protection: &Protection, level: Criticality, now: Nanos) -> Option<Guard> {
+    match protection {
+        Protection::None | Protection::Codel(_) => Some(Guard::None),
+        Protection::Static(l) => l.try_acquire_as(1, level).ok().map(Guard::Static),
+        Protection::Adaptive(l) => l.try_acquire(level, now).ok().map(Guard::Adaptive),
+        Protection::Bbr(b) => b.try_acquire(level, now).ok().map(Guard::Bbr),
+    }
+}
+
+/// Runs one simulation.
+pub fn run(s: &Settings) -> Result<Report, String> {
+    validate(s)?;
     let workers = s.workers;
     let mean_service_s = workers as f64 / s.capacity;
     let mut rng = SplitMix64(s.seed);
@@ -200,30 +256,7 @@ pub fn run(s: &Settings) -> Result<Report, String> {
     let slo = (5.0 * unloaded_mean * 1e9) as Nanos;
 
     let cpu = Arc::new(AtomicU64::new(0f64.to_bits()));
-    let cpu_reader = cpu.clone();
-    let protection = match s.protection.as_str() {
-        "none" => Protection::None,
-        "static" => Protection::Static(
-            ConcurrencyLimiter::with_config(ConcurrencyConfig {
-                max_in_flight: 2 * workers as u64,
-                max_queue: 0,
-                order: QueueOrder::Fifo,
-                shares: Some(Shares::default()),
-            })
-            .map_err(|e| e.to_string())?,
-        ),
-        "bbr" => {
-            let source = move || f64::from_bits(cpu_reader.load(Ordering::Relaxed));
-            let bbr =
-                Bbr::new(BbrConfig::default(), Arc::new(source)).map_err(|e| e.to_string())?;
-            // Lives for the rest of the process: permits borrow it.
-            Protection::Bbr(Box::leak(Box::new(bbr)))
-        }
-        "gradient2" => Protection::Adaptive(adaptive(Windowed::new(Gradient2::default()))?),
-        "aimd" => Protection::Adaptive(adaptive(Windowed::new(Aimd::default()))?),
-        "vegas" => Protection::Adaptive(adaptive(Windowed::new(Vegas::default()))?),
-        _ => Protection::Codel(Codel::new(CodelConfig::default())),
-    };
+    let protection = protection(&s.protection, workers, cpu.clone())?;
 
     let end = (s.duration.as_secs_f64() * 1e9) as Nanos;
     let arrival_mean = 1.0 / (s.load * s.capacity);
@@ -279,25 +312,10 @@ pub fn run(s: &Settings) -> Result<Report, String> {
             }
         } else {
             // Arrival.
-            let u = rng.next_f64();
-            let mut acc = 0.0;
-            let mut level = Criticality::CriticalPlus;
-            for (i, share) in MIX.iter().enumerate() {
-                acc += share;
-                if u < acc {
-                    level = Criticality::ALL[i];
-                    break;
-                }
-            }
+            let level = draw_level(&mut rng);
             let r = &mut by_level[level.rank()];
             r.offered += 1;
-            let guard = match &protection {
-                Protection::None | Protection::Codel(_) => Some(Guard::None),
-                Protection::Static(l) => l.try_acquire_as(1, level).ok().map(Guard::Static),
-                Protection::Adaptive(l) => l.try_acquire(level, now).ok().map(Guard::Adaptive),
-                Protection::Bbr(b) => b.try_acquire(level, now).ok().map(Guard::Bbr),
-            };
-            match guard {
+            match admit(&protection, level, now) {
                 Some(guard) => {
                     r.admitted += 1;
                     queue.push_back(Request {

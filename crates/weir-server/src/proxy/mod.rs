@@ -555,50 +555,193 @@ impl Service<Request<Incoming>> for Upstreams {
     }
 }
 
-/// Runs the proxy until interrupted. Errors are one line; `Err((2, …))` for bad usage or
-/// configuration.
-pub async fn run(s: Settings) -> Result<(), (u8, String)> {
-    let upstream = parse_upstream(&s.upstream).map_err(|e| (2, e))?;
-    if points_at(&upstream, s.listen) {
-        return Err((
-            2,
-            format!(
+/// Why the proxy could not start: one line, and the exit code (2 for bad usage or
+/// configuration).
+pub type StartError = (u8, String);
+
+fn usage(e: impl std::fmt::Display) -> StartError {
+    (2, e.to_string())
+}
+
+/// A proxy ready to serve: its rules loaded and watched, its leases started, its upstream
+/// clients made. [`Proxy::build`] from [`Settings`], then [`Proxy::serve`] on listeners the
+/// caller opened; [`run`] is `weir proxy`.
+pub struct Proxy {
+    rules: Arc<Rules<weir_core::AnyClock>>,
+    quota: Option<weir_quota::net::LeaseClient>,
+    stats: Arc<ProxyStats>,
+    dashboard: Arc<weir_tower::dashboard::Dashboard>,
+    forward: Forward,
+    gutter: Option<Forward>,
+    switch_file: PathBuf,
+    settings: Settings,
+    _watcher: Watcher,
+}
+
+impl Proxy {
+    /// Loads the rule file (and the switch states saved beside it), starts the leases of its
+    /// cluster rules and the file's watcher, and makes the upstream clients.
+    pub fn build(s: Settings) -> Result<Self, StartError> {
+        let upstream = parse_upstream(&s.upstream).map_err(usage)?;
+        if points_at(&upstream, s.listen) {
+            return Err(usage(format_args!(
                 "--upstream {} is this proxy's own --listen address: every request would loop",
                 s.upstream
-            ),
-        ));
+            )));
+        }
+        let (rules, switch_file) = load_rules(&s)?;
+        let quota = lease_client(&s, &rules)?;
+        let stats = Arc::new(ProxyStats::default());
+        let dashboard = weir_tower::dashboard::Dashboard::for_rules(
+            "weir proxy",
+            rules.clone(),
+            Some(s.rules.clone()),
+        );
+        let watcher = watch_rules(&s, &rules, quota.clone(), &dashboard, &stats)?;
+        let forward = primary(&s, upstream, &stats);
+        let gutter = gutter(&s, &forward, &stats)?;
+        Ok(Self {
+            rules,
+            quota,
+            stats,
+            dashboard,
+            forward,
+            gutter,
+            switch_file,
+            settings: s,
+            _watcher: watcher,
+        })
     }
-    let set = weir_rules::watch::load(&s.rules).map_err(|e| (2, e.to_string()))?;
+
+    /// Serves clients on `listener` and, when given, the dashboard, `/metrics` and the switch
+    /// API on `admin`, until `shutdown` says stop and the connections have finished.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        admin: Option<tokio::net::TcpListener>,
+        shutdown: crate::net::accept::Shutdown,
+    ) {
+        let s = &self.settings;
+        if let Some(admin) = admin {
+            self.dashboard.spawn_sampler();
+            tokio::spawn(serve_admin(
+                admin,
+                Admin {
+                    rules: self.rules.clone(),
+                    stats: self.stats.clone(),
+                    dashboard: self.dashboard.clone(),
+                    token: s.admin_token.clone(),
+                    switch_file: self.switch_file.clone(),
+                },
+                s.limits.timeouts,
+                shutdown.clone(),
+            ));
+        }
+        let (forward, gutter) = (self.forward.clone(), self.gutter.clone());
+        let layer = RulesLayer::new(self.rules.clone());
+        let limits = s.limits;
+        crate::net::accept::serve(
+            listener,
+            limits.max_connections,
+            "proxy",
+            shutdown,
+            move |stream, peer, sd, conn| {
+                let svc = client_service(&forward, gutter.as_ref(), &layer, peer);
+                crate::net::accept::serve_http(stream, svc, limits.timeouts, sd, conn)
+            },
+        )
+        .await;
+    }
+
+    /// Gives the cluster rules' leases back, so that other proxies get the capacity at once.
+    pub async fn release_leases(&self) {
+        if let Some(q) = &self.quota {
+            q.clone().shutdown().await;
+        }
+    }
+}
+
+/// Runs `weir proxy` until interrupted: builds the proxy, opens its listeners, serves, and
+/// on a stop signal lets the requests in flight finish (at most `drain_timeout`).
+pub async fn run(s: Settings) -> Result<(), StartError> {
+    let (listen, admin_addr, token, drain) =
+        (s.listen, s.admin, s.admin_token.is_some(), s.drain_timeout);
+    let proxy = Proxy::build(s)?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| usage(format_args!("cannot listen on {listen}: {e}")))?;
+    if let Some(addr) = admin_addr.filter(|a| !a.ip().is_loopback() && !token) {
+        tracing::warn!(
+            "--admin {addr} is reachable from other hosts and has no --admin-token: anyone who can connect reads the dashboard and /metrics"
+        );
+    }
+    let admin = match admin_addr {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| usage(format_args!("cannot listen for --admin on {addr}: {e}")))?,
+        ),
+        None => None,
+    };
+    let local = listener.local_addr().map_or(listen, |a| a);
+    println!(
+        "weir proxy: http://{local} -> {} (rules: {}{})",
+        proxy.forward.upstream,
+        proxy.settings.rules.display(),
+        admin
+            .as_ref()
+            .and_then(|a| a.local_addr().ok())
+            .map(|a| format!(", dashboard: http://{a}/, metrics: http://{a}/metrics"))
+            .unwrap_or_default()
+    );
+    let (trigger, shutdown) = crate::net::accept::shutdown();
+    let serving = proxy.serve(listener, admin, shutdown);
+    crate::net::accept::run_until_stopped("weir proxy", serving, trigger, drain).await;
+    proxy.release_leases().await;
+    Ok(())
+}
+
+/// The rule file's rules on `--clock`, with the switch states saved beside it (set over the
+/// admin API before a restart); answers the switch state file too.
+fn load_rules(s: &Settings) -> Result<(Arc<Rules<weir_core::AnyClock>>, PathBuf), StartError> {
+    let set = weir_rules::watch::load(&s.rules).map_err(usage)?;
     if set.http.as_ref().is_none_or(|h| h.routes.is_empty()) {
         tracing::warn!(
             file = %s.rules.display(),
             "the rule file has no http.routes: every request passes unlimited"
         );
     }
-    let clock = s.clock.build().map_err(|e| (2, format!("--clock: {e}")))?;
-    let rules = Arc::new(
-        Rules::with_clock(&set, clock).map_err(|e| (2, format!("{}: {e}", s.rules.display())))?,
-    );
-    // Switch states set over the admin API before a restart.
+    let clock = s
+        .clock
+        .build()
+        .map_err(|e| usage(format_args!("--clock: {e}")))?;
+    let rules = Rules::with_clock(&set, clock)
+        .map_err(|e| usage(format_args!("{}: {e}", s.rules.display())))?;
     let switch_file = switches::state_path(&s.rules);
-    let saved = switches::load(&switch_file).map_err(|e| (2, e))?;
+    let saved = switches::load(&switch_file).map_err(usage)?;
     if !saved.is_empty() {
         tracing::info!(file = %switch_file.display(), "switch states restored: {saved:?}");
         rules.restore_switches(&saved);
     }
+    Ok((Arc::new(rules), switch_file))
+}
+
+/// The lease client of the rules' cluster resources (none without cluster rules; an error
+/// without `--quota-server`).
+fn lease_client(
+    s: &Settings,
+    rules: &Rules<weir_core::AnyClock>,
+) -> Result<Option<weir_quota::net::LeaseClient>, StartError> {
     let cluster = rules.cluster_resources();
-    let quota = match (&s.quota_server, cluster.is_empty()) {
-        (_, true) => None,
+    match (&s.quota_server, cluster.is_empty()) {
+        (_, true) => Ok(None),
         (None, false) => {
             let names: Vec<&str> = cluster.iter().map(|(n, _)| n.as_str()).collect();
-            return Err((
-                2,
-                format!(
-                    "{}: cluster flow rules ({}) need --quota-server http://HOST:PORT",
-                    s.rules.display(),
-                    names.join(", ")
-                ),
-            ));
+            Err(usage(format_args!(
+                "{}: cluster flow rules ({}) need --quota-server http://HOST:PORT",
+                s.rules.display(),
+                names.join(", ")
+            )))
         }
         (Some(server), false) => {
             let mut b = weir_quota::net::LeaseClient::builder(server, &s.quota_client_id)
@@ -606,70 +749,62 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
             for (name, safe) in &cluster {
                 b = b.resource(name, *safe);
             }
-            let client = b.start().map_err(|e| (2, format!("--quota-server: {e}")))?;
+            let client = b
+                .start()
+                .map_err(|e| usage(format_args!("--quota-server: {e}")))?;
             rules.set_cluster(client.clone());
-            Some(client)
-        }
-    };
-    let stats = Arc::new(ProxyStats::default());
-    let st = stats.clone();
-    let dashboard = weir_tower::dashboard::Dashboard::for_rules(
-        "weir proxy",
-        rules.clone(),
-        Some(s.rules.clone()),
-    );
-    let dash = dashboard.clone();
-    let (reloaded, leases, file) = (rules.clone(), quota.clone(), s.rules.clone());
-    let _watcher = Watcher::start(
-        rules.clone(),
-        s.rules.clone(),
-        s.reload_interval,
-        move |e| {
-            match e {
-                Event::Applied => {
-                    // Cluster resources new in this file are leased too; without a quota
-                    // server their rules enforce their safe capacity.
-                    for (name, safe) in reloaded.cluster_resources() {
-                        match &leases {
-                            Some(q) => {
-                                q.add_resource(&name, safe);
-                            }
-                            None => tracing::warn!(
-                                file = %file.display(),
-                                "cluster resource {name:?} without --quota-server: enforcing its safe capacity ({safe}/s) locally"
-                            ),
-                        }
-                    }
-                    dash.note_reload(Ok(()));
-                    st.reloads_applied.fetch_add(1, Ordering::Relaxed)
-                }
-                // The watcher logged it (one warning line with file, line and column).
-                Event::Rejected(e) => {
-                    dash.note_reload(Err(e.to_string()));
-                    st.reloads_rejected.fetch_add(1, Ordering::Relaxed)
-                }
-            };
-        },
-    )
-    .map_err(|e| (1, format!("cannot start the rule watcher: {e}")))?;
-    let listener = tokio::net::TcpListener::bind(s.listen)
-        .await
-        .map_err(|e| (2, format!("cannot listen on {}: {e}", s.listen)))?;
-    if let Some(addr) = s.admin.filter(|a| !a.ip().is_loopback()) {
-        if s.admin_token.is_none() {
-            tracing::warn!(
-                "--admin {addr} is reachable from other hosts and has no --admin-token: anyone who can connect reads the dashboard and /metrics"
-            );
+            Ok(Some(client))
         }
     }
-    let admin = match s.admin {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| (2, format!("cannot listen for --admin on {addr}: {e}")))?,
-        ),
-        None => None,
-    };
+}
+
+/// Applies the rule file's changes as they come: new cluster resources are leased too, the
+/// dashboard and the counters see each outcome.
+fn watch_rules(
+    s: &Settings,
+    rules: &Arc<Rules<weir_core::AnyClock>>,
+    leases: Option<weir_quota::net::LeaseClient>,
+    dashboard: &Arc<weir_tower::dashboard::Dashboard>,
+    stats: &Arc<ProxyStats>,
+) -> Result<Watcher, StartError> {
+    let (reloaded, file, dash, st) = (
+        rules.clone(),
+        s.rules.clone(),
+        dashboard.clone(),
+        stats.clone(),
+    );
+    Watcher::start(rules.clone(), s.rules.clone(), s.reload_interval, move |e| {
+        match e {
+            Event::Applied => {
+                // Cluster resources new in this file are leased too; without a quota server
+                // their rules enforce their safe capacity.
+                for (name, safe) in reloaded.cluster_resources() {
+                    match &leases {
+                        Some(q) => {
+                            q.add_resource(&name, safe);
+                        }
+                        None => tracing::warn!(
+                            file = %file.display(),
+                            "cluster resource {name:?} without --quota-server: enforcing its safe capacity ({safe}/s) locally"
+                        ),
+                    }
+                }
+                dash.note_reload(Ok(()));
+                st.reloads_applied.fetch_add(1, Ordering::Relaxed)
+            }
+            // The watcher logged it (one warning line with file, line and column).
+            Event::Rejected(e) => {
+                dash.note_reload(Err(e.to_string()));
+                st.reloads_rejected.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    })
+    .map_err(|e| (1, format!("cannot start the rule watcher: {e}")))
+}
+
+/// The forwarder to the upstream: pooled HTTP/1.1 and h2c clients and the bounds on requests
+/// in flight.
+fn primary(s: &Settings, upstream: Uri, stats: &Arc<ProxyStats>) -> Forward {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(s.upstream_timeout));
@@ -682,11 +817,11 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         .pool_max_idle_per_host(MAX_IDLE_UPSTREAM)
         .http2_only(true)
         .build(connector);
-    let forward = Forward {
+    Forward {
         http1,
         h2c,
         protocol: s.upstream_protocol,
-        upstream: upstream.clone(),
+        upstream,
         timeout: s.upstream_timeout,
         stats: stats.clone(),
         via: via_token(s.listen),
@@ -694,103 +829,83 @@ pub async fn run(s: Settings) -> Result<(), (u8, String)> {
         per_client: Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT)),
         per_address: AddressSlots::new(s.max_upstream_per_address),
         pace: s.body_pace,
+    }
+}
+
+/// The forwarder to `--gutter`, its breakers and bounds shared through `stats` (none without
+/// a gutter).
+fn gutter(
+    s: &Settings,
+    primary: &Forward,
+    stats: &ProxyStats,
+) -> Result<Option<Forward>, StartError> {
+    let Some(url) = &s.gutter else {
+        return Ok(None);
     };
-    let gutter = match &s.gutter {
-        None => None,
-        Some(url) => {
-            let uri = parse_upstream(url).map_err(|e| (2, e.replace("--upstream", "--gutter")))?;
-            let lane = |max: usize| weir_tower::gutter::LaneConfig {
-                breaker: s.upstream_breaker.clone(),
-                max_in_flight: max.max(1) as u64,
-            };
-            let g = weir_tower::gutter::Gutter::new(
-                (),
-                (),
-                &lane(s.max_upstream_requests),
-                &lane(s.gutter_max_requests),
-            )
-            .map_err(|e| (2, format!("--upstream-breaker: {e}")))?;
-            let _ = stats.gutter.set(g);
-            Some(Forward {
-                upstream: uri,
-                total: Arc::new(Semaphore::new(s.gutter_max_requests.max(1))),
-                ..forward.clone()
-            })
-        }
+    let uri = parse_upstream(url).map_err(|e| usage(e.replace("--upstream", "--gutter")))?;
+    let lane = |max: usize| weir_tower::gutter::LaneConfig {
+        breaker: s.upstream_breaker.clone(),
+        max_in_flight: max.max(1) as u64,
     };
-    let layer = RulesLayer::new(rules.clone());
-    let local = listener.local_addr().map_or(s.listen, |a| a);
-    println!(
-        "weir proxy: http://{local} -> {upstream} (rules: {}{})",
-        s.rules.display(),
-        admin
-            .as_ref()
-            .and_then(|a| a.local_addr().ok())
-            .map(|a| format!(", dashboard: http://{a}/, metrics: http://{a}/metrics"))
-            .unwrap_or_default()
-    );
-    let (trigger, shutdown) = crate::net::accept::shutdown();
-    if let Some(admin) = admin {
-        dashboard.spawn_sampler();
-        tokio::spawn(serve_admin(
-            admin,
-            Admin {
-                rules: rules.clone(),
-                stats: stats.clone(),
-                dashboard,
-                token: s.admin_token.clone(),
-                switch_file,
+    let g = weir_tower::gutter::Gutter::new(
+        (),
+        (),
+        &lane(s.max_upstream_requests),
+        &lane(s.gutter_max_requests),
+    )
+    .map_err(|e| usage(format_args!("--upstream-breaker: {e}")))?;
+    let _ = stats.gutter.set(g);
+    Ok(Some(Forward {
+        upstream: uri,
+        total: Arc::new(Semaphore::new(s.gutter_max_requests.max(1))),
+        ..primary.clone()
+    }))
+}
+
+/// The service of one client connection from `peer`: the rules, then the upstream (or the
+/// gutter), with this connection's own bound on upstream requests in flight.
+fn client_service(
+    forward: &Forward,
+    gutter: Option<&Forward>,
+    layer: &RulesLayer<weir_core::AnyClock>,
+    peer: SocketAddr,
+) -> impl Service<
+    Request<Incoming>,
+    Response = Response<ProxyBody>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
+       + Send
+       + 'static {
+    let per_client = Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT));
+    let primary = Forward {
+        per_client: per_client.clone(),
+        ..forward.clone()
+    };
+    let via = primary.via.clone();
+    let stats = primary.stats.clone();
+    let forward = match (gutter, stats.gutter.get()) {
+        (Some(g), Some(shared)) => Upstreams::Gutter(Box::new(shared.with_services(
+            primary,
+            Forward {
+                per_client,
+                ..g.clone()
             },
-            s.limits.timeouts,
-            shutdown.clone(),
-        ));
+        ))),
+        _ => Upstreams::One(Box::new(primary)),
+    };
+    let rules = ServiceBuilder::new()
+        .map_request(move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(PeerAddr(peer));
+            req
+        })
+        .layer(layer.clone())
+        .service(forward);
+    Precheck {
+        inner: rules,
+        via,
+        stats,
     }
-    let limits = s.limits;
-    let accept = crate::net::accept::serve(
-        listener,
-        limits.max_connections,
-        "proxy",
-        shutdown,
-        move |stream, peer, sd, conn| {
-            // Each client connection has its own bound on upstream requests in flight.
-            let per_client = Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT));
-            let primary = Forward {
-                per_client: per_client.clone(),
-                ..forward.clone()
-            };
-            let via = primary.via.clone();
-            let stats = primary.stats.clone();
-            let forward = match (&gutter, stats.gutter.get()) {
-                (Some(g), Some(shared)) => Upstreams::Gutter(Box::new(shared.with_services(
-                    primary,
-                    Forward {
-                        per_client,
-                        ..g.clone()
-                    },
-                ))),
-                _ => Upstreams::One(Box::new(primary)),
-            };
-            let rules = ServiceBuilder::new()
-                .map_request(move |mut req: Request<Incoming>| {
-                    req.extensions_mut().insert(PeerAddr(peer));
-                    req
-                })
-                .layer(layer.clone())
-                .service(forward);
-            let svc = Precheck {
-                inner: rules,
-                via,
-                stats,
-            };
-            crate::net::accept::serve_http(stream, svc, limits.timeouts, sd, conn)
-        },
-    );
-    crate::net::accept::run_until_stopped("weir proxy", accept, trigger, s.drain_timeout).await;
-    if let Some(q) = quota {
-        // Gives the leases back so other proxies get the capacity at once.
-        q.shutdown().await;
-    }
-    Ok(())
 }
 
 /// Idle pooled connections kept to the upstream.

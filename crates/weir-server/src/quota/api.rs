@@ -75,7 +75,49 @@ pub struct QuotaApi {
     reloads: Arc<crate::reload::Reloads>,
 }
 
+/// Builds a [`QuotaApi`]: [`QuotaApi::builder`].
+pub struct Builder {
+    path: PathBuf,
+    failover: Option<crate::quota::ha::Ha>,
+    watch: Option<Duration>,
+}
+
+impl Builder {
+    /// Shares the quota with other servers through Redis: only the elected leader allocates
+    /// ([`crate::quota::ha`]); the others name it. Started by [`Builder::build`].
+    pub fn failover(mut self, ha: crate::quota::ha::Ha) -> Self {
+        self.failover = Some(ha);
+        self
+    }
+
+    /// Reloads the file every `interval` when its contents changed ([`QuotaApi::watch`]).
+    pub fn watch(mut self, interval: Duration) -> Self {
+        self.watch = Some(interval);
+        self
+    }
+
+    /// Loads the file, starts the lease server (learning for one lease length), its watcher
+    /// and its failover. Errors are the file's, one per line.
+    pub fn build(self) -> Result<Arc<QuotaApi>, String> {
+        let api = QuotaApi::open(self.path, self.failover)?;
+        if let Some(interval) = self.watch {
+            api.watch(interval);
+        }
+        api.start_failover();
+        Ok(api)
+    }
+}
+
 impl QuotaApi {
+    /// A lease server of the quota file at `path`.
+    pub fn builder(path: PathBuf) -> Builder {
+        Builder {
+            path,
+            failover: None,
+            watch: None,
+        }
+    }
+
     /// Loads `path` and starts the lease server (learning for one lease length).
     pub fn load(path: PathBuf) -> Result<Arc<Self>, String> {
         Self::open(path, None)

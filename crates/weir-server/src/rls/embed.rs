@@ -14,6 +14,7 @@ use super::store::{MemoryStore, Store};
 use crate::admin::metrics::Metrics;
 use crate::net::accept::Limits;
 use crate::net::budget::{BodyLimits, Budget};
+use crate::quota::api::QuotaApi;
 
 /// Envoy's rate-limit service, ready to serve on listeners the caller opened.
 pub struct Server {
@@ -32,6 +33,7 @@ pub struct Builder {
     limits: Limits,
     bodies: BodyLimits,
     metrics: Arc<Metrics>,
+    quota: Option<Arc<QuotaApi>>,
 }
 
 /// Why a [`Server`] could not be built: every error of the configuration, each with its file,
@@ -51,6 +53,7 @@ impl Server {
             limits: Limits::default(),
             bodies: BodyLimits::default(),
             metrics: Arc::default(),
+            quota: None,
         }
     }
 
@@ -121,8 +124,20 @@ impl Builder {
 
     /// Where the counters live (default: [`MemoryStore::default`]; a
     /// [`super::RedisStore`] for one limit across instances, or any [`Store`]).
-    pub fn store(mut self, store: impl Store) -> Self {
-        self.store = Arc::new(store);
+    pub fn store(self, store: impl Store) -> Self {
+        self.store_shared(Arc::new(store))
+    }
+
+    /// [`Builder::store`] for a store already shared.
+    pub fn store_shared(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// Also serves a lease server's API (HTTP/JSON under `/quota/v1/`, gRPC) and, when its
+    /// file has an `rlqs` section, Envoy's RLQS, on the same listeners.
+    pub fn quota(mut self, quota: Arc<QuotaApi>) -> Self {
+        self.quota = Some(quota);
         self
     }
 
@@ -159,10 +174,13 @@ impl Builder {
 
     /// Loads the configuration and builds the engine.
     pub fn build(self) -> Result<Server, BuildError> {
-        let service = Service::new(self.config, self.store, self.options, self.metrics)
+        let mut service = Service::new(self.config, self.store, self.options, self.metrics)
             .map_err(BuildError)?
-            .with_headers(self.headers)
-            .start();
+            .with_headers(self.headers);
+        if let Some(q) = self.quota {
+            service = service.with_quota(q);
+        }
+        let service = service.start();
         let bodies = Budget::new(self.bodies);
         service
             .metrics()
