@@ -169,10 +169,12 @@ fn failover(args: &ServeArgs) -> Result<weir_server::quota::ha::Ha, ExitCode> {
         None if args.http_addr.port() != 0 && !args.http_addr.ip().is_unspecified() => {
             format!("http://{}", args.http_addr)
         }
-        None => return Err(fail(format_args!(
+        None => {
+            return Err(fail(format_args!(
             "--quota-advertise is needed: --http-addr {} is not an address clients can be sent to",
             args.http_addr
-        ))),
+        )))
+        }
     };
     if args.quota_leader_ttl < Duration::from_millis(250) {
         return Err(fail("--quota-leader-ttl: at least 250ms"));
