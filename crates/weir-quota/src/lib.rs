@@ -4,6 +4,9 @@
 //! - [`allocate`]: the division itself — `static`, `proportional_share` and `fair_share`
 //!   (exact weighted max-min by water-filling, with strict priority bands). Pure, no I/O.
 
+//! - [`hierarchy`]: nested quotas (org ⊃ team ⊃ user) — nested weighted max-min with the same
+//!   bands, a child never above its capacity and what it cannot use left to its siblings.
+
 //! - [`lease`]: the lease table of one resource — grants that never sum past the capacity,
 //!   expire unless refreshed, and are only confirmed while a restarted server learns.
 
@@ -29,6 +32,7 @@ pub mod client;
 pub mod clients;
 pub mod config;
 pub mod ha;
+pub mod hierarchy;
 pub mod lease;
 pub mod net;
 pub mod pattern;
