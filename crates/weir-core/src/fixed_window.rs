@@ -184,6 +184,28 @@ impl Algorithm for FixedWindow {
     }
 }
 
+impl crate::cost::Settle for FixedWindow {
+    /// Counts `units` in the window of `now`, past the limit if need be: nothing more passes
+    /// in that window. The debt ends with the window.
+    fn charge(&self, state: &mut u64, units: u64, now: Nanos) {
+        let index = self.window_div.div(now) & self.index_mask();
+        let (stored_index, count) = self.unpack(*state);
+        let count = if stored_index == index { count } else { 0 };
+        let count = count.saturating_add(units).min(MAX_FIXED_WINDOW_LIMIT);
+        *state = self.pack(index, count);
+    }
+
+    /// Takes `units` off the count when the charge was made in the window still counted.
+    fn refund(&self, state: &mut u64, units: u64, held: crate::cost::Held, now: Nanos) {
+        let taken = self.window_div.div(held.taken) & self.index_mask();
+        let index = self.window_div.div(now) & self.index_mask();
+        let (stored_index, count) = self.unpack(*state);
+        if taken == index && stored_index == index {
+            *state = self.pack(index, count.saturating_sub(units.min(held.estimate)));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -305,3 +305,12 @@ mod retunable_tests {
         writer.join().unwrap();
     }
 }
+impl crate::cost::Settle for Gcra {
+    fn charge(&self, tat: &mut u64, units: u64, now: Nanos) {
+        crate::cost::charge_time(tat, units, self.interval, now);
+    }
+
+    fn refund(&self, tat: &mut u64, units: u64, held: crate::cost::Held, now: Nanos) {
+        crate::cost::refund_time(tat, units, held, self.interval, now);
+    }
+}

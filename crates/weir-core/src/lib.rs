@@ -12,6 +12,8 @@
 //! - [`KeyedLimiter`]: a limiter per key with a hard cap on keys and O(1) eviction.
 //! - [`rate`]: the one algorithm vocabulary ([`RateAlgorithm`]) and limiters chosen at run
 //!   time from a [`RateSpec`] ([`KeyedRate`], [`SingleRate`]).
+//! - [`cost`]: cost-aware limits — hold an estimate ([`Limiter::reserve_cost`]), settle the
+//!   actual cost (refund or debt) on GCRA, the token bucket and the fixed window.
 //! - [`ConcurrencyLimiter`]: a bulkhead with an optional FIFO queue and RAII permits.
 //!
 //! ```
@@ -37,6 +39,7 @@ pub mod cell;
 pub mod clock;
 pub mod coarse_clock;
 pub mod concurrency;
+pub mod cost;
 pub mod criticality;
 pub mod decision;
 pub mod divide;
@@ -66,6 +69,7 @@ pub use algorithm::{Algorithm, Quota, Reserving};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, SystemClock};
 pub use coarse_clock::{AnyClock, ClockKind, CoarseClock};
 pub use concurrency::{ConcurrencyConfig, ConcurrencyLimiter, Permit, QueueOrder};
+pub use cost::{CostReservation, Settle};
 pub use criticality::Criticality;
 pub use decision::Decision;
 pub use error::ConfigError;

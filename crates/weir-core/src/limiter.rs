@@ -43,6 +43,11 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         }
     }
 
+    /// The cell holding the state.
+    pub(crate) fn cell(&self) -> &A::Cell {
+        &self.state
+    }
+
     /// A copy of the current state.
     pub fn state(&self) -> A::State {
         self.state.snapshot()

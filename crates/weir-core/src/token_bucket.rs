@@ -177,3 +177,12 @@ impl Algorithm for TokenBucket {
         self.quota.window()
     }
 }
+impl crate::cost::Settle for TokenBucket {
+    fn charge(&self, full_at: &mut u64, units: u64, now: Nanos) {
+        crate::cost::charge_time(full_at, units, self.interval, now);
+    }
+
+    fn refund(&self, full_at: &mut u64, units: u64, held: crate::cost::Held, now: Nanos) {
+        crate::cost::refund_time(full_at, units, held, self.interval, now);
+    }
+}

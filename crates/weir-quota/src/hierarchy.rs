@@ -325,6 +325,20 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_example() {
+        // docs/quota.md, "Nested quotas".
+        let user = |wants| Node::group(50.0, vec![Node::Leaf(Demand::new(wants))]);
+        let org = Node::group(
+            1000.0,
+            vec![
+                Node::group(400.0, vec![user(30.0), user(500.0)]),
+                Node::group(f64::INFINITY, vec![Node::Leaf(Demand::new(990.0))]),
+            ],
+        );
+        assert_eq!(allocate_tree(&org).unwrap(), vec![30.0, 50.0, 920.0]);
+    }
+
+    #[test]
     fn bad_trees_are_refused() {
         let bad = Node::group(-1.0, vec![leaf(1.0)]);
         assert_eq!(allocate_tree(&bad), Err(TreeError::Capacity(0, -1.0)));

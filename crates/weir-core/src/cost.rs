@@ -1,0 +1,172 @@
+//! Cost-aware limits: hold an estimate against a limit, settle what the work cost.
+//!
+//! A request whose cost is known only at its end (an LLM call's tokens, a query's rows) asks
+//! for its **estimate** up front ([`Limiter::reserve_cost`]): admitted only if the estimate
+//! fits, so concurrent requests cannot overrun the limit on the strength of costs nobody has
+//! counted yet. When the cost is known, [`CostReservation::settle`] charges the difference:
+//!
+//! - actual < estimate: the rest is given back ([`Settle::refund`]), but never more than the
+//!   state still holds of the charge (time that has passed since is not given back);
+//! - actual > estimate: the excess is charged whatever the limit ([`Settle::charge`]): a
+//!   debt later requests wait out, never a negative count that admits more;
+//! - [`CostReservation::cancel`]: everything back (the work failed before it cost anything).
+//!
+//! A reservation dropped unsettled keeps its estimate charged.
+//!
+//! ```
+//! use std::time::Duration;
+//! use weir_core::{Gcra, Limiter, ManualClock, Quota};
+//!
+//! // 10 000 tokens per minute, at most 2 000 at once.
+//! let clock = ManualClock::new(0);
+//! let quota = Quota::new(10_000, Duration::from_secs(60)).unwrap();
+//! let tokens = Limiter::with_clock(Gcra::new(quota, 2_000).unwrap(), &clock);
+//! let call = tokens.reserve_cost(1_500).unwrap(); // the request's max_tokens
+//! assert!(tokens.reserve_cost(1_000).is_err()); // 500 left of the burst
+//! call.settle(200); // its usage: 1 300 given back
+//! assert!(tokens.reserve_cost(1_000).is_ok());
+//! ```
+//!
+//! **Bound.** Count each unit when it is charged: estimates when admitted, excesses when
+//! settled, less refunds. Admissions only ever fit the algorithm's own bound, so over any
+//! window the units charged are at most what the algorithm admits in a window (GCRA:
+//! `burst + limit`; fixed window: `limit` per aligned window) plus the excesses settled in
+//! that window. With one request in flight per key that is the limit plus the largest single
+//! excess; with `c` in flight at most `c` excesses. GCRA and the token bucket carry a debt
+//! past the window until it is paid; a fixed window forgets it when its window ends.
+//! `tests/cost.rs` checks the bound on random timelines.
+
+use crate::algorithm::Algorithm;
+use crate::cell::StateCell;
+use crate::clock::{Clock, Nanos};
+use crate::decision::Decision;
+use crate::limiter::Limiter;
+
+/// Algorithms whose charges can be corrected after the fact.
+pub trait Settle: Algorithm {
+    /// Charges `units` at `now` whatever the state: the excess of an actual cost over its
+    /// estimate. Past the limit it is a debt later requests wait out.
+    fn charge(&self, state: &mut Self::State, units: u64, now: Nanos);
+
+    /// Gives back `units` of `charge`: what the request did not use. Never more than the
+    /// state still holds of that charge (a window that ended, or time that passed since,
+    /// gives nothing back).
+    fn refund(&self, state: &mut Self::State, units: u64, charge: Held, now: Nanos);
+}
+
+/// A charge a reservation holds: its estimate, taken at `taken`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Units charged.
+    pub estimate: u64,
+    /// When (the limiter's clock base).
+    pub taken: Nanos,
+}
+
+/// An estimate held against a [`Limiter`]: [`CostReservation::settle`] it with the actual
+/// cost, or [`CostReservation::cancel`] it. Dropped unsettled, the estimate stays charged.
+#[must_use = "settle the reservation with the actual cost (dropping it keeps the estimate)"]
+pub struct CostReservation<'a, A: Settle, C: Clock> {
+    limiter: &'a Limiter<A, C>,
+    estimate: u64,
+    taken: Nanos,
+    decision: Decision,
+}
+
+impl<A: Settle, C: Clock> CostReservation<'_, A, C> {
+    /// The admission's decision (remaining, reset as of the reservation).
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The estimate held.
+    pub fn estimate(&self) -> u64 {
+        self.estimate
+    }
+
+    /// Charges `actual` instead of the estimate, now.
+    pub fn settle(self, actual: u64) {
+        let now = self.limiter.clock().now();
+        self.settle_at(actual, now);
+    }
+
+    /// [`CostReservation::settle`] at an explicit time (the limiter's clock base).
+    pub fn settle_at(self, actual: u64, now: Nanos) {
+        let held = Held {
+            estimate: self.estimate,
+            taken: self.taken,
+        };
+        self.limiter.settle_held(held, actual, now);
+    }
+
+    /// Gives the whole estimate back (the work failed before it cost anything).
+    pub fn cancel(self) {
+        let now = self.limiter.clock().now();
+        self.settle_at(0, now);
+    }
+}
+
+impl<A: Settle, C: Clock> Limiter<A, C> {
+    /// Holds `estimate` units now: a reservation to settle with the actual cost, or the
+    /// refusal (the estimate does not fit).
+    pub fn reserve_cost(&self, estimate: u64) -> Result<CostReservation<'_, A, C>, Decision> {
+        self.reserve_cost_at(estimate, self.clock().now())
+    }
+
+    /// [`Limiter::reserve_cost`] at an explicit time.
+    pub fn reserve_cost_at(
+        &self,
+        estimate: u64,
+        now: Nanos,
+    ) -> Result<CostReservation<'_, A, C>, Decision> {
+        let decision = self.acquire_at(estimate, now);
+        if !decision.allowed() {
+            return Err(decision);
+        }
+        Ok(CostReservation {
+            limiter: self,
+            estimate,
+            taken: now,
+            decision,
+        })
+    }
+
+    /// Corrects `held` to `actual` at `now` (what [`CostReservation::settle_at`] does, for a
+    /// caller that keeps the charge itself, e.g. across an await point without a borrow).
+    pub fn settle_held(&self, held: Held, actual: u64, now: Nanos) {
+        let algorithm = self.algorithm();
+        if actual > held.estimate {
+            let excess = actual - held.estimate;
+            self.cell()
+                .update(|state| algorithm.charge(state, excess, now));
+        } else if actual < held.estimate {
+            let unused = held.estimate - actual;
+            self.cell()
+                .update(|state| algorithm.refund(state, unused, held, now));
+        }
+    }
+}
+
+/// Charges `units` to a "next free time" state (GCRA's TAT, the token bucket's full time):
+/// `interval` each, from `now` at the earliest; at most a quarter of the clock's range ahead.
+pub(crate) fn charge_time(state: &mut u64, units: u64, interval: Nanos, now: Nanos) {
+    let span = units.saturating_mul(interval).min(u64::MAX / 4);
+    *state = (*state)
+        .max(now)
+        .saturating_add(span)
+        .min(now.saturating_add(u64::MAX / 4));
+}
+
+/// Refunds `units` of `held` to a "next free time" state: only the part of the charge still
+/// ahead of `now` (the charge began at `held.taken` at the earliest, so at least
+/// `taken + estimate·interval − now` of it is), never back past `now`.
+pub(crate) fn refund_time(state: &mut u64, units: u64, held: Held, interval: Nanos, now: Nanos) {
+    let end = held
+        .taken
+        .saturating_add(held.estimate.saturating_mul(interval));
+    let ahead = end.saturating_sub(now) / interval.max(1);
+    let span = units.min(ahead).saturating_mul(interval);
+    if *state > now {
+        *state = state.saturating_sub(span).max(now);
+    }
+}
