@@ -40,7 +40,11 @@ use crate::algorithm::Algorithm;
 use crate::cell::StateCell;
 use crate::clock::{Clock, Nanos};
 use crate::decision::Decision;
+use crate::keyed::KeyedLimiter;
 use crate::limiter::Limiter;
+
+use std::borrow::Borrow;
+use std::hash::Hash;
 
 /// Algorithms whose charges can be corrected after the fact.
 pub trait Settle: Algorithm {
@@ -143,6 +147,51 @@ impl<A: Settle, C: Clock> Limiter<A, C> {
             let unused = held.estimate - actual;
             self.cell()
                 .update(|state| algorithm.refund(state, unused, held, now));
+        }
+    }
+}
+
+impl<K, A, C> KeyedLimiter<K, A, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    A: Settle + Clone,
+    C: Clock,
+{
+    /// Holds `estimate` units for `key` at `now`: the charge to settle with
+    /// [`KeyedLimiter::settle_at`], or the refusal.
+    pub fn reserve_cost_at<Q>(&self, key: &Q, estimate: u64, now: Nanos) -> Result<Held, Decision>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let decision = self.acquire_at(key, estimate, now);
+        if decision.allowed() {
+            Ok(Held {
+                estimate,
+                taken: now,
+            })
+        } else {
+            Err(decision)
+        }
+    }
+
+    /// Corrects `key`'s charge `held` to `actual` at `now`: an excess is charged (the key
+    /// stored if it was evicted meanwhile, evicting another if need be), a refund given back
+    /// only to a key still tracked.
+    pub fn settle_at<Q>(&self, key: &Q, held: Held, actual: u64, now: Nanos)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if actual > held.estimate {
+            let excess = actual - held.estimate;
+            let _ = self.on_state(key, now, true, |a, state| a.charge(state, excess, now));
+        } else if actual < held.estimate {
+            let unused = held.estimate - actual;
+            // A fresh state has nothing to give back: the refund never stores a key.
+            let _ = self.on_state(key, now, false, |a, state| {
+                a.refund(state, unused, held, now)
+            });
         }
     }
 }

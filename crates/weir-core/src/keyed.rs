@@ -356,6 +356,25 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.on_state(key, now, evict, |algorithm, state| {
+            algorithm.decide(state, n, now)
+        })
+    }
+
+    /// Runs `op` on `key`'s state (a fresh one for a new key, stored unless it stays idle),
+    /// under its shard's lock; `None` when a new key finds no room and `evict` is false.
+    #[inline]
+    pub(crate) fn on_state<Q, V>(
+        &self,
+        key: &Q,
+        now: Nanos,
+        evict: bool,
+        op: impl FnOnce(&A, &mut A::State) -> V,
+    ) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let mut guard = self.shards[hash as usize & self.shard_mask].lock();
         let shard = &mut *guard;
@@ -373,13 +392,13 @@ where
                     table.slots.set_ctrl(i, meta(ctrl | REFERENCED));
                 }
                 if let Some(e) = table.slots.get_mut(i) {
-                    return Some(algorithm.decide(&mut e.state, n, now));
+                    return Some(op(algorithm, &mut e.state));
                 }
             }
         }
         // New key: decide on a fresh state first; a peek or a denial need not be stored.
         let mut state = algorithm.initial_state(now);
-        let decision = algorithm.decide(&mut state, n, now);
+        let decision = op(algorithm, &mut state);
         if algorithm.is_idle(&state, now) {
             return Some(decision);
         }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::algorithm::Quota;
 use crate::clock::{Clock, Nanos};
+use crate::cost::Held;
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::fixed_window::FixedWindow;
@@ -321,6 +322,37 @@ impl<C: Clock + Clone> KeyedRate<C> {
         each!(self, l => l.acquire_if_room_at(key, n, now))
     }
 
+    /// Whether the algorithm settles costs ([`crate::cost`]: GCRA, the token bucket and the
+    /// fixed window); the others treat a reservation as a plain acquire and ignore its
+    /// settlement.
+    pub fn settles(&self) -> bool {
+        matches!(self, Self::Fixed(_) | Self::Gcra(_) | Self::Bucket(_))
+    }
+
+    /// Holds `estimate` units for `key` at `now` ([`KeyedLimiter::reserve_cost_at`]).
+    pub fn reserve_cost_at(&self, key: &str, estimate: u64, now: Nanos) -> Result<Held, Decision> {
+        let d = self.acquire_at(key, estimate, now);
+        if d.allowed() {
+            Ok(Held {
+                estimate,
+                taken: now,
+            })
+        } else {
+            Err(d)
+        }
+    }
+
+    /// Corrects `key`'s charge to `actual` ([`KeyedLimiter::settle_at`]); nothing for an
+    /// algorithm that does not [settle](KeyedRate::settles).
+    pub fn settle_at(&self, key: &str, held: Held, actual: u64, now: Nanos) {
+        match self {
+            Self::Fixed(l) => l.settle_at(key, held, actual, now),
+            Self::Gcra(l) => l.settle_at(key, held, actual, now),
+            Self::Bucket(l) => l.settle_at(key, held, actual, now),
+            _ => {}
+        }
+    }
+
     /// Keys tracked now.
     pub fn len(&self) -> usize {
         each!(self, l => l.len())
@@ -427,5 +459,34 @@ impl<C: Clock + Clone> SingleRate<C> {
     #[inline]
     pub fn acquire_at(&self, n: u64, now: Nanos) -> Decision {
         each_single!(self, l => l.acquire_at(n, now))
+    }
+
+    /// Whether the algorithm settles costs (GCRA, the token bucket and the fixed window).
+    pub fn settles(&self) -> bool {
+        matches!(self, Self::Fixed(_) | Self::Gcra(_) | Self::Bucket(_))
+    }
+
+    /// Holds `estimate` units at `now` ([`Limiter::reserve_cost_at`] without the borrow).
+    pub fn reserve_cost_at(&self, estimate: u64, now: Nanos) -> Result<Held, Decision> {
+        let d = self.acquire_at(estimate, now);
+        if d.allowed() {
+            Ok(Held {
+                estimate,
+                taken: now,
+            })
+        } else {
+            Err(d)
+        }
+    }
+
+    /// Corrects a charge to `actual` ([`Limiter::settle_held`]); nothing for an algorithm
+    /// that does not [settle](SingleRate::settles).
+    pub fn settle_at(&self, held: Held, actual: u64, now: Nanos) {
+        match self {
+            Self::Fixed(l) => l.settle_held(held, actual, now),
+            Self::Gcra(l) => l.settle_held(held, actual, now),
+            Self::Bucket(l) => l.settle_held(held, actual, now),
+            _ => {}
+        }
     }
 }

@@ -69,6 +69,48 @@ fn time_that_passed_is_not_given_back() {
     assert!(!gcra.acquire(1).allowed());
 }
 
+#[test]
+fn keyed_reservations_settle_per_key_and_a_refund_never_stores_a_key() {
+    use weir_core::rate::{KeyedRate, RateAlgorithm, RateSpec};
+    let clock = ManualClock::new(SECOND);
+    let spec = RateSpec::new(RateAlgorithm::Gcra, 100, Duration::from_secs(1));
+    let users = KeyedRate::new(&spec, 10, &clock).unwrap();
+    assert!(users.settles());
+    let now = SECOND;
+    let alice = users.reserve_cost_at("alice", 90, now).unwrap();
+    assert!(users.reserve_cost_at("alice", 20, now).is_err());
+    assert!(
+        users.reserve_cost_at("bob", 90, now).is_ok(),
+        "bob has his own budget"
+    );
+    users.settle_at("alice", alice, 10, now);
+    assert!(users.reserve_cost_at("alice", 80, now).is_ok());
+    // An excess on a key: a debt for that key alone.
+    let carol = users.reserve_cost_at("carol", 1, now).unwrap();
+    users.settle_at("carol", carol, 250, now);
+    assert!(users.reserve_cost_at("carol", 1, now + SECOND).is_err());
+    assert!(users.reserve_cost_at("dave", 1, now).is_ok());
+    // A refund for a key not tracked (evicted, or never charged) stores nothing.
+    let before = users.len();
+    let ghost = weir_core::cost::Held {
+        estimate: 50,
+        taken: now,
+    };
+    users.settle_at("ghost", ghost, 0, now);
+    assert_eq!(users.len(), before);
+    // Algorithms without settlement take a reservation as a plain acquire.
+    let log = KeyedRate::new(
+        &RateSpec::new(RateAlgorithm::SlidingLog, 5, Duration::from_secs(1)),
+        10,
+        &clock,
+    )
+    .unwrap();
+    assert!(!log.settles());
+    let held = log.reserve_cost_at("k", 5, now).unwrap();
+    log.settle_at("k", held, 0, now);
+    assert!(log.reserve_cost_at("k", 1, now).is_err());
+}
+
 /// One step of a timeline: wait `dt` ms, then ask for `estimate` (to cost `actual`, settled
 /// `hold` ms later).
 #[derive(Debug, Clone)]
