@@ -353,6 +353,11 @@ impl<C: Clock + Clone> KeyedRate<C> {
         }
     }
 
+    /// The time on the limiter's clock.
+    pub fn now(&self) -> Nanos {
+        each!(self, l => l.clock().now())
+    }
+
     /// Keys tracked now.
     pub fn len(&self) -> usize {
         each!(self, l => l.len())

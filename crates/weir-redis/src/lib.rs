@@ -14,11 +14,14 @@
 //!   `weir_redis_fallback_decisions_total`, `weir_redis_errors_total`).
 //! - A local cache of keys known to be over their limit answers them without a round trip
 //!   until their `retry_after`.
+//! - Cost reservations ([`RedisLimiter::reserve_cost`], [`RedisLimiter::settle`]): an
+//!   estimate held, then settled to the actual cost atomically (refund or debt).
 //!
 //! See `docs/redis.md` for the design, the bugs of peer projects each choice avoids, and the
 //! benchmark.
 
 mod cache;
+mod cost;
 pub mod leader;
 mod reserve;
 mod rule;
@@ -33,6 +36,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use parking_lot::RwLock;
 use weir_core::{Clock, Decision, MonotonicClock};
 
+pub use cost::CostHeld;
 pub use rule::{RedisRule, Retune, RuleOptions, MAX_MEMBER_LIMIT};
 pub use store::Target;
 

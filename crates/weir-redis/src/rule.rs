@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use weir_core::cost::Held;
 use weir_core::rate::{KeyedRate, RateAlgorithm, RateSpec};
 use weir_core::{AnyClock, ClockKind, ConfigError, Decision, Quota};
 
@@ -388,6 +389,32 @@ impl RedisRule {
     /// Units taken per round trip for one-unit requests (1 = no local batching).
     pub fn batch(&self) -> u64 {
         self.batch
+    }
+
+    /// Whether a cost reservation on this rule is settled ([`crate::RedisLimiter::settle`]):
+    /// GCRA, the token bucket and the fixed window; on the others a reservation is a plain
+    /// acquire.
+    pub fn settles(&self) -> bool {
+        self.settle_kind().is_some()
+    }
+
+    /// The settle script's family for this rule's state.
+    pub(crate) fn settle_kind(&self) -> Option<&'static str> {
+        match self.kind {
+            Kind::Rate(RateAlgorithm::Gcra | RateAlgorithm::TokenBucket) => Some("time"),
+            Kind::Rate(RateAlgorithm::FixedWindow) => Some("window"),
+            _ => None,
+        }
+    }
+
+    /// The local stand-in's reservation of `estimate` for `key` now (the fallback).
+    pub(crate) fn local_reserve(&self, key: &str, estimate: u64) -> Result<Held, Decision> {
+        self.local.reserve_cost_at(key, estimate, self.local.now())
+    }
+
+    /// Settles a reservation of the local stand-in now.
+    pub(crate) fn local_settle(&self, key: &str, held: Held, actual: u64) {
+        self.local.settle_at(key, held, actual, self.local.now());
     }
 
     /// This instance's local decision for `key` (the fallback).

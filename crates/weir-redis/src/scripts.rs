@@ -27,6 +27,7 @@ script!(SLIDING_LOG, "sliding_log.lua");
 script!(GCRA, "gcra.lua");
 script!(TOKEN_BUCKET, "token_bucket.lua");
 script!(CONCURRENCY, "concurrency.lua");
+script!(SETTLE, "settle.lua");
 
 /// Releases a concurrency lease (no prelude: no time, no decision).
 pub static RELEASE: LazyLock<Script> =

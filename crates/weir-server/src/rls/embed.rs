@@ -180,7 +180,12 @@ impl Builder {
         if let Some(q) = self.quota {
             service = service.with_quota(q);
         }
-        let service = service.start();
+        let service = Arc::new(service);
+        let metrics = service.metrics();
+        metrics.register(super::metrics::RlsCollector(Arc::downgrade(&service)));
+        if let Some(q) = service.quota() {
+            metrics.register(crate::quota::api::Collector(Arc::downgrade(q)));
+        }
         let bodies = Budget::new(self.bodies);
         service
             .metrics()

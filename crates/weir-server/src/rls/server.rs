@@ -56,7 +56,8 @@ pub struct Service {
 
 impl Service {
     /// Builds from the configuration at `config` (or the bundled example), with counters in
-    /// `store`; its metrics go to `metrics` once [`Service::start`] shares it.
+    /// `store`; its metrics go to `metrics` (the builder registers its collector,
+    /// [`super::metrics::RlsCollector`]).
     pub fn new(
         config: Option<PathBuf>,
         store: Arc<dyn Store>,
@@ -95,21 +96,6 @@ impl Service {
     pub fn with_quota(mut self, quota: Arc<crate::quota::api::QuotaApi>) -> Self {
         self.quota = Some(quota);
         self
-    }
-
-    /// Shares the service and registers its metrics (and its lease server's) with the
-    /// process's registry.
-    pub fn start(self) -> Arc<Self> {
-        let service = Arc::new(self);
-        service
-            .metrics
-            .register(super::metrics::RlsCollector(Arc::downgrade(&service)));
-        if let Some(q) = &service.quota {
-            service
-                .metrics
-                .register(crate::quota::api::Collector(Arc::downgrade(q)));
-        }
-        service
     }
 
     /// The process's metrics registry.

@@ -1,0 +1,136 @@
+//! Cost reservations on Redis (weir-core's `cost` model): [`RedisLimiter::reserve_cost`]
+//! holds an estimate with the rule's own script, [`RedisLimiter::settle`] corrects it to the
+//! actual cost with one atomic script (`lua/settle.lua`): an excess charged whatever the limit
+//! (a debt every instance sees), a refund of only what the state still holds of the charge.
+//!
+//! While Redis is unreachable the reservation is the fallback's (this instance's share, or
+//! fail-open / fail-closed) and is settled there. A settlement that cannot reach Redis is
+//! lost: a refund not given back errs on the safe side; an excess not charged is counted by
+//! the instance's local stand-in instead.
+
+use weir_core::cost::Held;
+use weir_core::Decision;
+
+use crate::{scripts, Fallback, RedisLimiter, RedisRule, StoreError};
+
+/// A cost held for one key of a [`RedisRule`]: settle it with [`RedisLimiter::settle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CostHeld {
+    held: Held,
+    /// Held by the fallback rather than by Redis.
+    local: bool,
+}
+
+impl CostHeld {
+    /// The estimate held.
+    pub fn estimate(&self) -> u64 {
+        self.held.estimate
+    }
+
+    /// Whether the fallback holds it (Redis was unreachable).
+    pub fn is_local(&self) -> bool {
+        self.local
+    }
+}
+
+impl RedisLimiter {
+    /// Holds `estimate` units of `rule` for `key`: admitted only if the estimate fits (the
+    /// rule's own script), to settle with the actual cost; or the refusal. Never fails: while
+    /// Redis is unreachable the fallback decides and holds it.
+    pub async fn reserve_cost(
+        &self,
+        rule: &RedisRule,
+        key: &str,
+        estimate: u64,
+    ) -> Result<CostHeld, Decision> {
+        let i = &self.inner;
+        if i.healthy.load(std::sync::atomic::Ordering::Acquire) {
+            match self.call(rule, key, estimate, i.now_arg(), None).await {
+                Ok((d, _)) if !d.allowed() => return Err(d),
+                Ok((_, taken)) => {
+                    let held = Held { estimate, taken };
+                    return Ok(CostHeld { held, local: false });
+                }
+                Err(e) => i.failed(&e),
+            }
+        }
+        self.reserve_locally(rule, key, estimate)
+    }
+
+    fn reserve_locally(
+        &self,
+        rule: &RedisRule,
+        key: &str,
+        estimate: u64,
+    ) -> Result<CostHeld, Decision> {
+        let i = &self.inner;
+        let held = match i.config.fallback {
+            Fallback::Local => {
+                i.fallback_decisions
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                rule.local_reserve(key, estimate)?
+            }
+            _ => {
+                let d = self.fallback(rule, key, 0);
+                if !d.allowed() {
+                    return Err(d);
+                }
+                Held { estimate, taken: 0 }
+            }
+        };
+        Ok(CostHeld { held, local: true })
+    }
+
+    /// Settles `held` to `actual`: the difference charged (a debt past the limit) or given
+    /// back, atomically in Redis, or by the fallback that held it. Nothing for a rule that
+    /// does not [settle](RedisRule::settles).
+    pub async fn settle(&self, rule: &RedisRule, key: &str, held: CostHeld, actual: u64) {
+        let Some(kind) = rule.settle_kind() else {
+            return;
+        };
+        if actual == held.held.estimate {
+            return;
+        }
+        if held.local {
+            if self.inner.config.fallback == Fallback::Local {
+                rule.local_settle(key, held.held, actual);
+            }
+            return;
+        }
+        if let Err(e) = self.try_settle(rule, key, held.held, actual, kind).await {
+            self.inner.failed(&e);
+            if actual > held.held.estimate {
+                // The excess still counts, on this instance.
+                let charge = Held {
+                    estimate: 0,
+                    taken: 0,
+                };
+                rule.local_settle(key, charge, actual - held.held.estimate);
+            }
+        }
+    }
+
+    async fn try_settle(
+        &self,
+        rule: &RedisRule,
+        key: &str,
+        held: Held,
+        actual: u64,
+        kind: &str,
+    ) -> Result<(), StoreError> {
+        let Some(mut backend) = self.inner.backend.read().clone() else {
+            return Err(StoreError::NotConnected);
+        };
+        let [k1, k2] = rule.keys(key);
+        let [p1, _] = rule.params();
+        let mut inv = scripts::SETTLE.prepare_invoke();
+        inv.key(k1).key(k2).arg(self.inner.now_arg()).arg(actual);
+        inv.arg(0u8).arg(rule.limit()).arg(kind).arg(p1);
+        inv.arg(held.estimate).arg(held.taken);
+        let timeout = self.inner.config.timeout;
+        tokio::time::timeout(timeout, backend.invoke(&inv))
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))??;
+        Ok(())
+    }
+}
