@@ -67,6 +67,17 @@ pub struct Held {
     pub taken: Nanos,
 }
 
+impl Held {
+    /// The charge of `estimate` at `taken` when `decision` admitted it; else the refusal.
+    pub fn admitted(decision: Decision, estimate: u64, taken: Nanos) -> Result<Self, Decision> {
+        if decision.allowed() {
+            Ok(Self { estimate, taken })
+        } else {
+            Err(decision)
+        }
+    }
+}
+
 /// An estimate held against a [`Limiter`]: [`CostReservation::settle`] it with the actual
 /// cost, or [`CostReservation::cancel`] it. Dropped unsettled, the estimate stays charged.
 #[must_use = "settle the reservation with the actual cost (dropping it keeps the estimate)"]
@@ -164,15 +175,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let decision = self.acquire_at(key, estimate, now);
-        if decision.allowed() {
-            Ok(Held {
-                estimate,
-                taken: now,
-            })
-        } else {
-            Err(decision)
-        }
+        Held::admitted(self.acquire_at(key, estimate, now), estimate, now)
     }
 
     /// Corrects `key`'s charge `held` to `actual` at `now`: an excess is charged (the key

@@ -331,15 +331,7 @@ impl<C: Clock + Clone> KeyedRate<C> {
 
     /// Holds `estimate` units for `key` at `now` ([`KeyedLimiter::reserve_cost_at`]).
     pub fn reserve_cost_at(&self, key: &str, estimate: u64, now: Nanos) -> Result<Held, Decision> {
-        let d = self.acquire_at(key, estimate, now);
-        if d.allowed() {
-            Ok(Held {
-                estimate,
-                taken: now,
-            })
-        } else {
-            Err(d)
-        }
+        Held::admitted(self.acquire_at(key, estimate, now), estimate, now)
     }
 
     /// Corrects `key`'s charge to `actual` ([`KeyedLimiter::settle_at`]); nothing for an
@@ -473,15 +465,7 @@ impl<C: Clock + Clone> SingleRate<C> {
 
     /// Holds `estimate` units at `now` ([`Limiter::reserve_cost_at`] without the borrow).
     pub fn reserve_cost_at(&self, estimate: u64, now: Nanos) -> Result<Held, Decision> {
-        let d = self.acquire_at(estimate, now);
-        if d.allowed() {
-            Ok(Held {
-                estimate,
-                taken: now,
-            })
-        } else {
-            Err(d)
-        }
+        Held::admitted(self.acquire_at(estimate, now), estimate, now)
     }
 
     /// Corrects a charge to `actual` ([`Limiter::settle_held`]); nothing for an algorithm

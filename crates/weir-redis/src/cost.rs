@@ -46,9 +46,8 @@ impl RedisLimiter {
         let i = &self.inner;
         if i.healthy.load(std::sync::atomic::Ordering::Acquire) {
             match self.call(rule, key, estimate, i.now_arg(), None).await {
-                Ok((d, _)) if !d.allowed() => return Err(d),
-                Ok((_, taken)) => {
-                    let held = Held { estimate, taken };
+                Ok((d, taken)) => {
+                    let held = Held::admitted(d, estimate, taken)?;
                     return Ok(CostHeld { held, local: false });
                 }
                 Err(e) => i.failed(&e),
