@@ -185,9 +185,43 @@ pub struct FlowRule {
     /// A share of a cluster-wide limit leased from a quota server (weir-quota) instead of
     /// `qps` / `concurrency`: the rule admits at the rate granted to this process.
     pub cluster: Option<ClusterLimit>,
+    /// Count what calls cost instead of one per call ([`CostRule`]).
+    pub cost: Option<CostRule>,
     /// Evaluate and count, never block.
     #[serde(default)]
     pub shadow: bool,
+}
+
+/// `cost:` of a rate rule (flow `qps` or hot parameter): the rule counts what each call
+/// costs — an estimate held when the call starts ([`crate::engine::Context::cost`], or
+/// `estimate` when the call states none), settled to the actual cost when it ends
+/// ([`crate::engine::Guard::settle_cost`]: the rest given back, an excess a debt later calls
+/// wait out; weir-core's `cost`). Needs `algorithm: gcra`, `token_bucket` or `fixed_window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostRule {
+    /// The estimate of a call that states none (default 1).
+    #[serde(default = "one")]
+    pub estimate: u64,
+    /// Most one call's estimate or actual cost counts for (larger ones count as this); by
+    /// default the rule's burst, else its limit.
+    pub max: Option<u64>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl CostRule {
+    /// The units a call stating `given` (or nothing) holds, at most `max`.
+    pub fn estimate_of(&self, given: Option<u64>, max: u64) -> u64 {
+        given.unwrap_or(self.estimate).min(self.max.unwrap_or(max))
+    }
+
+    /// The units an actual cost of `actual` counts for, at most `max`.
+    pub fn actual_of(&self, actual: u64, max: u64) -> u64 {
+        actual.min(self.max.unwrap_or(max))
+    }
 }
 
 /// A flow rule's cluster-quota resource.
@@ -266,6 +300,9 @@ pub struct HotParamRule {
     /// Calls without the parameter (absent or empty, e.g. no `x-user-id` header).
     #[serde(default)]
     pub absent: Absent,
+    /// Count what calls cost instead of one per call ([`CostRule`]): per value, e.g. tokens
+    /// per user.
+    pub cost: Option<CostRule>,
     /// Evaluate and count, never block.
     #[serde(default)]
     pub shadow: bool,
@@ -759,6 +796,15 @@ impl RuleSet {
                 if f.burst == Some(0) {
                     fail(format!("{p}.burst"), "burst must be ≥ 1");
                 }
+                if let Some(c) = &f.cost {
+                    if f.qps.is_none() || f.relate.is_some() || f.behavior != Behavior::Reject {
+                        fail(
+                            format!("{p}.cost"),
+                            "cost needs qps, behavior reject and no relate",
+                        );
+                    }
+                    validate_cost(c, f.algorithm, &format!("{p}.cost"), &mut fail);
+                }
                 validate_flow(f, &p, &r.name, &names, &mut fail);
             }
             if concurrency > 1 {
@@ -783,6 +829,9 @@ impl RuleSet {
                 }
                 if h.burst == Some(0) {
                     fail(format!("{p}.burst"), "burst must be ≥ 1");
+                }
+                if let Some(c) = &h.cost {
+                    validate_cost(c, Some(h.algorithm), &format!("{p}.cost"), &mut fail);
                 }
             }
             if let Some(a) = &r.authority {
@@ -887,6 +936,31 @@ fn validate_flow(
                 "relate rules count the last second: window must be 1s",
             );
         }
+    }
+}
+
+/// A rate rule's `cost`: an algorithm that settles, estimates and bounds ≥ 1.
+fn validate_cost(
+    c: &CostRule,
+    algorithm: Option<RateAlgorithm>,
+    p: &str,
+    fail: &mut dyn FnMut(String, &str),
+) {
+    let settles = matches!(
+        algorithm,
+        Some(RateAlgorithm::Gcra | RateAlgorithm::TokenBucket | RateAlgorithm::FixedWindow)
+    );
+    if !settles {
+        fail(
+            p.to_string(),
+            "cost needs algorithm gcra, token_bucket or fixed_window (the others cannot give back what they counted)",
+        );
+    }
+    if c.estimate == 0 {
+        fail(format!("{p}.estimate"), "must be ≥ 1");
+    }
+    if c.max.is_some_and(|m| m < c.estimate.max(1)) {
+        fail(format!("{p}.max"), "must be ≥ 1 and ≥ estimate");
     }
 }
 

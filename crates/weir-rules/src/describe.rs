@@ -90,6 +90,14 @@ fn breaker_detail(b: &crate::config::BreakerRule) -> Detail {
     d
 }
 
+/// A rule's `cost:` (`cost estimate 100, max 8000`).
+fn cost(d: &mut Detail, c: Option<&crate::config::CostRule>) {
+    if let Some(c) = c {
+        let max = c.max.map(|m| format!(", max {m}")).unwrap_or_default();
+        d.add("cost", format!("estimate {}{max}", c.estimate));
+    }
+}
+
 /// Every rule of `set`, resource by resource in file order, the system rule last.
 pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
     let mut out = Vec::new();
@@ -125,6 +133,7 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
             if let Some(c) = &f.cluster {
                 d.add("cluster", format!("{} (safe {}/s)", c.resource, c.safe));
             }
+            cost(&mut d, f.cost.as_ref());
             out.push(row(&f.id, "flow", d, f.shadow));
         }
         for h in &r.hot_params {
@@ -139,6 +148,7 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
             if !h.exceptions.is_empty() {
                 d.add("exceptions", h.exceptions.len());
             }
+            cost(&mut d, h.cost.as_ref());
             out.push(row(&h.id, "hot_param", d, h.shadow));
         }
         if let Some(a) = &r.authority {

@@ -25,8 +25,8 @@ use weir_core::{
 };
 
 use crate::config::{
-    Absent, AuthorityRule, Behavior, BreakerRule, FlowRule, HotParamRule, OnFull, RateAlgorithm,
-    RuleSet, DEFAULT_MAX_WAIT, DEFAULT_WARMUP, OTHER_ORIGIN,
+    Absent, AuthorityRule, Behavior, BreakerRule, CostRule, FlowRule, HotParamRule, OnFull,
+    RateAlgorithm, RuleSet, DEFAULT_MAX_WAIT, DEFAULT_WARMUP, OTHER_ORIGIN,
 };
 use crate::keys::KeyShortener;
 pub use crate::keys::MAX_KEY_LEN;
@@ -35,6 +35,7 @@ use crate::metrics::{
     BreakerSnapshot, HeavySnapshot, ResourceStats, RuleSnapshot, RuleStats, Snapshot,
 };
 use crate::system::{Inbound, Part, System, SystemPermits};
+use weir_core::cost::Held;
 use weir_core::rate::{KeyedRate, RateSpec, SingleRate};
 
 /// Who calls and with what: the origin (caller), the criticality, the parameters that
@@ -50,6 +51,9 @@ pub struct Context<'a> {
     pub params: &'a [&'a str],
     /// A call into this service (true, the default) or out of it to a dependency (false).
     pub inbound: bool,
+    /// What the call says it will cost (its estimate, e.g. an LLM request's `max_tokens`), for
+    /// rules with `cost:`; `None`: each rule's own `estimate`.
+    pub cost: Option<u64>,
 }
 
 impl Default for Context<'_> {
@@ -59,6 +63,7 @@ impl Default for Context<'_> {
             criticality: Criticality::Critical,
             params: &[],
             inbound: true,
+            cost: None,
         }
     }
 }
@@ -213,6 +218,50 @@ pub struct Guard<C: Clock = MonotonicClock> {
     /// When the call may proceed (entry time + wait).
     start: Nanos,
     wait: Nanos,
+    /// Estimates held by rules with `cost:`, to settle (boxed: one word in every guard, the
+    /// list only for calls that such rules admitted).
+    costs: Option<Box<CostHolds<C>>>,
+}
+
+/// The estimates one call holds.
+struct CostHolds<C: Clock>(Vec<CostHold<C>>);
+
+/// An estimate a `cost:` rule holds for a call.
+struct CostHold<C: Clock> {
+    on: CostOn<C>,
+    held: Held,
+    rule: CostRule,
+    /// The most one call counts for (the rule's burst or limit, unless `cost.max`).
+    max: u64,
+}
+
+/// Where a [`CostHold`] is held.
+enum CostOn<C: Clock> {
+    /// A flow rule counting its calls together.
+    Flow(Arc<FlowState<C>>),
+    /// A flow rule counting per origin (`origin: other`), by that origin.
+    FlowKey(Arc<FlowState<C>>, Box<str>),
+    /// A hot-parameter rule, by the call's value.
+    Hot(Arc<HotState<C>>, Box<str>),
+}
+
+impl<C: Clock + Clone> CostHold<C> {
+    fn settle(&self, actual: u64, now: Nanos) {
+        let actual = self.rule.actual_of(actual, self.max);
+        match &self.on {
+            CostOn::Flow(f) => {
+                if let Some(s) = &f.single {
+                    s.settle_at(self.held, actual, now);
+                }
+            }
+            CostOn::FlowKey(f, key) => {
+                if let Some(r) = &f.rate {
+                    r.settle_at(key, self.held, actual, now);
+                }
+            }
+            CostOn::Hot(h, key) => h.rate.settle_at(key, self.held, actual, now),
+        }
+    }
 }
 
 /// What the rules and their guards share.
@@ -225,6 +274,39 @@ struct Shared<C: Clock> {
     keys: KeyShortener,
     /// Switch states set at run time, by id: they win over the file's `on` across reloads.
     switches: parking_lot::Mutex<HashMap<String, bool>>,
+}
+
+impl<C: Clock + Clone> Guard<C> {
+    /// Settles what the call cost on every rule with `cost:` that admitted it: the estimate
+    /// each held is corrected to `actual` (at most the rule's `cost.max`): the rest given back,
+    /// an excess charged as a debt. Once; a guard never settled keeps its estimates.
+    pub fn settle_cost(&mut self, actual: u64) {
+        let Some(costs) = self.costs.take() else {
+            return;
+        };
+        let Some(now) = self.resource.as_ref().map(|r| r.clock.now()) else {
+            return;
+        };
+        for c in &costs.0 {
+            c.settle(actual, now);
+        }
+    }
+
+    fn hold(&mut self, hold: CostHold<C>) {
+        self.costs
+            .get_or_insert_with(|| Box::new(CostHolds(Vec::with_capacity(2))))
+            .0
+            .push(hold);
+    }
+
+    /// Gives every estimate back at `now`: a later rule blocked the call, which never ran.
+    fn release_costs(&mut self, now: Nanos) {
+        if let Some(costs) = self.costs.take() {
+            for c in &costs.0 {
+                c.settle(0, now);
+            }
+        }
+    }
 }
 
 impl<C: Clock> Guard<C> {
@@ -583,6 +665,7 @@ impl<C: Clock + Clone> Rules<C> {
             system: None,
             start: 0,
             wait: 0,
+            costs: None,
         };
         if res.is_none() && system.is_none() {
             return Ok(guard);
@@ -649,6 +732,7 @@ impl<C: Clock + Clone> Rules<C> {
             return Ok(guard);
         };
         if let Err(b) = self.check_resource(&res, ctx, now, &mut guard) {
+            guard.release_costs(now);
             guard.cancel();
             return Err(blocked(Some(&res), resource, b));
         }
@@ -674,9 +758,11 @@ impl<C: Clock + Clone> Rules<C> {
             }
             let value = self.shared.keys.bounded(value);
             let value = &*value;
+            let max = config.burst.unwrap_or(config.threshold);
+            let n = config.cost.map_or(1, |c| c.estimate_of(ctx.cost, max));
             let d = match config.on_full {
-                OnFull::Evict => h.rate.acquire_at(value, 1, now),
-                on_full => match h.rate.acquire_if_room_at(value, 1, now) {
+                OnFull::Evict => h.rate.acquire_at(value, n, now),
+                on_full => match h.rate.acquire_if_room_at(value, n, now) {
                     Some(d) => d,
                     None => {
                         h.stats.full.fetch_add(1, Ordering::Relaxed);
@@ -704,6 +790,17 @@ impl<C: Clock + Clone> Rules<C> {
                 retry_after: d.retry_after(),
                 rate: Some((d.limit(), config.window.unwrap_or(ONE_SECOND))),
             })?;
+            if let (Some(rule), true) = (config.cost, d.allowed()) {
+                guard.hold(CostHold {
+                    on: CostOn::Hot(h.clone(), value.into()),
+                    held: Held {
+                        estimate: n,
+                        taken: now,
+                    },
+                    rule,
+                    max,
+                });
+            }
         }
         // Borrowed unless the origin is too long to store as is.
         let origin_key = self.shared.keys.bounded(ctx.origin);
@@ -753,10 +850,31 @@ impl<C: Clock + Clone> Rules<C> {
                 verdict(ok, f.config.shadow, &f.state.stats, || {
                     block(Some(stats.window.bucket_duration()))
                 })?;
-            } else if let Some(d) = match (&f.state.single, &f.state.rate, key) {
-                (Some(single), _, _) => Some(single.acquire_at(1, now)),
-                (None, Some(rate), Some(key)) => Some(rate.acquire_at(key, 1, now)),
-                _ => None,
+            } else if let Some(d) = {
+                let max = f.config.burst.or(f.config.qps).unwrap_or(1);
+                let n = f.config.cost.map_or(1, |c| c.estimate_of(ctx.cost, max));
+                let d = match (&f.state.single, &f.state.rate, key) {
+                    (Some(single), _, _) => Some(single.acquire_at(n, now)),
+                    (None, Some(rate), Some(key)) => Some(rate.acquire_at(key, n, now)),
+                    _ => None,
+                };
+                if let (Some(rule), Some(true)) = (f.config.cost, d.map(|d| d.allowed())) {
+                    let on = match key {
+                        None => CostOn::Flow(f.state.clone()),
+                        Some(k) => CostOn::FlowKey(f.state.clone(), k.into()),
+                    };
+                    let held = Held {
+                        estimate: n,
+                        taken: now,
+                    };
+                    guard.hold(CostHold {
+                        on,
+                        held,
+                        rule,
+                        max,
+                    });
+                }
+                d
             } {
                 verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
                     block(d.retry_after())

@@ -58,6 +58,7 @@ fn the_pass_path_of_a_preconfigured_resource_does_not_allocate() {
         criticality: weir_core::Criticality::Critical,
         params: &params,
         inbound: true,
+        cost: None,
     };
     let call = || {
         r.entry("checkout", &ctx)

@@ -16,6 +16,7 @@ const CTX: Context<'static> = Context {
     criticality: weir_core::Criticality::Critical,
     params: &[],
     inbound: true,
+    cost: None,
 };
 
 #[test]

@@ -698,6 +698,7 @@ fn admit<C: Clock + Clone>(
         criticality: t.criticality,
         params: &[],
         inbound: true,
+        cost: None,
     };
     if t.params.is_empty() {
         return entry(&ctx);
