@@ -124,6 +124,13 @@ struct Flow<C: Clock> {
     relate: Option<Arc<ResourceStats>>,
 }
 
+impl<C: Clock> Flow<C> {
+    /// The most one call counts for under `cost:` without a `max`: the burst, else `qps`.
+    fn cost_max(&self) -> u64 {
+        self.config.burst.or(self.config.qps).unwrap_or(1)
+    }
+}
+
 struct HotState<C: Clock> {
     rate: KeyedRate<C>,
     stats: RuleStats,
@@ -213,18 +220,20 @@ pub struct Guard<C: Clock = MonotonicClock> {
     inbound: Option<Arc<Shared<C>>>,
     permit: Option<Permit>,
     call: Option<Call>,
-    /// BBR / adaptive permits (boxed: rare, and a guard under 128 bytes moves without memcpy).
-    system: Option<Box<SystemPermits>>,
+    /// What few calls hold: BBR / adaptive permits, estimates of `cost:` rules (boxed: rare,
+    /// and a small guard moves cheaply).
+    extra: Option<Box<Extra<C>>>,
     /// When the call may proceed (entry time + wait).
     start: Nanos,
     wait: Nanos,
-    /// Estimates held by rules with `cost:`, to settle (boxed: one word in every guard, the
-    /// list only for calls that such rules admitted).
-    costs: Option<Box<CostHolds<C>>>,
 }
 
-/// The estimates one call holds.
-struct CostHolds<C: Clock>(Vec<CostHold<C>>);
+/// What a [`Guard`] holds for a few calls only.
+struct Extra<C: Clock> {
+    system: SystemPermits,
+    /// Estimates held by rules with `cost:`, to settle.
+    costs: Vec<CostHold<C>>,
+}
 
 /// An estimate a `cost:` rule holds for a call.
 struct CostHold<C: Clock> {
@@ -281,28 +290,53 @@ impl<C: Clock + Clone> Guard<C> {
     /// each held is corrected to `actual` (at most the rule's `cost.max`): the rest given back,
     /// an excess charged as a debt. Once; a guard never settled keeps its estimates.
     pub fn settle_cost(&mut self, actual: u64) {
-        let Some(costs) = self.costs.take() else {
+        let Some(extra) = self.extra.as_mut().filter(|e| !e.costs.is_empty()) else {
             return;
         };
+        let costs = std::mem::take(&mut extra.costs);
         let Some(now) = self.resource.as_ref().map(|r| r.clock.now()) else {
             return;
         };
-        for c in &costs.0 {
+        for c in &costs {
             c.settle(actual, now);
         }
     }
 
     fn hold(&mut self, hold: CostHold<C>) {
-        self.costs
-            .get_or_insert_with(|| Box::new(CostHolds(Vec::with_capacity(2))))
-            .0
-            .push(hold);
+        self.extra_mut().costs.push(hold);
+    }
+
+    /// Records the estimate flow rule `f` (with `cost:`) holds for this call.
+    #[cold]
+    fn hold_flow(
+        &mut self,
+        f: &Flow<C>,
+        key: Option<&str>,
+        rule: CostRule,
+        given: Option<u64>,
+        now: Nanos,
+    ) {
+        let max = f.cost_max();
+        let on = match key {
+            None => CostOn::Flow(f.state.clone()),
+            Some(k) => CostOn::FlowKey(f.state.clone(), k.into()),
+        };
+        let estimate = rule.estimate_of(given, max);
+        self.hold(CostHold {
+            on,
+            held: Held {
+                estimate,
+                taken: now,
+            },
+            rule,
+            max,
+        });
     }
 
     /// Gives every estimate back at `now`: a later rule blocked the call, which never ran.
     fn release_costs(&mut self, now: Nanos) {
-        if let Some(costs) = self.costs.take() {
-            for c in &costs.0 {
+        if let Some(extra) = self.extra.as_mut() {
+            for c in std::mem::take(&mut extra.costs) {
                 c.settle(0, now);
             }
         }
@@ -310,6 +344,15 @@ impl<C: Clock + Clone> Guard<C> {
 }
 
 impl<C: Clock> Guard<C> {
+    fn extra_mut(&mut self) -> &mut Extra<C> {
+        self.extra.get_or_insert_with(|| {
+            Box::new(Extra {
+                system: SystemPermits::default(),
+                costs: Vec::new(),
+            })
+        })
+    }
+
     /// How long the caller must wait before proceeding (paced rules); zero otherwise.
     pub fn wait(&self) -> Duration {
         Duration::from_nanos(self.wait)
@@ -325,7 +368,7 @@ impl<C: Clock> Guard<C> {
     /// and the inbound average down).
     fn cancel(&mut self) {
         // Dropping BBR / adaptive permits unreported releases them without a sample.
-        self.system.take();
+        self.extra.take();
         self.permit.take();
         self.call.take();
         if let Some(shared) = self.inbound.take() {
@@ -351,7 +394,7 @@ impl<C: Clock> Guard<C> {
             }
         }
         self.permit.take();
-        let mut system = self.system.take().map(|b| *b).unwrap_or_default();
+        let mut system = self.extra.take().map(|b| b.system).unwrap_or_default();
         if let Some(p) = system.bbr.take() {
             p.finish(now, outcome.unwrap_or(Outcome::Success));
         }
@@ -662,10 +705,9 @@ impl<C: Clock + Clone> Rules<C> {
             inbound: None,
             permit: None,
             call: None,
-            system: None,
+            extra: None,
             start: 0,
             wait: 0,
-            costs: None,
         };
         if res.is_none() && system.is_none() {
             return Ok(guard);
@@ -706,7 +748,7 @@ impl<C: Clock + Clone> Rules<C> {
             match system.check(inbound, ctx.criticality, now) {
                 Ok(permits) => {
                     if permits.bbr.is_some() || permits.adaptive.is_some() {
-                        guard.system = Some(Box::new(permits));
+                        guard.extra_mut().system = permits;
                     }
                     inbound.window.add_pass(now, 1);
                     inbound.window.begin();
@@ -758,8 +800,10 @@ impl<C: Clock + Clone> Rules<C> {
             }
             let value = self.shared.keys.bounded(value);
             let value = &*value;
-            let max = config.burst.unwrap_or(config.threshold);
-            let n = config.cost.map_or(1, |c| c.estimate_of(ctx.cost, max));
+            let n = match &config.cost {
+                None => 1,
+                Some(c) => c.estimate_of(ctx.cost, config.burst.unwrap_or(config.threshold)),
+            };
             let d = match config.on_full {
                 OnFull::Evict => h.rate.acquire_at(value, n, now),
                 on_full => match h.rate.acquire_if_room_at(value, n, now) {
@@ -791,6 +835,7 @@ impl<C: Clock + Clone> Rules<C> {
                 rate: Some((d.limit(), config.window.unwrap_or(ONE_SECOND))),
             })?;
             if let (Some(rule), true) = (config.cost, d.allowed()) {
+                let max = config.burst.unwrap_or(config.threshold);
                 guard.hold(CostHold {
                     on: CostOn::Hot(h.clone(), value.into()),
                     held: Held {
@@ -851,34 +896,22 @@ impl<C: Clock + Clone> Rules<C> {
                     block(Some(stats.window.bucket_duration()))
                 })?;
             } else if let Some(d) = {
-                let max = f.config.burst.or(f.config.qps).unwrap_or(1);
-                let n = f.config.cost.map_or(1, |c| c.estimate_of(ctx.cost, max));
-                let d = match (&f.state.single, &f.state.rate, key) {
+                let n = match &f.config.cost {
+                    None => 1,
+                    Some(c) => c.estimate_of(ctx.cost, f.cost_max()),
+                };
+                match (&f.state.single, &f.state.rate, key) {
                     (Some(single), _, _) => Some(single.acquire_at(n, now)),
                     (None, Some(rate), Some(key)) => Some(rate.acquire_at(key, n, now)),
                     _ => None,
-                };
-                if let (Some(rule), Some(true)) = (f.config.cost, d.map(|d| d.allowed())) {
-                    let on = match key {
-                        None => CostOn::Flow(f.state.clone()),
-                        Some(k) => CostOn::FlowKey(f.state.clone(), k.into()),
-                    };
-                    let held = Held {
-                        estimate: n,
-                        taken: now,
-                    };
-                    guard.hold(CostHold {
-                        on,
-                        held,
-                        rule,
-                        max,
-                    });
                 }
-                d
             } {
                 verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
                     block(d.retry_after())
                 })?;
+                if let (Some(rule), true) = (f.config.cost, d.allowed()) {
+                    guard.hold_flow(f, key, rule, ctx.cost, now);
+                }
                 guard.wait = guard
                     .wait
                     .max(weir_core::clock::duration_to_nanos(d.wait()));
