@@ -816,23 +816,7 @@ impl RuleSet {
             for (j, h) in r.hot_params.iter().enumerate() {
                 let p = format!("{at}.hot_params[{j}]");
                 id(format!("{p}.id"), &h.id, &mut fail);
-                if h.threshold == 0 {
-                    fail(format!("{p}.threshold"), "must be ≥ 1");
-                }
-                for (value, n) in &h.exceptions {
-                    if *n == 0 {
-                        fail(format!("{p}.exceptions.{value}"), "must be ≥ 1");
-                    }
-                }
-                if h.max_values == 0 {
-                    fail(format!("{p}.max_values"), "max_values must be ≥ 1");
-                }
-                if h.burst == Some(0) {
-                    fail(format!("{p}.burst"), "burst must be ≥ 1");
-                }
-                if let Some(c) = &h.cost {
-                    validate_cost(c, Some(h.algorithm), &format!("{p}.cost"), &mut fail);
-                }
+                validate_hot(h, &p, &mut fail);
             }
             if let Some(a) = &r.authority {
                 id(format!("{at}.authority.id"), &a.id, &mut fail);
@@ -936,6 +920,27 @@ fn validate_flow(
                 "relate rules count the last second: window must be 1s",
             );
         }
+    }
+}
+
+/// A hot-parameter rule's numbers and cost.
+fn validate_hot(h: &HotParamRule, p: &str, fail: &mut dyn FnMut(String, &str)) {
+    if h.threshold == 0 {
+        fail(format!("{p}.threshold"), "must be ≥ 1");
+    }
+    for (value, n) in &h.exceptions {
+        if *n == 0 {
+            fail(format!("{p}.exceptions.{value}"), "must be ≥ 1");
+        }
+    }
+    if h.max_values == 0 {
+        fail(format!("{p}.max_values"), "max_values must be ≥ 1");
+    }
+    if h.burst == Some(0) {
+        fail(format!("{p}.burst"), "burst must be ≥ 1");
+    }
+    if let Some(c) = &h.cost {
+        validate_cost(c, Some(h.algorithm), &format!("{p}.cost"), fail);
     }
 }
 

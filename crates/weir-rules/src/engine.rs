@@ -784,7 +784,8 @@ impl<C: Clock + Clone> Rules<C> {
         Ok(guard)
     }
 
-    fn check_resource(
+    /// The resource's hot-parameter rules, value by value.
+    fn check_hot(
         &self,
         res: &Resource<C>,
         ctx: &Context<'_>,
@@ -847,6 +848,17 @@ impl<C: Clock + Clone> Rules<C> {
                 });
             }
         }
+        Ok(())
+    }
+
+    fn check_resource(
+        &self,
+        res: &Resource<C>,
+        ctx: &Context<'_>,
+        now: Nanos,
+        guard: &mut Guard<C>,
+    ) -> Result<(), Block> {
+        self.check_hot(res, ctx, now, guard)?;
         // Borrowed unless the origin is too long to store as is.
         let origin_key = self.shared.keys.bounded(ctx.origin);
         for f in &res.flows {
