@@ -785,6 +785,7 @@ impl<C: Clock + Clone> Rules<C> {
     }
 
     /// The resource's hot-parameter rules, value by value.
+    #[inline]
     fn check_hot(
         &self,
         res: &Resource<C>,
