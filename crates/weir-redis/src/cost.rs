@@ -100,11 +100,7 @@ impl RedisLimiter {
             self.inner.failed(&e);
             if actual > held.held.estimate {
                 // The excess still counts, on this instance.
-                let charge = Held {
-                    estimate: 0,
-                    taken: 0,
-                };
-                rule.local_settle(key, charge, actual - held.held.estimate);
+                rule.local_charge(key, actual - held.held.estimate);
             }
         }
     }

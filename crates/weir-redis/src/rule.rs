@@ -412,6 +412,16 @@ impl RedisRule {
         self.local.reserve_cost_at(key, estimate, self.local.now())
     }
 
+    /// Charges `units` to the local stand-in now, whatever its limit (an excess Redis could
+    /// not be told of).
+    pub(crate) fn local_charge(&self, key: &str, units: u64) {
+        let nothing_held = Held {
+            estimate: 0,
+            taken: 0,
+        };
+        self.local_settle(key, nothing_held, units);
+    }
+
     /// Settles a reservation of the local stand-in now.
     pub(crate) fn local_settle(&self, key: &str, held: Held, actual: u64) {
         self.local.settle_at(key, held, actual, self.local.now());
