@@ -197,7 +197,7 @@ pub struct FlowRule {
 /// `estimate` when the call states none), settled to the actual cost when it ends
 /// ([`crate::engine::Guard::settle_cost`]: the rest given back, an excess a debt later calls
 /// wait out; weir-core's `cost`). Needs `algorithm: gcra`, `token_bucket` or `fixed_window`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostRule {
     /// The estimate of a call that states none (default 1).
@@ -206,6 +206,113 @@ pub struct CostRule {
     /// Most one call's estimate or actual cost counts for (larger ones count as this); by
     /// default the rule's burst, else its limit.
     pub max: Option<u64>,
+    /// Where an HTTP request states its estimate (weir-tower, `weir proxy`); absent or
+    /// unreadable: `estimate`.
+    pub estimate_from: Option<EstimateFrom>,
+    /// Where an HTTP response states what the call actually cost (weir-tower, `weir proxy`);
+    /// absent: the estimate stays charged.
+    pub actual_from: Option<ActualFrom>,
+}
+
+/// Where an HTTP request states its cost estimate (`cost.estimate_from`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "SourceFields")]
+pub enum EstimateFrom {
+    /// A request header holding a whole number (`{header: x-max-tokens}`).
+    Header(String),
+    /// A field of a JSON request body, dotted for nested objects (`{json: max_tokens}`); read
+    /// from the body's first [`MAX_COST_JSON`] bytes.
+    Json(String),
+}
+
+/// Where an HTTP response states what the call cost (`cost.actual_from`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "SourceFields")]
+pub enum ActualFrom {
+    /// A response header (`{header: x-tokens-used}`).
+    Header(String),
+    /// A response trailer (`{trailer: x-tokens-used}`).
+    Trailer(String),
+    /// A field of a JSON response body, dotted (`{json: usage.total_tokens}`); a body larger
+    /// than [`MAX_COST_JSON`] keeps the estimate.
+    Json(String),
+    /// A field of the last Server-Sent Event carrying it, dotted (`{sse: usage.total_tokens}`,
+    /// as OpenAI-style streams end); read while the stream passes, events larger than
+    /// [`MAX_COST_JSON`] skipped.
+    Sse(String),
+}
+
+/// A cost source as written: one key of `header`, `trailer`, `json`, `sse`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourceFields {
+    header: Option<String>,
+    trailer: Option<String>,
+    json: Option<String>,
+    sse: Option<String>,
+}
+
+impl SourceFields {
+    /// The one key given, or an error naming the keys `allowed`.
+    fn one(self, allowed: &str) -> Result<(&'static str, String), String> {
+        let given: Vec<(&'static str, String)> = [
+            ("header", self.header),
+            ("trailer", self.trailer),
+            ("json", self.json),
+            ("sse", self.sse),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v?)))
+        .collect();
+        match <[_; 1]>::try_from(given) {
+            Ok([(k, v)]) if allowed.split(", ").any(|a| a == k) => Ok((k, v)),
+            _ => Err(format!("give exactly one of {allowed}")),
+        }
+    }
+}
+
+impl TryFrom<SourceFields> for EstimateFrom {
+    type Error = String;
+
+    fn try_from(f: SourceFields) -> Result<Self, String> {
+        Ok(match f.one("header, json")? {
+            ("header", v) => Self::Header(v),
+            (_, v) => Self::Json(v),
+        })
+    }
+}
+
+impl TryFrom<SourceFields> for ActualFrom {
+    type Error = String;
+
+    fn try_from(f: SourceFields) -> Result<Self, String> {
+        Ok(match f.one("header, trailer, json, sse")? {
+            ("header", v) => Self::Header(v),
+            ("trailer", v) => Self::Trailer(v),
+            ("json", v) => Self::Json(v),
+            (_, v) => Self::Sse(v),
+        })
+    }
+}
+
+/// Most bytes read to find a cost in a JSON body or one Server-Sent Event (64 KiB).
+pub const MAX_COST_JSON: usize = 64 * 1024;
+
+/// Where a resource's calls state their costs over HTTP: the `estimate_from` and
+/// `actual_from` its `cost:` rules share.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CostSources {
+    /// Where the request states its estimate.
+    pub estimate: Option<EstimateFrom>,
+    /// Where the response states the actual cost.
+    pub actual: Option<ActualFrom>,
+}
+
+impl CostSources {
+    /// Whether there is anything to read.
+    pub fn is_empty(&self) -> bool {
+        self.estimate.is_none() && self.actual.is_none()
+    }
 }
 
 fn one() -> u64 {
@@ -818,6 +925,7 @@ impl RuleSet {
                 id(format!("{p}.id"), &h.id, &mut fail);
                 validate_hot(h, &p, &mut fail);
             }
+            validate_cost_sources(r, &at, &mut fail);
             if let Some(a) = &r.authority {
                 id(format!("{at}.authority.id"), &a.id, &mut fail);
                 if a.allow.is_empty() == a.deny.is_empty() {
@@ -942,6 +1050,89 @@ fn validate_hot(h: &HotParamRule, p: &str, fail: &mut dyn FnMut(String, &str)) {
     if let Some(c) = &h.cost {
         validate_cost(c, Some(h.algorithm), &format!("{p}.cost"), fail);
     }
+}
+
+/// The `cost:` rules of `r` with where each is found (`resources[i].flow[j].cost`, …).
+fn cost_rules<'a>(r: &'a ResourceConfig, at: &str) -> Vec<(String, &'a CostRule)> {
+    let flows = r
+        .flow
+        .iter()
+        .enumerate()
+        .filter_map(|(j, f)| f.cost.as_ref().map(|c| (format!("{at}.flow[{j}].cost"), c)));
+    let hot = r.hot_params.iter().enumerate().filter_map(|(j, h)| {
+        h.cost
+            .as_ref()
+            .map(|c| (format!("{at}.hot_params[{j}].cost"), c))
+    });
+    flows.chain(hot).collect()
+}
+
+impl ResourceConfig {
+    /// Where HTTP calls to this resource state their costs: the first `estimate_from` and
+    /// `actual_from` among its `cost:` rules (a valid set states at most one of each).
+    pub fn cost_sources(&self) -> CostSources {
+        let rules = cost_rules(self, "");
+        CostSources {
+            estimate: rules.iter().find_map(|(_, c)| c.estimate_from.clone()),
+            actual: rules.iter().find_map(|(_, c)| c.actual_from.clone()),
+        }
+    }
+}
+
+/// The cost sources of a resource's `cost:` rules: valid header names and JSON paths, and one
+/// of each per resource (an HTTP call states one estimate and one actual cost).
+fn validate_cost_sources(r: &ResourceConfig, at: &str, fail: &mut dyn FnMut(String, &str)) {
+    let rules = cost_rules(r, at);
+    let mut estimate: Option<&EstimateFrom> = None;
+    let mut actual: Option<&ActualFrom> = None;
+    for (p, c) in &rules {
+        if let Some(e) = &c.estimate_from {
+            let (name, ok) = match e {
+                EstimateFrom::Header(h) => (h, is_header_name(h)),
+                EstimateFrom::Json(j) => (j, is_json_path(j)),
+            };
+            if !ok {
+                fail(
+                    format!("{p}.estimate_from"),
+                    &format!("{name:?} is not a header name or dotted JSON field"),
+                );
+            }
+            match estimate {
+                Some(first) if first != e => fail(
+                    format!("{p}.estimate_from"),
+                    "the cost rules of one resource read the same estimate_from",
+                ),
+                _ => estimate = Some(e),
+            }
+        }
+        if let Some(a) = &c.actual_from {
+            let (name, ok) = match a {
+                ActualFrom::Header(h) | ActualFrom::Trailer(h) => (h, is_header_name(h)),
+                ActualFrom::Json(j) | ActualFrom::Sse(j) => (j, is_json_path(j)),
+            };
+            if !ok {
+                fail(
+                    format!("{p}.actual_from"),
+                    &format!("{name:?} is not a header name or dotted JSON field"),
+                );
+            }
+            match actual {
+                Some(first) if first != a => fail(
+                    format!("{p}.actual_from"),
+                    "the cost rules of one resource read the same actual_from",
+                ),
+                _ => actual = Some(a),
+            }
+        }
+    }
+}
+
+/// A dotted path of JSON object keys (`usage.total_tokens`): no empty segment, at most 8.
+fn is_json_path(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 256
+        && s.split('.').count() <= 8
+        && s.split('.').all(|k| !k.is_empty())
 }
 
 /// A rate rule's `cost`: an algorithm that settles, estimates and bounds ≥ 1.

@@ -20,13 +20,13 @@ use weir_core::adaptive::cpu::CpuSource;
 use weir_core::breaker::{Breaker, Call, Transition};
 use weir_core::stats::Outcome;
 use weir_core::{
-    Clock, ConcurrencyConfig, ConcurrencyLimiter, ConfigError, Criticality, MonotonicClock, Nanos,
-    Permit, QueueOrder,
+    Clock, ConcurrencyConfig, ConcurrencyLimiter, ConfigError, Criticality, Decision,
+    MonotonicClock, Nanos, Permit, QueueOrder,
 };
 
 use crate::config::{
-    Absent, AuthorityRule, Behavior, BreakerRule, CostRule, FlowRule, HotParamRule, OnFull,
-    RateAlgorithm, RuleSet, DEFAULT_MAX_WAIT, DEFAULT_WARMUP, OTHER_ORIGIN,
+    Absent, AuthorityRule, Behavior, BreakerRule, CostSources, EstimateFrom, FlowRule,
+    HotParamRule, OnFull, RateAlgorithm, RuleSet, DEFAULT_MAX_WAIT, DEFAULT_WARMUP, OTHER_ORIGIN,
 };
 use crate::keys::KeyShortener;
 pub use crate::keys::MAX_KEY_LEN;
@@ -125,9 +125,10 @@ struct Flow<C: Clock> {
 }
 
 impl<C: Clock> Flow<C> {
-    /// The most one call counts for under `cost:` without a `max`: the burst, else `qps`.
-    fn cost_max(&self) -> u64 {
-        self.config.burst.or(self.config.qps).unwrap_or(1)
+    /// The most one call counts for under `cost:`: its `max`, else the burst, else `qps`.
+    fn cost_cap(&self) -> u64 {
+        let max = self.config.burst.or(self.config.qps).unwrap_or(1);
+        self.config.cost.as_ref().and_then(|c| c.max).unwrap_or(max)
     }
 }
 
@@ -157,6 +158,8 @@ struct Resource<C: Clock> {
     named_origins: Vec<Box<str>>,
     breaker: Option<(BreakerRule, Arc<BreakerState>, Arc<str>)>,
     switch: Option<Switch>,
+    /// Where HTTP calls state their costs, when its `cost:` rules say.
+    cost_sources: Option<Arc<CostSources>>,
 }
 
 /// A compiled switch: its state is shared by every rule set with the same id, so a run-time
@@ -184,6 +187,11 @@ pub struct Resolved<C: Clock = MonotonicClock> {
 }
 
 impl<C: Clock> Resolved<C> {
+    /// Where HTTP calls to the resource state their costs (see [`Guard::cost_sources`]).
+    pub fn cost_sources(&self) -> Option<&CostSources> {
+        self.resource.as_ref()?.cost_sources.as_deref()
+    }
+
     /// Whether a call's criticality can change its decision here (the system rule, a
     /// concurrency rule): when not, a caller need not read it.
     pub fn reads_criticality(&self) -> bool {
@@ -233,15 +241,35 @@ struct Extra<C: Clock> {
     system: SystemPermits,
     /// Estimates held by rules with `cost:`, to settle.
     costs: Vec<CostHold<C>>,
+    /// Whom the call's cost is charged to in the resource's heaviest spenders: the value of
+    /// its first hot-parameter rule with `cost:`, else its origin.
+    spender: Option<Box<str>>,
 }
 
 /// An estimate a `cost:` rule holds for a call.
 struct CostHold<C: Clock> {
     on: CostOn<C>,
     held: Held,
-    rule: CostRule,
-    /// The most one call counts for (the rule's burst or limit, unless `cost.max`).
-    max: u64,
+    /// The most one call counts for (`cost.max`, else the rule's burst or limit).
+    cap: u64,
+    /// The rule's budget left once the estimate was held.
+    budget: Budget,
+}
+
+/// What a `cost:` rule had left for the key of a call once it held the call's estimate: what
+/// a response's `RateLimit` header tells the caller ([`Guard::budget`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    /// The rule's id.
+    pub rule: Arc<str>,
+    /// Its limit: units per window.
+    pub limit: u64,
+    /// Its window.
+    pub window: Duration,
+    /// Units left now.
+    pub remaining: u64,
+    /// Until the rule is back to its full limit.
+    pub reset_after: Duration,
 }
 
 /// Where a [`CostHold`] is held.
@@ -256,7 +284,7 @@ enum CostOn<C: Clock> {
 
 impl<C: Clock + Clone> CostHold<C> {
     fn settle(&self, actual: u64, now: Nanos) {
-        let actual = self.rule.actual_of(actual, self.max);
+        let actual = actual.min(self.cap);
         match &self.on {
             CostOn::Flow(f) => {
                 if let Some(s) = &f.single {
@@ -294,16 +322,51 @@ impl<C: Clock + Clone> Guard<C> {
             return;
         };
         let costs = std::mem::take(&mut extra.costs);
-        let Some(now) = self.resource.as_ref().map(|r| r.clock.now()) else {
+        let spender = extra.spender.take();
+        let Some(res) = self.resource.as_ref() else {
             return;
         };
+        let now = res.clock.now();
         for c in &costs {
             c.settle(actual, now);
         }
+        let estimate = costs[0].held.estimate;
+        res.stats.cost(
+            spender.as_deref().unwrap_or(""),
+            estimate,
+            actual.min(costs[0].cap),
+        );
     }
 
-    fn hold(&mut self, hold: CostHold<C>) {
-        self.extra_mut().costs.push(hold);
+    /// Whether the call holds estimates of `cost:` rules not yet settled.
+    pub fn holds_cost(&self) -> bool {
+        self.extra.as_ref().is_some_and(|e| !e.costs.is_empty())
+    }
+
+    /// The tightest budget among the `cost:` rules that admitted the call (the least left
+    /// once its estimate was held); `None` without such rules.
+    pub fn budget(&self) -> Option<&Budget> {
+        let extra = self.extra.as_ref()?;
+        extra
+            .costs
+            .iter()
+            .map(|c| &c.budget)
+            .min_by_key(|b| b.remaining)
+    }
+
+    /// Where HTTP calls to the resource state their costs (its `cost:` rules'
+    /// `estimate_from` / `actual_from`); `None` when they state nothing.
+    pub fn cost_sources(&self) -> Option<&CostSources> {
+        self.resource.as_ref()?.cost_sources.as_deref()
+    }
+
+    #[cold]
+    fn hold(&mut self, hold: CostHold<C>, spender: Option<&str>) {
+        let extra = self.extra_mut();
+        if extra.spender.is_none() {
+            extra.spender = spender.map(Into::into);
+        }
+        extra.costs.push(hold);
     }
 
     /// Records the estimate flow rule `f` (with `cost:`) holds for this call.
@@ -312,25 +375,40 @@ impl<C: Clock + Clone> Guard<C> {
         &mut self,
         f: &Flow<C>,
         key: Option<&str>,
-        rule: CostRule,
+        d: &Decision,
         given: Option<u64>,
         now: Nanos,
     ) {
-        let max = f.cost_max();
+        let cap = f.cost_cap();
+        let estimate = f
+            .config
+            .cost
+            .as_ref()
+            .map_or(1, |c| c.estimate_of(given, cap));
+        let held = Held {
+            estimate,
+            taken: now,
+        };
         let on = match key {
             None => CostOn::Flow(f.state.clone()),
             Some(k) => CostOn::FlowKey(f.state.clone(), k.into()),
         };
-        let estimate = rule.estimate_of(given, max);
-        self.hold(CostHold {
-            on,
-            held: Held {
-                estimate,
-                taken: now,
+        let budget = Budget {
+            rule: f.id.clone(),
+            limit: d.limit(),
+            window: f.config.window.unwrap_or(ONE_SECOND),
+            remaining: d.remaining(),
+            reset_after: d.reset_after(),
+        };
+        self.hold(
+            CostHold {
+                on,
+                held,
+                cap,
+                budget,
             },
-            rule,
-            max,
-        });
+            None,
+        );
     }
 
     /// Gives every estimate back at `now`: a later rule blocked the call, which never ran.
@@ -339,6 +417,7 @@ impl<C: Clock + Clone> Guard<C> {
             for c in std::mem::take(&mut extra.costs) {
                 c.settle(0, now);
             }
+            extra.spender = None;
         }
     }
 }
@@ -349,6 +428,7 @@ impl<C: Clock> Guard<C> {
             Box::new(Extra {
                 system: SystemPermits::default(),
                 costs: Vec::new(),
+                spender: None,
             })
         })
     }
@@ -394,7 +474,17 @@ impl<C: Clock> Guard<C> {
             }
         }
         self.permit.take();
-        let mut system = self.extra.take().map(|b| b.system).unwrap_or_default();
+        let mut system = match self.extra.take() {
+            Some(extra) => {
+                if let (Some(first), Some(r)) = (extra.costs.first(), &res) {
+                    // Never settled: each rule keeps its estimate.
+                    let e = first.held.estimate;
+                    r.stats.cost(extra.spender.as_deref().unwrap_or(""), e, e);
+                }
+                extra.system
+            }
+            None => SystemPermits::default(),
+        };
         if let Some(p) = system.bbr.take() {
             p.finish(now, outcome.unwrap_or(Outcome::Success));
         }
@@ -658,6 +748,16 @@ impl<C: Clock + Clone> Rules<C> {
         self.generation.load(Ordering::Acquire)
     }
 
+    /// Whether a resource in force reads its cost estimates from a JSON request body
+    /// (`cost.estimate_from: {json: …}`): an HTTP front end then reads such bodies first.
+    pub fn reads_request_json(&self) -> bool {
+        self.current.load().resources.values().any(|r| {
+            r.cost_sources
+                .as_ref()
+                .is_some_and(|c| matches!(c.estimate, Some(EstimateFrom::Json(_))))
+        })
+    }
+
     /// The rule set in force.
     pub fn rule_set(&self) -> Arc<RuleSet> {
         self.current.load().set.clone()
@@ -836,17 +936,25 @@ impl<C: Clock + Clone> Rules<C> {
                 retry_after: d.retry_after(),
                 rate: Some((d.limit(), config.window.unwrap_or(ONE_SECOND))),
             })?;
-            if let (Some(rule), true) = (config.cost, d.allowed()) {
-                let max = config.burst.unwrap_or(config.threshold);
-                guard.hold(CostHold {
+            if let (Some(rule), true) = (&config.cost, d.allowed()) {
+                let budget = Budget {
+                    rule: id.clone(),
+                    limit: d.limit(),
+                    window: config.window.unwrap_or(ONE_SECOND),
+                    remaining: d.remaining(),
+                    reset_after: d.reset_after(),
+                };
+                let cap = rule.max.unwrap_or(config.burst.unwrap_or(config.threshold));
+                let hold = CostHold {
                     on: CostOn::Hot(h.clone(), value.into()),
                     held: Held {
                         estimate: n,
                         taken: now,
                     },
-                    rule,
-                    max,
-                });
+                    cap,
+                    budget,
+                };
+                guard.hold(hold, Some(value));
             }
         }
         Ok(())
@@ -911,7 +1019,7 @@ impl<C: Clock + Clone> Rules<C> {
             } else if let Some(d) = {
                 let n = match &f.config.cost {
                     None => 1,
-                    Some(c) => c.estimate_of(ctx.cost, f.cost_max()),
+                    Some(c) => c.estimate_of(ctx.cost, f.cost_cap()),
                 };
                 match (&f.state.single, &f.state.rate, key) {
                     (Some(single), _, _) => Some(single.acquire_at(n, now)),
@@ -922,8 +1030,8 @@ impl<C: Clock + Clone> Rules<C> {
                 verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
                     block(d.retry_after())
                 })?;
-                if let (Some(rule), true) = (f.config.cost, d.allowed()) {
-                    guard.hold_flow(f, key, rule, ctx.cost, now);
+                if f.config.cost.is_some() && d.allowed() {
+                    guard.hold_flow(f, key, &d, ctx.cost, now);
                 }
                 guard.wait = guard
                     .wait
@@ -1307,6 +1415,9 @@ fn compile_resource<'a, C: Clock + Clone>(
         named_origins,
         breaker,
         switch,
+        cost_sources: Some(r.cost_sources())
+            .filter(|c| !c.is_empty())
+            .map(Arc::new),
     })
 }
 

@@ -93,6 +93,47 @@ pub struct ResourceStats {
     /// A call came, was blocked or ended since the dashboard last sampled this resource (so
     /// a sampler reads only resources that changed).
     touched: std::sync::atomic::AtomicBool,
+    /// What calls under `cost:` rules cost.
+    cost: CostStats,
+}
+
+/// How many of a resource's heaviest spenders are kept.
+pub const TOP_SPENDERS: usize = 10;
+
+/// What the calls of a resource with `cost:` rules cost, counted when each call's cost is
+/// known (settled, or ended without a settlement: its estimate).
+#[derive(Debug)]
+struct CostStats {
+    admitted: AtomicU64,
+    refunded: AtomicU64,
+    owed: AtomicU64,
+    /// Spenders by units charged (a hot-parameter value, else the origin).
+    top: parking_lot::Mutex<weir_core::TopK>,
+}
+
+impl Default for CostStats {
+    fn default() -> Self {
+        Self {
+            admitted: AtomicU64::new(0),
+            refunded: AtomicU64::new(0),
+            owed: AtomicU64::new(0),
+            top: parking_lot::Mutex::new(weir_core::TopK::new(TOP_SPENDERS)),
+        }
+    }
+}
+
+/// What the calls of a resource with `cost:` rules cost, in the rules' units.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CostSnapshot {
+    /// Estimates held by calls admitted (and not given back because a later rule blocked).
+    pub admitted: u64,
+    /// Units given back when calls cost less than their estimates (or failed).
+    pub refunded: u64,
+    /// Units charged beyond estimates when calls cost more (debts later calls waited out).
+    pub owed: u64,
+    /// The heaviest spenders by units charged (a hot-parameter value, else the origin), most
+    /// first.
+    pub top: Vec<weir_core::top_k::Heavy>,
 }
 
 impl ResourceStats {
@@ -106,6 +147,22 @@ impl ResourceStats {
             fallbacks: AtomicU64::new(0),
             rt: RtHistogram::default(),
             touched: std::sync::atomic::AtomicBool::new(true),
+            cost: CostStats::default(),
+        }
+    }
+
+    /// A call under `cost:` rules that held `estimate` cost `actual` (charged to `spender`).
+    pub(crate) fn cost(&self, spender: &str, estimate: u64, actual: u64) {
+        let c = &self.cost;
+        self.touch();
+        c.admitted.fetch_add(estimate, Ordering::Relaxed);
+        if actual < estimate {
+            c.refunded.fetch_add(estimate - actual, Ordering::Relaxed);
+        } else if actual > estimate {
+            c.owed.fetch_add(actual - estimate, Ordering::Relaxed);
+        }
+        if actual > 0 {
+            c.top.lock().record_n(spender, actual);
         }
     }
 
@@ -179,6 +236,12 @@ impl ResourceStats {
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             rt_buckets,
             rt_sum,
+            cost: CostSnapshot {
+                admitted: self.cost.admitted.load(Ordering::Relaxed),
+                refunded: self.cost.refunded.load(Ordering::Relaxed),
+                owed: self.cost.owed.load(Ordering::Relaxed),
+                top: self.cost.top.lock().top(),
+            },
         }
     }
 }
@@ -281,6 +344,8 @@ pub struct ResourceSnapshot {
     pub rt_buckets: Vec<(f64, u64)>,
     /// Sum of response times.
     pub rt_sum: Duration,
+    /// What calls under `cost:` rules cost (zero without such rules).
+    pub cost: CostSnapshot,
 }
 
 /// A circuit breaker's state at one time.

@@ -106,3 +106,121 @@ fn rules_that_cannot_settle_are_refused_where_they_say_so() {
         assert!(e.contains(want), "{want} not in\n{e}");
     }
 }
+
+#[test]
+fn cost_sources_are_one_per_resource_and_well_formed() {
+    let good = "resources:
+  - name: llm
+    hot_params:
+      - {id: per-user, param: 0, threshold: 100, algorithm: gcra,
+         cost: {estimate: 10, estimate_from: {json: max_tokens}, actual_from: {sse: usage.total_tokens}}}
+    flow:
+      - {id: all, qps: 1000, algorithm: gcra, cost: {actual_from: {sse: usage.total_tokens}}}
+";
+    let set = RuleSet::from_yaml(Path::new("rules.yaml"), good).expect("valid");
+    let sources = set.resources[0].cost_sources();
+    assert_eq!(
+        sources.estimate,
+        Some(weir_rules::config::EstimateFrom::Json("max_tokens".into()))
+    );
+    assert_eq!(
+        sources.actual,
+        Some(weir_rules::config::ActualFrom::Sse(
+            "usage.total_tokens".into()
+        ))
+    );
+    let bad = "resources:
+  - name: llm
+    flow:
+      - {id: a, qps: 10, algorithm: gcra, cost: {estimate_from: {header: x-max-tokens}, actual_from: {trailer: 'bad name'}}}
+      - {id: b, qps: 10, algorithm: gcra, cost: {estimate_from: {json: max_tokens}, actual_from: {json: 'usage..total'}}}
+      - {id: c, qps: 10, algorithm: gcra, cost: {actual_from: {sse: usage.total_tokens}}}
+";
+    let e = RuleSet::from_yaml(Path::new("rules.yaml"), bad)
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "resources[0].flow[0].cost.actual_from: \"bad name\" is not a header name",
+        "resources[0].flow[1].cost.estimate_from: the cost rules of one resource read the same estimate_from",
+        "resources[0].flow[1].cost.actual_from: \"usage..total\" is not a header name or dotted JSON field",
+        "resources[0].flow[2].cost.actual_from: the cost rules of one resource read the same actual_from",
+    ] {
+        assert!(e.contains(want), "{want} not in\n{e}");
+    }
+    let unknown = "resources:
+  - name: llm
+    flow:
+      - {id: a, qps: 10, algorithm: gcra, cost: {actual_from: {body: x}}}
+";
+    let e = RuleSet::from_yaml(Path::new("rules.yaml"), unknown)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rules.yaml:4"), "{e}");
+}
+
+/// The budget a response reports and the resource's cost counters: admitted, refunded, owed
+/// and the heaviest spenders by what they were charged.
+#[test]
+fn budgets_and_cost_counters() {
+    let (r, _clock) = rules(
+        "resources:
+  - name: llm
+    hot_params:
+      - {id: per-user, param: 0, threshold: 1000, window: 1m, algorithm: fixed_window, cost: {estimate: 100}}
+    flow:
+      - {id: all, qps: 5000, window: 1m, algorithm: fixed_window, cost: {estimate: 100}}
+",
+    );
+    let call = |user: &'static [&'static str], n| Context {
+        params: user,
+        cost: Some(n),
+        ..Context::default()
+    };
+    let mut a = r.entry("llm", &call(&["ann"], 300)).unwrap();
+    let budget = a.budget().expect("a budget").clone();
+    assert_eq!(&*budget.rule, "per-user");
+    assert_eq!((budget.limit, budget.remaining), (1000, 700));
+    assert_eq!(budget.window, std::time::Duration::from_secs(60));
+    assert!(a.holds_cost());
+    a.settle_cost(100); // 200 back
+    assert!(!a.holds_cost());
+    a.complete(Outcome::Success);
+    let mut b = r.entry("llm", &call(&["bob"], 100)).unwrap();
+    b.settle_cost(400); // 300 owed
+    drop(b);
+    let c = r.entry("llm", &call(&["ann"], 50)).unwrap();
+    c.complete(Outcome::Success); // never settled: 50
+                                  // Blocked by the per-user rule after nothing was held: not counted.
+    assert!(r.entry("llm", &call(&["ann"], 2_000)).is_err());
+    let snap = r.snapshot();
+    let cost = &snap.resource("llm").expect("llm").cost;
+    assert_eq!((cost.admitted, cost.refunded, cost.owed), (450, 200, 300));
+    let top: Vec<(&str, u64)> = cost
+        .top
+        .iter()
+        .map(|h| (h.value.as_str(), h.count))
+        .collect();
+    assert_eq!(top, [("bob", 400), ("ann", 150)]);
+}
+
+#[test]
+fn a_cost_source_names_one_place() {
+    for (source, want) in [
+        (
+            "estimate_from: {sse: x}",
+            "give exactly one of header, json",
+        ),
+        (
+            "actual_from: {header: a, json: b}",
+            "give exactly one of header, trailer, json, sse",
+        ),
+    ] {
+        let yaml = format!(
+            "resources:\n  - name: llm\n    flow:\n      - {{id: a, qps: 10, algorithm: gcra, cost: {{{source}}}}}\n"
+        );
+        let e = RuleSet::from_yaml(Path::new("rules.yaml"), &yaml)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want) && e.contains("rules.yaml:4"), "{e}");
+    }
+}

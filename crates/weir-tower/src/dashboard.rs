@@ -50,7 +50,9 @@ use serde_json::{json, Map, Value};
 use weir_core::clock::Clock;
 use weir_rules::engine::Rules;
 use weir_rules::history::{History, Point, DEFAULT_SECONDS};
-use weir_rules::metrics::{BreakerSnapshot, HeavySnapshot, ResourceSnapshot, SystemSnapshot};
+use weir_rules::metrics::{
+    BreakerSnapshot, CostSnapshot, HeavySnapshot, ResourceSnapshot, SystemSnapshot,
+};
 
 /// Most rows (resources or rules) in one answer: the busiest, by blocked then passed calls
 /// over the window; the rest are counted in `omitted`.
@@ -202,6 +204,8 @@ struct State {
     latest: Sample,
     /// Heavy hitters per rule, as last reported.
     heavy: std::collections::BTreeMap<String, HeavySnapshot>,
+    /// What calls cost, per resource with `cost:` rules, as last reported.
+    costs: std::collections::BTreeMap<String, CostSnapshot>,
     reload: Option<Reload>,
 }
 
@@ -236,6 +240,7 @@ impl Dashboard {
                 system: VecDeque::new(),
                 latest: Sample::default(),
                 heavy: std::collections::BTreeMap::new(),
+                costs: std::collections::BTreeMap::new(),
                 reload: None,
             }),
         });
@@ -259,13 +264,23 @@ impl Dashboard {
         let resources = std::mem::take(&mut sample.resources);
         let breakers = std::mem::take(&mut sample.breakers);
         let heavy = std::mem::take(&mut sample.heavy);
+        let costs: Vec<(String, CostSnapshot)> = resources
+            .iter()
+            .filter(|r| r.cost != CostSnapshot::default())
+            .map(|r| (r.name.clone(), r.cost.clone()))
+            .collect();
         let mut st = self.state.lock();
         let first = st.history.last_second().is_none();
+        if !sample.changed_only {
+            st.costs.clear();
+        }
+        st.costs.extend(costs);
         if sample.changed_only {
             if let Some(m) = sample.members.take() {
                 st.history
                     .retain(|r| m.resources.contains(r), |b| m.rules.contains(b));
                 st.heavy.retain(|rule, _| m.rules.contains(rule));
+                st.costs.retain(|r, _| m.resources.contains(r));
             }
             st.history.record_changed(t, resources, &breakers);
             for h in heavy {
@@ -376,6 +391,22 @@ impl Dashboard {
                 json!({"rule": h.rule, "resource": h.resource, "top": top})
             })
             .collect();
+        // What calls cost, and who spent most, for the resources shown.
+        let costs: Vec<Value> = st
+            .costs
+            .iter()
+            .filter(|(r, _)| omitted == 0 || shown.contains(r.as_str()))
+            .take(MAX_ROWS)
+            .map(|(r, c)| {
+                let top: Vec<Value> = c
+                    .top
+                    .iter()
+                    .map(|e| json!({"value": e.value, "count": e.count, "error": e.error}))
+                    .collect();
+                json!({"resource": r, "admitted": c.admitted, "refunded": c.refunded,
+                       "owed": c.owed, "top": top})
+            })
+            .collect();
         let system = st.latest.system.as_ref().map(|s| {
             let points: Vec<_> = st.system.iter().filter(|p| p.t > since).collect();
             json!({
@@ -398,6 +429,7 @@ impl Dashboard {
             "omitted": omitted,
             "breakers": breakers,
             "heavy": heavy,
+            "costs": costs,
             "system": system,
             "reload": st.reload,
             "info": bounded_info(&st.latest.info, &shown),
@@ -580,6 +612,7 @@ mod tests {
                     fallbacks: 0,
                     rt_buckets: Vec::new(),
                     rt_sum: Duration::ZERO,
+                    cost: CostSnapshot::default(),
                 })
                 .collect();
             Sample {

@@ -33,7 +33,7 @@ struct Scrape {
 type ResourceField = fn(&ResourceSnapshot) -> u64;
 type RuleField = fn(&RuleSnapshot) -> u64;
 
-const RESOURCE_COUNTERS: [(&str, &str, ResourceField); 4] = [
+const RESOURCE_COUNTERS: [(&str, &str, ResourceField); 7] = [
     (
         "weir_resource_passes",
         "Calls admitted to the resource.",
@@ -53,6 +53,21 @@ const RESOURCE_COUNTERS: [(&str, &str, ResourceField); 4] = [
         "weir_resource_fallbacks",
         "Blocked calls answered by the route's fallback (also in blocks).",
         |r| r.fallbacks,
+    ),
+    (
+        "weir_resource_cost_admitted",
+        "Units of cost held as estimates by calls admitted (cost rules).",
+        |r| r.cost.admitted,
+    ),
+    (
+        "weir_resource_cost_refunded",
+        "Units given back when calls cost less than their estimates or failed (cost rules).",
+        |r| r.cost.refunded,
+    ),
+    (
+        "weir_resource_cost_owed",
+        "Units charged beyond estimates when calls cost more: debts (cost rules).",
+        |r| r.cost.owed,
     ),
 ];
 
@@ -123,6 +138,18 @@ impl Collector for Scrape {
                     &buckets,
                     None,
                 )?;
+        }
+        let mut m = enc.encode_descriptor(
+            "weir_resource_cost_top_spender",
+            "Units charged to the resource's heaviest spenders (a hot-parameter value, else the origin; at most 10 per resource, an upper bound).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for r in resources {
+            for h in &r.cost.top {
+                m.encode_family(&[("resource", r.name.as_str()), ("spender", h.value.as_str())])?
+                    .encode_gauge(&(i64::try_from(h.count).unwrap_or(i64::MAX)))?;
+            }
         }
         for (name, help, field) in RULE_COUNTERS {
             let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
@@ -269,6 +296,16 @@ mod tests {
                 fallbacks: 0,
                 rt_buckets: vec![(0.001, 1), (0.01, 2), (f64::INFINITY, 2)],
                 rt_sum: Duration::from_millis(5),
+                cost: weir_rules::metrics::CostSnapshot {
+                    admitted: 700,
+                    refunded: 200,
+                    owed: 50,
+                    top: vec![weir_core::top_k::Heavy {
+                        value: "ann".into(),
+                        count: 550,
+                        error: 0,
+                    }],
+                },
             }],
             rules: vec![RuleSnapshot {
                 id: "r".into(),
@@ -294,6 +331,10 @@ mod tests {
             "weir_resource_response_seconds_count{resource=\"a\\\"b\"} 2",
             "weir_rule_blocks_total{rule=\"r\",kind=\"flow\",resource=\"a\\\"b\"} 1",
             "weir_rules_reloads_total{result=\"applied\"} 0",
+            "weir_resource_cost_admitted_total{resource=\"a\\\"b\"} 700",
+            "weir_resource_cost_refunded_total{resource=\"a\\\"b\"} 200",
+            "weir_resource_cost_owed_total{resource=\"a\\\"b\"} 50",
+            "weir_resource_cost_top_spender{resource=\"a\\\"b\",spender=\"ann\"} 550",
             "# EOF",
         ] {
             assert!(

@@ -94,6 +94,7 @@ impl Source for ServeSource {
                 fallbacks: 0,
                 rt_buckets: Vec::new(),
                 rt_sum: std::time::Duration::ZERO,
+                cost: Default::default(),
             });
             heavy.push(HeavySnapshot {
                 rule: r.id.clone(),
