@@ -174,6 +174,10 @@ struct Switch {
 type ResourceMap<C> = HashMap<String, Arc<Resource<C>>, foldhash::fast::RandomState>;
 
 struct Compiled<C: Clock> {
+    /// A resource's `cost:` rules say where HTTP calls state costs.
+    states_costs: bool,
+    /// A resource's `cost:` rules read estimates from JSON request bodies.
+    reads_json: bool,
     resources: ResourceMap<C>,
     system: Option<System<C>>,
     /// The rule set it was compiled from.
@@ -751,11 +755,13 @@ impl<C: Clock + Clone> Rules<C> {
     /// Whether a resource in force reads its cost estimates from a JSON request body
     /// (`cost.estimate_from: {json: …}`): an HTTP front end then reads such bodies first.
     pub fn reads_request_json(&self) -> bool {
-        self.current.load().resources.values().any(|r| {
-            r.cost_sources
-                .as_ref()
-                .is_some_and(|c| matches!(c.estimate, Some(EstimateFrom::Json(_))))
-        })
+        self.current.load().reads_json
+    }
+
+    /// Whether a resource in force says where HTTP calls state their costs
+    /// (`cost.estimate_from` / `actual_from`).
+    pub fn states_costs(&self) -> bool {
+        self.current.load().states_costs
     }
 
     /// The rule set in force.
@@ -1338,7 +1344,12 @@ fn compile<C: Clock + Clone>(
     for apply in deferred {
         apply();
     }
+    let sources = || resources.values().filter_map(|r| r.cost_sources.as_ref());
+    let states_costs = sources().next().is_some();
+    let reads_json = sources().any(|c| matches!(c.estimate, Some(EstimateFrom::Json(_))));
     Ok(Compiled {
+        states_costs,
+        reads_json,
         resources,
         system,
         set: Arc::new(set.clone()),

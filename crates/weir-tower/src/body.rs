@@ -17,13 +17,18 @@ use weir_rules::engine::Guard;
 pub trait Held: Send {
     /// The response ended; `failed`: 5xx or a body error.
     fn end(self, failed: bool);
+
+    /// Sees each frame of the body as it passes (a cost read from the body); nothing by
+    /// default.
+    #[inline]
+    fn frame(&mut self, _frame: &Frame<Bytes>) {}
 }
 
 impl Held for Permit {
     fn end(self, _: bool) {}
 }
 
-impl<C: Clock> Held for Guard<C> {
+impl<C: Clock + Clone> Held for Guard<C> {
     fn end(self, failed: bool) {
         self.complete(if failed {
             Outcome::Error
@@ -105,6 +110,9 @@ impl<B: Body<Data = Bytes>, H: Held> Body for HeldBody<B, H> {
                 failed,
             } => {
                 let frame = std::task::ready!(inner.as_mut().poll_frame(cx));
+                if let (Some(Ok(f)), Some(h)) = (&frame, held.as_mut()) {
+                    h.frame(f);
+                }
                 // Servers stop polling once `is_end_stream` says so (a sized body): the end
                 // is the last frame or `None`, whichever comes first.
                 let error = matches!(frame, Some(Err(_)));

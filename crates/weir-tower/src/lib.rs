@@ -12,6 +12,9 @@
 //!   the guard lives until the response body ends.
 //! - [`client`]: client-side layers: circuit breaker, SRE adaptive throttling, retries with
 //!   backoff and budget.
+//! - [`cost`]: costs stated over HTTP for rules with `cost:` (request header or JSON body
+//!   field; response header, trailer, JSON field or the last Server-Sent Event), read as the
+//!   body passes and bounded.
 //! - [`concurrency`]: at most N in flight, permits released when the response body ends or is
 //!   dropped; 503 when full.
 //!
@@ -42,6 +45,7 @@
 pub mod body;
 pub mod client;
 pub mod concurrency;
+pub mod cost;
 pub mod criticality;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;

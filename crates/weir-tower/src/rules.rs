@@ -587,6 +587,11 @@ where
             }
             r
         };
+        // The estimate the request states, for resources whose cost rules say where.
+        let estimate = |sources: Option<&weir_rules::config::CostSources>| {
+            let from = sources?.estimate.as_ref()?;
+            crate::cost::request_estimate(head.headers, head.extensions, from)
+        };
         let entry = match &*self.layer.classifier {
             Classifier::Routes(routes) => {
                 let table = routes.table(&mut self.table);
@@ -594,16 +599,22 @@ where
                     let t = target_of(table, i, head, &path);
                     let route = &table.routes[i];
                     fallback = route.fallback.clone();
+                    let cost = estimate(route.resolved.cost_sources());
                     passed_on(
                         &t,
-                        admit(rules, Some(&route.resolved), &t),
+                        admit(rules, Some(&route.resolved), &t, cost),
                         fallback.as_deref(),
                     )
                 })
             }
-            Classifier::Custom(c) => c
-                .classify(head)
-                .map(|t| passed_on(&t, admit(rules, None, &t), None)),
+            Classifier::Custom(c) => c.classify(head).map(|t| {
+                let cost = if rules.states_costs() {
+                    estimate(rules.resolve(t.resource).cost_sources())
+                } else {
+                    None
+                };
+                passed_on(&t, admit(rules, None, &t, cost), None)
+            }),
         };
         drop(path);
         let head = req.method() == Method::HEAD;
@@ -688,6 +699,7 @@ fn admit<C: Clock + Clone>(
     rules: &Rules<C>,
     resolved: Option<&Resolved<C>>,
     t: &Target<'_>,
+    cost: Option<u64>,
 ) -> Result<Guard<C>, Block> {
     let entry = |ctx: &CallContext<'_>| match resolved {
         Some(r) => rules.entry_resolved(r, t.resource, ctx),
@@ -698,7 +710,7 @@ fn admit<C: Clock + Clone>(
         criticality: t.criticality,
         params: &[],
         inbound: true,
-        cost: None,
+        cost,
     };
     if t.params.is_empty() {
         return entry(&ctx);
@@ -752,7 +764,7 @@ pin_project_lite::pin_project! {
 impl<S, ReqB, ResB, C> Future for RulesFuture<S, Request<ReqB>, C>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
-    C: Clock,
+    C: Clock + Clone,
     ResB: Body<Data = Bytes>,
 {
     type Output = Result<Response<GuardBody<ResB, C>>, S::Error>;
@@ -764,7 +776,10 @@ where
                     let out = std::task::ready!(inner.poll(cx));
                     let guard = guard.take();
                     return Poll::Ready(match out {
-                        Ok(r) => Ok(GuardBody::wrap(r, guard, *head)),
+                        Ok(mut r) => {
+                            let held = guard.map(|g| Admitted::new(g, &mut r));
+                            Ok(GuardBody::wrap(r, held, *head))
+                        }
                         Err(e) => {
                             if let Some(g) = guard {
                                 g.complete(Outcome::Error);
@@ -892,7 +907,83 @@ pub fn blocked_grpc_response<B: From<String>>(block: &Block) -> Response<B> {
 
 /// A response body holding the rules' guard until it ends (completed: success, or error for
 /// a 5xx or a body error) or is dropped (released without an outcome).
-pub type GuardBody<B, C> = crate::body::HeldBody<B, Guard<C>>;
+pub type GuardBody<B, C> = crate::body::HeldBody<B, Admitted<C>>;
+
+/// What an admitted request holds until its response ends: the rules' guard and, for rules
+/// with `cost:`, the reader of the actual cost.
+///
+/// Settlement when the response ends: the cost the response stated (header, trailer, JSON
+/// field, last Server-Sent Event); a response stating none that failed (5xx, a broken body)
+/// or was refused upstream (4xx) gives the estimate back; any other keeps it. A response
+/// dropped before its end (the client went away, the connection closed) keeps the estimate.
+pub struct Admitted<C: Clock = MonotonicClock> {
+    guard: Guard<C>,
+    /// Reads the actual cost from the body (`None`: nothing to read, or already settled).
+    reader: Option<Box<crate::cost::ActualReader>>,
+    /// A 4xx: the upstream refused the call.
+    refused: bool,
+}
+
+impl<C: Clock + Clone> Admitted<C> {
+    /// Holds `guard` for the response `r`: settles a cost stated in its head, prepares the
+    /// reader of one stated in its body, and tells the caller its budget (`RateLimit`).
+    fn new<B>(guard: Guard<C>, r: &mut Response<B>) -> Self {
+        if !guard.holds_cost() {
+            return Self {
+                guard,
+                reader: None,
+                refused: false,
+            };
+        }
+        Self::costed(guard, r)
+    }
+
+    #[cold]
+    fn costed<B>(mut guard: Guard<C>, r: &mut Response<B>) -> Self {
+        // What was left once the estimate was held (before a settlement below).
+        if let Some(b) = guard.budget() {
+            let h = r.headers_mut();
+            if let Some(v) = problem::policy_text(&b.rule, b.limit, b.window) {
+                h.insert(problem::RATELIMIT_POLICY, v);
+            }
+            if let Some(v) = problem::ratelimit_text(&b.rule, b.remaining, b.reset_after) {
+                h.insert(problem::RATELIMIT, v);
+            }
+        }
+        let mut reader = None;
+        if let Some(from) = guard.cost_sources().and_then(|s| s.actual.clone()) {
+            match crate::cost::response_header_cost(r.headers(), &from) {
+                Some(n) => guard.settle_cost(n),
+                None => reader = crate::cost::ActualReader::new(&from).map(Box::new),
+            }
+        }
+        Self {
+            guard,
+            reader,
+            refused: r.status().is_client_error(),
+        }
+    }
+}
+
+impl<C: Clock + Clone> crate::body::Held for Admitted<C> {
+    fn end(mut self, failed: bool) {
+        if self.guard.holds_cost() {
+            match self.reader.take().and_then(|r| r.finish()) {
+                Some(actual) => self.guard.settle_cost(actual),
+                None if failed || self.refused => self.guard.settle_cost(0),
+                None => {}
+            }
+        }
+        self.guard.end(failed);
+    }
+
+    #[inline]
+    fn frame(&mut self, frame: &http_body::Frame<Bytes>) {
+        if let Some(r) = &mut self.reader {
+            r.frame(frame);
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

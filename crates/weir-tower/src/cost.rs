@@ -1,0 +1,606 @@
+//! Costs stated over HTTP, for rules with `cost:` (weir-rules' `estimate_from` /
+//! `actual_from`): the estimate read from a request header or a field of a JSON request body,
+//! the actual cost from a response header, a trailer, a field of a JSON response body or of
+//! the last Server-Sent Event carrying it — read as the body passes, never buffered whole,
+//! each read bounded by [`MAX_COST_JSON`].
+//!
+//! A cost that is not a whole number ≥ 0 (or a float that is not finite) counts as absent:
+//! the estimate stays, and the bad value is logged (at most once a second). A value above the
+//! rule's `max` counts as the `max` (weir-rules caps it).
+//!
+//! [`ReadJsonLayer`] reads a JSON request body's first bytes before the rules so that
+//! `estimate_from: {json: …}` can see them, and hands the body on whole.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Request};
+use http_body::{Body, Frame, SizeHint};
+use tower::{Layer, Service};
+pub use weir_rules::config::MAX_COST_JSON;
+use weir_rules::config::{ActualFrom, EstimateFrom};
+
+/// A cost that could not be read: what was wrong, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadCost {
+    /// Not a number.
+    NotANumber,
+    /// Below zero.
+    Negative,
+}
+
+impl BadCost {
+    fn as_str(self) -> &'static str {
+        match self {
+            BadCost::NotANumber => "not a number",
+            BadCost::Negative => "negative",
+        }
+    }
+}
+
+/// Reads a cost from text: a whole number, or a finite number ≥ 0 rounded up; surrounding
+/// spaces allowed.
+pub fn parse_cost(text: &[u8]) -> Result<u64, BadCost> {
+    let t = std::str::from_utf8(text)
+        .map_err(|_| BadCost::NotANumber)?
+        .trim();
+    if let Ok(n) = t.parse::<u64>() {
+        return Ok(n);
+    }
+    match t.parse::<f64>() {
+        Ok(f) if f.is_finite() && f >= 0.0 => Ok(f.ceil().min(u64::MAX as f64) as u64),
+        Ok(f) if f < 0.0 => Err(BadCost::Negative),
+        _ if t.starts_with('-') && t[1..].parse::<u64>().is_ok() => Err(BadCost::Negative),
+        _ => Err(BadCost::NotANumber),
+    }
+}
+
+/// Unix second of the last bad-cost log line (at most one a second).
+static LAST_LOG: AtomicU64 = AtomicU64::new(0);
+
+/// Logs a bad cost (at most once a second, whatever an attacker sends).
+fn log_bad(what: &str, place: &str, why: BadCost) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST_LOG.load(Ordering::Relaxed);
+    if now != last
+        && LAST_LOG
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(
+            "{what} cost in {place} is {}: counted as the estimate",
+            why.as_str()
+        );
+    }
+}
+
+/// Reads a header holding a cost; absent or bad (logged): `None`.
+fn header_cost(headers: &HeaderMap, name: &str, what: &str) -> Option<u64> {
+    let v = headers.get(name)?;
+    match parse_cost(v.as_bytes()) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            log_bad(what, name, e);
+            None
+        }
+    }
+}
+
+/// The field at dotted `path` of the JSON document `doc`, as a cost (`None`: no such field,
+/// or not a number ≥ 0, logged).
+pub fn json_cost(doc: &[u8], path: &str) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(doc).ok()?;
+    let mut at = &v;
+    for key in path.split('.') {
+        at = at.get(key)?;
+    }
+    let n = match at {
+        serde_json::Value::Number(n) => n,
+        serde_json::Value::Null => return None,
+        _ => {
+            log_bad("a JSON", path, BadCost::NotANumber);
+            return None;
+        }
+    };
+    match n.as_u64() {
+        Some(n) => Some(n),
+        None => match parse_cost(n.to_string().as_bytes()) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                log_bad("a JSON", path, e);
+                None
+            }
+        },
+    }
+}
+
+/// A JSON request body's first bytes, read by [`ReadJsonLayer`]: the whole body when it fits
+/// [`MAX_COST_JSON`].
+#[derive(Debug, Clone)]
+pub struct RequestJson(pub Bytes);
+
+/// The estimate a request with `headers` and `extensions` states at `from` (`None`: absent
+/// or unreadable, the rule's own estimate counts).
+pub fn request_estimate(
+    headers: &HeaderMap,
+    extensions: &http::Extensions,
+    from: &EstimateFrom,
+) -> Option<u64> {
+    match from {
+        EstimateFrom::Header(h) => header_cost(headers, h, "a request"),
+        EstimateFrom::Json(path) => {
+            let json = extensions.get::<RequestJson>()?;
+            json_cost(&json.0, path)
+        }
+    }
+}
+
+/// The actual cost a response states in its head (`actual_from: {header: …}`).
+pub fn response_header_cost(headers: &HeaderMap, from: &ActualFrom) -> Option<u64> {
+    match from {
+        ActualFrom::Header(h) => header_cost(headers, h, "a response"),
+        _ => None,
+    }
+}
+
+/// Reads the actual cost from a response body as its frames pass (trailers, a JSON body, a
+/// Server-Sent Events stream), holding at most [`MAX_COST_JSON`] bytes.
+#[derive(Debug)]
+pub struct ActualReader {
+    kind: Reading,
+    /// The cost found so far.
+    found: Option<u64>,
+}
+
+#[derive(Debug)]
+enum Reading {
+    Trailer(Box<str>),
+    /// The body so far; `None` once it outgrew the bound.
+    Json {
+        path: Box<str>,
+        body: Option<BytesMut>,
+    },
+    Sse(Box<SseScan>),
+}
+
+impl ActualReader {
+    /// A reader for `from`; `None` for a response header (read from the head) .
+    pub fn new(from: &ActualFrom) -> Option<Self> {
+        let kind = match from {
+            ActualFrom::Header(_) => return None,
+            ActualFrom::Trailer(t) => Reading::Trailer(t.as_str().into()),
+            ActualFrom::Json(p) => Reading::Json {
+                path: p.as_str().into(),
+                body: Some(BytesMut::new()),
+            },
+            ActualFrom::Sse(p) => Reading::Sse(Box::new(SseScan::new(p))),
+        };
+        Some(Self { kind, found: None })
+    }
+
+    /// Looks at one frame of the response body.
+    pub fn frame(&mut self, frame: &Frame<Bytes>) {
+        match (&mut self.kind, frame.data_ref(), frame.trailers_ref()) {
+            (Reading::Trailer(name), _, Some(t)) => {
+                self.found = header_cost(t, name, "a trailer").or(self.found);
+            }
+            (Reading::Json { body, .. }, Some(data), _) => {
+                if let Some(b) = body {
+                    if b.len() + data.len() > MAX_COST_JSON {
+                        *body = None;
+                    } else {
+                        b.extend_from_slice(data);
+                    }
+                }
+            }
+            (Reading::Sse(scan), Some(data), _) => {
+                if let Some(n) = scan.feed(data) {
+                    self.found = Some(n);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The cost the body stated, once it ended (`None`: it stated none).
+    pub fn finish(self) -> Option<u64> {
+        match self.kind {
+            Reading::Json {
+                path,
+                body: Some(b),
+            } => json_cost(&b, &path),
+            Reading::Sse(mut scan) => scan.end().or(self.found),
+            _ => self.found,
+        }
+    }
+}
+
+/// Scans a Server-Sent Events stream for the last event whose JSON `data` has the field at
+/// `path` (OpenAI-style streams end with a `usage` event, then `data: [DONE]`).
+#[derive(Debug)]
+struct SseScan {
+    path: Box<str>,
+    /// The current line so far; `None` while skipping a line longer than the bound.
+    line: Option<Vec<u8>>,
+    /// The current event's data lines; `None` while skipping an event over the bound.
+    data: Option<Vec<u8>>,
+    /// The last byte seen was `\r` (a `\r\n` pair ends one line, not two).
+    after_cr: bool,
+}
+
+impl SseScan {
+    fn new(path: &str) -> Self {
+        Self {
+            path: path.into(),
+            line: Some(Vec::new()),
+            data: Some(Vec::new()),
+            after_cr: false,
+        }
+    }
+
+    /// Feeds a chunk; the cost of the last complete event in it that states one.
+    fn feed(&mut self, chunk: &[u8]) -> Option<u64> {
+        let mut found = None;
+        for &b in chunk {
+            let cr_lf = self.after_cr && b == b'\n';
+            self.after_cr = b == b'\r';
+            if cr_lf {
+                continue;
+            }
+            if b == b'\n' || b == b'\r' {
+                if let Some(n) = self.end_line() {
+                    found = Some(n);
+                }
+                continue;
+            }
+            if let Some(l) = &mut self.line {
+                if l.len() < MAX_COST_JSON {
+                    l.push(b);
+                } else {
+                    self.line = None;
+                }
+            }
+        }
+        found
+    }
+
+    /// The stream ended: a last event not followed by a blank line still counts.
+    fn end(&mut self) -> Option<u64> {
+        let a = self.end_line();
+        a.or_else(|| self.dispatch())
+    }
+
+    /// A line ended: a data line adds to the event, a blank line dispatches it.
+    fn end_line(&mut self) -> Option<u64> {
+        let line = self.line.replace(Vec::new());
+        let Some(line) = line else {
+            // Too long: the event is spoiled.
+            self.data = None;
+            return None;
+        };
+        if line.is_empty() {
+            return self.dispatch();
+        }
+        if let Some(rest) = line.strip_prefix(b"data:") {
+            let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+            if let Some(d) = &mut self.data {
+                if d.len() + rest.len() + 1 > MAX_COST_JSON {
+                    self.data = None;
+                } else {
+                    if !d.is_empty() {
+                        d.push(b'\n');
+                    }
+                    d.extend_from_slice(rest);
+                }
+            }
+        }
+        None
+    }
+
+    fn dispatch(&mut self) -> Option<u64> {
+        let data = self.data.replace(Vec::new())?;
+        if data.first() != Some(&b'{') {
+            return None;
+        }
+        json_cost(&data, &self.path)
+    }
+}
+
+/// Reads the first [`MAX_COST_JSON`] bytes of JSON request bodies into a [`RequestJson`]
+/// extension, for rules whose estimate is a JSON field (`estimate_from: {json: …}`), then
+/// hands the body on whole ([`ReplayBody`]). Reads only while `wanted()` says so (e.g.
+/// [`weir_rules::engine::Rules::reads_request_json`]) and only bodies whose content type is
+/// JSON; a body slower than `timeout` to arrive is handed on with what came.
+#[derive(Clone)]
+pub struct ReadJsonLayer {
+    wanted: Arc<dyn Fn() -> bool + Send + Sync>,
+    timeout: Duration,
+}
+
+impl ReadJsonLayer {
+    /// Reads JSON bodies while `wanted()`, waiting at most `timeout` for their first bytes.
+    pub fn new(wanted: impl Fn() -> bool + Send + Sync + 'static, timeout: Duration) -> Self {
+        Self {
+            wanted: Arc::new(wanted),
+            timeout,
+        }
+    }
+}
+
+impl<S> Layer<S> for ReadJsonLayer {
+    type Service = ReadJson<S>;
+
+    fn layer(&self, inner: S) -> ReadJson<S> {
+        ReadJson {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service of [`ReadJsonLayer`].
+#[derive(Clone)]
+pub struct ReadJson<S> {
+    inner: S,
+    layer: ReadJsonLayer,
+}
+
+/// Whether a request says its body is JSON (`application/json`, `…+json`).
+fn is_json<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| {
+            let t = t.trim();
+            t.eq_ignore_ascii_case("application/json") || t.ends_with("+json")
+        })
+}
+
+impl<S, B> Service<Request<B>> for ReadJson<S>
+where
+    S: Service<Request<ReplayBody<B>>> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        if !is_json(&req) || !(self.layer.wanted)() {
+            let fut = self.inner.call(req.map(ReplayBody::whole));
+            return Box::pin(fut);
+        }
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let timeout = self.layer.timeout;
+        Box::pin(async move {
+            let (mut parts, mut body) = req.into_parts();
+            let mut prefix = BytesMut::new();
+            let mut trailers = None;
+            let mut ended = false;
+            let read = async {
+                while prefix.len() < MAX_COST_JSON {
+                    match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                        Some(Ok(f)) => match f.into_data() {
+                            Ok(d) => prefix.extend_from_slice(&d),
+                            Err(f) => {
+                                trailers = f.into_trailers().ok();
+                                ended = true;
+                                return Ok(());
+                            }
+                        },
+                        Some(Err(e)) => return Err(e),
+                        None => {
+                            ended = true;
+                            return Ok(());
+                        }
+                    }
+                }
+                Ok(())
+            };
+            let failed = match tokio::time::timeout(timeout, read).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => None,
+            };
+            let prefix = prefix.freeze();
+            if ended && prefix.len() <= MAX_COST_JSON {
+                parts.extensions.insert(RequestJson(prefix.clone()));
+            }
+            let body = ReplayBody::Replay {
+                prefix: Some(prefix),
+                failed,
+                trailers,
+                rest: (!ended).then_some(body),
+            };
+            inner.call(Request::from_parts(parts, body)).await
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request body handed on by [`ReadJson`]: untouched, or the bytes it read followed by
+    /// the rest.
+    #[project = ReplayProj]
+    pub enum ReplayBody<B: Body> {
+        /// Not read.
+        Whole { #[pin] body: B },
+        /// Read in part or whole: the bytes read, then what ended the read (an error, the
+        /// trailers), then the rest of the body if it had not ended.
+        Replay {
+            prefix: Option<Bytes>,
+            failed: Option<B::Error>,
+            trailers: Option<HeaderMap>,
+            rest: Option<B>,
+        },
+    }
+}
+
+impl<B: Body> ReplayBody<B> {
+    /// `body`, untouched.
+    pub fn whole(body: B) -> Self {
+        Self::Whole { body }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for ReplayBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project() {
+            ReplayProj::Whole { body } => body.poll_frame(cx),
+            ReplayProj::Replay {
+                prefix,
+                failed,
+                trailers,
+                rest,
+            } => {
+                if let Some(p) = prefix.take().filter(|p| !p.is_empty()) {
+                    return Poll::Ready(Some(Ok(Frame::data(p))));
+                }
+                if let Some(e) = failed.take() {
+                    return Poll::Ready(Some(Err(e)));
+                }
+                if let Some(t) = trailers.take() {
+                    return Poll::Ready(Some(Ok(Frame::trailers(t))));
+                }
+                match rest {
+                    Some(b) => Pin::new(b).poll_frame(cx),
+                    None => Poll::Ready(None),
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Whole { body } => body.is_end_stream(),
+            Self::Replay {
+                prefix,
+                failed,
+                trailers,
+                rest,
+            } => {
+                prefix.as_ref().is_none_or(Bytes::is_empty)
+                    && failed.is_none()
+                    && trailers.is_none()
+                    && rest.as_ref().is_none_or(Body::is_end_stream)
+            }
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Whole { body } => body.size_hint(),
+            Self::Replay { prefix, rest, .. } => {
+                let p = prefix.as_ref().map_or(0, |p| p.len() as u64);
+                let mut h = rest
+                    .as_ref()
+                    .map_or(SizeHint::with_exact(0), Body::size_hint);
+                h.set_lower(h.lower() + p);
+                if let Some(u) = h.upper() {
+                    h.set_upper(u + p);
+                }
+                h
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn costs_parse_or_say_why_not() {
+        assert_eq!(parse_cost(b" 120 "), Ok(120));
+        assert_eq!(parse_cost(b"12.2"), Ok(13));
+        assert_eq!(parse_cost(b"-5"), Err(BadCost::Negative));
+        assert_eq!(parse_cost(b"-0.5"), Err(BadCost::Negative));
+        assert_eq!(parse_cost(b"ten"), Err(BadCost::NotANumber));
+        assert_eq!(parse_cost(b"NaN"), Err(BadCost::NotANumber));
+        assert_eq!(parse_cost(b"inf"), Err(BadCost::NotANumber));
+        assert_eq!(parse_cost(&[0xff, b'1']), Err(BadCost::NotANumber));
+        assert_eq!(parse_cost(b"99999999999999999999999"), Ok(u64::MAX));
+    }
+
+    #[test]
+    fn json_fields_by_dotted_path() {
+        let doc = br#"{"usage": {"total_tokens": 321, "neg": -3, "s": "9"}, "max_tokens": 50.5}"#;
+        assert_eq!(json_cost(doc, "usage.total_tokens"), Some(321));
+        assert_eq!(json_cost(doc, "max_tokens"), Some(51));
+        assert_eq!(json_cost(doc, "usage.neg"), None);
+        assert_eq!(json_cost(doc, "usage.s"), None);
+        assert_eq!(json_cost(doc, "usage.missing"), None);
+        assert_eq!(json_cost(b"{not json", "a"), None);
+    }
+
+    fn sse(chunks: &[&[u8]]) -> Option<u64> {
+        let mut r = ActualReader::new(&ActualFrom::Sse("usage.total_tokens".into())).unwrap();
+        for c in chunks {
+            r.frame(&Frame::data(Bytes::copy_from_slice(c)));
+        }
+        r.finish()
+    }
+
+    #[test]
+    fn the_last_sse_event_stating_usage_counts() {
+        // Chunks split anywhere, CRLF or LF, multi-line data, a final [DONE].
+        let stream = b"data: {\"choices\":[{\"delta\":\"hi\"}]}\n\ndata: {\"usage\":\r\ndata: {\"total_tokens\": 7}}\r\n\r\n: comment\n\ndata: {\"usage\":{\"total_tokens\":42}}\n\ndata: [DONE]\n\n";
+        for split in [1, 2, 7, 13, stream.len()] {
+            let chunks: Vec<&[u8]> = stream.chunks(split).collect();
+            assert_eq!(sse(&chunks), Some(42), "split {split}");
+        }
+        // The last event may end with the stream rather than a blank line.
+        assert_eq!(sse(&[b"data: {\"usage\":{\"total_tokens\":5}}"]), Some(5));
+        assert_eq!(sse(&[b"data: {\"choices\":[]}\n\n"]), None);
+    }
+
+    #[test]
+    fn oversized_events_and_lines_are_skipped_not_kept() {
+        let mut huge = b"data: {\"pad\":\"".to_vec();
+        huge.resize(MAX_COST_JSON + 10, b'x');
+        huge.extend_from_slice(b"\", \"usage\":{\"total_tokens\":9}}\n\n");
+        assert_eq!(sse(&[&huge]), None);
+        let mut after = huge.clone();
+        after.extend_from_slice(b"data: {\"usage\":{\"total_tokens\":3}}\n\n");
+        assert_eq!(sse(&[&after]), Some(3));
+        // A JSON body past the bound keeps the estimate.
+        let mut r = ActualReader::new(&ActualFrom::Json("n".into())).unwrap();
+        r.frame(&Frame::data(Bytes::from(vec![b' '; MAX_COST_JSON])));
+        r.frame(&Frame::data(Bytes::from_static(b"{\"n\":1}")));
+        assert_eq!(r.finish(), None);
+    }
+
+    #[test]
+    fn trailers_and_json_bodies() {
+        let mut r = ActualReader::new(&ActualFrom::Trailer("x-cost".into())).unwrap();
+        r.frame(&Frame::data(Bytes::from_static(b"abc")));
+        let mut t = HeaderMap::new();
+        t.insert("x-cost", http::HeaderValue::from_static("17"));
+        r.frame(&Frame::trailers(t));
+        assert_eq!(r.finish(), Some(17));
+        let mut r = ActualReader::new(&ActualFrom::Json("usage.total_tokens".into())).unwrap();
+        for c in [&b"{\"usage\": {\"total"[..], b"_tokens\": 88}}"] {
+            r.frame(&Frame::data(Bytes::from_static(c)));
+        }
+        assert_eq!(r.finish(), Some(88));
+    }
+}
