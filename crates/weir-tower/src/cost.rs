@@ -372,7 +372,7 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+    type Future = ReadJsonFuture<S::Future, S::Response, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -380,54 +380,83 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         if !is_json(&req) || !(self.layer.wanted)() {
-            let fut = self.inner.call(req.map(ReplayBody::whole));
-            return Box::pin(fut);
+            return ReadJsonFuture::Direct {
+                f: self.inner.call(req.map(ReplayBody::whole)),
+            };
         }
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let timeout = self.layer.timeout;
-        Box::pin(async move {
-            let (mut parts, mut body) = req.into_parts();
-            let mut prefix = BytesMut::new();
-            let mut trailers = None;
-            let mut ended = false;
-            let read = async {
-                while prefix.len() < MAX_COST_JSON {
-                    match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-                        Some(Ok(f)) => match f.into_data() {
-                            Ok(d) => prefix.extend_from_slice(&d),
-                            Err(f) => {
-                                trailers = f.into_trailers().ok();
+        ReadJsonFuture::Reading {
+            f: Box::pin(async move {
+                let (mut parts, mut body) = req.into_parts();
+                let mut prefix = BytesMut::new();
+                let mut trailers = None;
+                let mut ended = false;
+                let read = async {
+                    while prefix.len() < MAX_COST_JSON {
+                        match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                            Some(Ok(f)) => match f.into_data() {
+                                Ok(d) => prefix.extend_from_slice(&d),
+                                Err(f) => {
+                                    trailers = f.into_trailers().ok();
+                                    ended = true;
+                                    return Ok(());
+                                }
+                            },
+                            Some(Err(e)) => return Err(e),
+                            None => {
                                 ended = true;
                                 return Ok(());
                             }
-                        },
-                        Some(Err(e)) => return Err(e),
-                        None => {
-                            ended = true;
-                            return Ok(());
                         }
                     }
+                    Ok(())
+                };
+                let failed = match tokio::time::timeout(timeout, read).await {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e),
+                    Err(_) => None,
+                };
+                let prefix = prefix.freeze();
+                if ended && prefix.len() <= MAX_COST_JSON {
+                    parts.extensions.insert(RequestJson(prefix.clone()));
                 }
-                Ok(())
-            };
-            let failed = match tokio::time::timeout(timeout, read).await {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e),
-                Err(_) => None,
-            };
-            let prefix = prefix.freeze();
-            if ended && prefix.len() <= MAX_COST_JSON {
-                parts.extensions.insert(RequestJson(prefix.clone()));
-            }
-            let body = ReplayBody::Replay {
-                prefix: Some(prefix),
-                failed,
-                trailers,
-                rest: (!ended).then_some(body),
-            };
-            inner.call(Request::from_parts(parts, body)).await
-        })
+                let body = ReplayBody::Replay {
+                    prefix: Some(prefix),
+                    failed,
+                    trailers,
+                    rest: (!ended).then_some(body),
+                };
+                inner.call(Request::from_parts(parts, body)).await
+            }),
+        }
+    }
+}
+
+/// A boxed future of a read body's call.
+type BodyRead<R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send>>;
+
+pin_project_lite::pin_project! {
+    /// The future of [`ReadJson`]: the inner call at once (no body to read: no allocation),
+    /// or after reading the body.
+    #[project = ReadJsonProj]
+    pub enum ReadJsonFuture<F, R, E> {
+        /// Not read: the inner call.
+        Direct { #[pin] f: F },
+        /// Reading the body, then the inner call.
+        Reading { f: BodyRead<R, E> },
+    }
+}
+
+impl<F: Future<Output = Result<R, E>>, R, E> Future for ReadJsonFuture<F, R, E> {
+    type Output = Result<R, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<R, E>> {
+        match self.project() {
+            ReadJsonProj::Direct { f } => f.poll(cx),
+            ReadJsonProj::Reading { f } => f.as_mut().poll(cx),
+        }
     }
 }
 
@@ -511,13 +540,15 @@ impl<B: Body<Data = Bytes> + Unpin> Body for ReplayBody<B> {
             Self::Whole { body } => body.size_hint(),
             Self::Replay { prefix, rest, .. } => {
                 let p = prefix.as_ref().map_or(0, |p| p.len() as u64);
-                let mut h = rest
+                let rest = rest
                     .as_ref()
                     .map_or(SizeHint::with_exact(0), Body::size_hint);
-                h.set_lower(h.lower() + p);
-                if let Some(u) = h.upper() {
-                    h.set_upper(u + p);
+                let mut h = SizeHint::new();
+                // The upper bound first: a lower bound above it is refused.
+                if let Some(u) = rest.upper() {
+                    h.set_upper(u.saturating_add(p));
                 }
+                h.set_lower(rest.lower().saturating_add(p));
                 h
             }
         }
@@ -527,6 +558,34 @@ impl<B: Body<Data = Bytes> + Unpin> Body for ReplayBody<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body read in part is handed on whole, its size hint counting the bytes read.
+    #[tokio::test]
+    async fn read_bodies_are_handed_on_whole() {
+        use http_body_util::BodyExt;
+        let big = Bytes::from(vec![b'x'; MAX_COST_JSON + 100]);
+        for body in [Bytes::from_static(b"{\"max_tokens\": 7}"), big] {
+            let inner = tower::service_fn(
+                |req: Request<ReplayBody<http_body_util::Full<Bytes>>>| async move {
+                    let seen = req.extensions().get::<RequestJson>().map(|j| j.0.len());
+                    let hint = req.body().size_hint();
+                    let got = req.into_body().collect().await.unwrap().to_bytes();
+                    Ok::<_, std::convert::Infallible>((seen, hint.lower(), hint.upper(), got))
+                },
+            );
+            let svc = ReadJsonLayer::new(|| true, Duration::from_secs(1)).layer(inner);
+            let req = Request::post("/")
+                .header("content-type", "application/json; charset=utf-8")
+                .body(http_body_util::Full::new(body.clone()))
+                .unwrap();
+            let (seen, lower, upper, got) = tower::ServiceExt::oneshot(svc, req).await.unwrap();
+            let n = body.len() as u64;
+            assert_eq!(got, body);
+            assert_eq!((lower, upper), (n, Some(n)));
+            // Only a body that fits is read as JSON.
+            assert_eq!(seen, (body.len() <= MAX_COST_JSON).then_some(body.len()));
+        }
+    }
 
     #[test]
     fn costs_parse_or_say_why_not() {

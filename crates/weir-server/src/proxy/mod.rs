@@ -132,6 +132,10 @@ pub struct ProxyStats {
 /// A body from the upstream or one the proxy wrote.
 type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
+/// A client's request body past the rules: as it came, or with its first bytes read for a
+/// cost estimate ([`weir_tower::cost::ReadJsonLayer`]).
+type ClientBody = weir_tower::cost::ReplayBody<Incoming>;
+
 /// Parses `http://HOST:PORT` (no path).
 pub fn parse_upstream(s: &str) -> Result<Uri, String> {
     let uri: Uri = s
@@ -157,8 +161,8 @@ pub const MAX_UPSTREAM_PER_CLIENT: usize = 64;
 /// Forwards requests to the upstream.
 #[derive(Clone)]
 struct Forward {
-    http1: Client<HttpConnector, PacedBody<Incoming>>,
-    h2c: Client<HttpConnector, PacedBody<Incoming>>,
+    http1: Client<HttpConnector, PacedBody<ClientBody>>,
+    h2c: Client<HttpConnector, PacedBody<ClientBody>>,
     protocol: UpstreamProtocol,
     upstream: Uri,
     timeout: Duration,
@@ -264,7 +268,7 @@ fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
 }
 
 impl Forward {
-    async fn forward(self, req: Request<Incoming>) -> Response<ProxyBody> {
+    async fn forward(self, req: Request<ClientBody>) -> Response<ProxyBody> {
         let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let address: Result<Option<AddressSlot>, ()> = match peer {
             Some(ip) => self.per_address.try_acquire(ip).map(Some).ok_or(()),
@@ -494,7 +498,7 @@ where
     }
 }
 
-impl Service<Request<Incoming>> for Forward {
+impl Service<Request<ClientBody>> for Forward {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
     type Future =
@@ -504,7 +508,7 @@ impl Service<Request<Incoming>> for Forward {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, req: Request<ClientBody>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.forward(req).await) })
     }
@@ -518,7 +522,7 @@ enum Upstreams {
     Gutter(Box<weir_tower::gutter::Gutter<Forward, Forward>>),
 }
 
-impl Service<Request<Incoming>> for Upstreams {
+impl Service<Request<ClientBody>> for Upstreams {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
     type Future =
@@ -528,7 +532,7 @@ impl Service<Request<Incoming>> for Upstreams {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, req: Request<ClientBody>) -> Self::Future {
         use weir_tower::gutter::GutterError;
         match self {
             Upstreams::One(f) => f.call(req),
@@ -639,6 +643,12 @@ impl Proxy {
         }
         let (forward, gutter) = (self.forward.clone(), self.gutter.clone());
         let layer = RulesLayer::new(self.rules.clone());
+        // JSON request bodies are read first only while a rule takes its estimate from one.
+        let rules = self.rules.clone();
+        let read_json = weir_tower::cost::ReadJsonLayer::new(
+            move || rules.reads_request_json(),
+            s.body_pace.idle,
+        );
         let limits = s.limits;
         crate::net::accept::serve(
             listener,
@@ -646,7 +656,7 @@ impl Proxy {
             "proxy",
             shutdown,
             move |stream, peer, sd, conn| {
-                let svc = client_service(&forward, gutter.as_ref(), &layer, peer);
+                let svc = client_service(&forward, gutter.as_ref(), &layer, &read_json, peer);
                 crate::net::accept::serve_http(stream, svc, limits.timeouts, sd, conn)
             },
         )
@@ -868,6 +878,7 @@ fn client_service(
     forward: &Forward,
     gutter: Option<&Forward>,
     layer: &RulesLayer<weir_core::AnyClock>,
+    read_json: &weir_tower::cost::ReadJsonLayer,
     peer: SocketAddr,
 ) -> impl Service<
     Request<Incoming>,
@@ -899,6 +910,7 @@ fn client_service(
             req.extensions_mut().insert(PeerAddr(peer));
             req
         })
+        .layer(read_json.clone())
         .layer(layer.clone())
         .service(forward);
     Precheck {

@@ -3,6 +3,8 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 
+pub mod llm;
+
 /// An upstream speaking HTTP/1.1 only (no h2c), a thread per connection, on a free loopback
 /// port: every request (its body read and dropped) gets a 200 whose body is
 /// `answer(request line, Host header or "-")`.

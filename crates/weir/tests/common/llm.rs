@@ -1,0 +1,214 @@
+//! A test upstream that behaves like an LLM API: each request is answered with a stream of
+//! Server-Sent Events for a random time (50–300 ms), ending with a `usage` event whose
+//! `total_tokens` is drawn from a heavy-tailed distribution, then `data: [DONE]`; one stream
+//! in twenty is cut midway (no usage, the connection closed). Every answer is recorded: when
+//! the request came, its `x-user`, the tokens it cost (0 for a cut stream).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One answered request.
+#[derive(Debug, Clone)]
+pub struct Served {
+    /// When it reached the upstream.
+    pub at: Instant,
+    /// Its path.
+    pub path: String,
+    /// Its `x-user` header.
+    pub user: String,
+    /// Tokens it cost (0: cut midway).
+    pub tokens: u64,
+    /// Cut midway.
+    pub failed: bool,
+}
+
+/// A small deterministic generator (xorshift64*).
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded with `seed` (non-zero).
+    pub fn new(seed: u64) -> Self {
+        Self(seed.max(1))
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A heavy-tailed token count: Pareto with minimum 50 and shape 1.5, at most 4 000.
+    pub fn tokens(&mut self) -> u64 {
+        let u = 1.0 - self.next_f64();
+        ((50.0 / u.powf(1.0 / 1.5)) as u64).min(4_000)
+    }
+}
+
+/// The mean of [`Rng::tokens`], estimated from a million draws.
+pub fn mean_tokens() -> f64 {
+    let mut r = Rng::new(7);
+    (0..1_000_000).map(|_| r.tokens() as f64).sum::<f64>() / 1e6
+}
+
+/// What the upstream answered, in order.
+pub type Log = Arc<Mutex<Vec<Served>>>;
+
+/// Starts the upstream on a free loopback port: the port and its log. With `header`, the
+/// usage is also sent as that response header (before the stream: the upstream decides the
+/// cost up front), for proxies that read a header.
+pub async fn start(seed: u64, header: Option<&'static str>) -> (u16, Log) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let log: Log = Arc::default();
+    let rng = Arc::new(Mutex::new(Rng::new(seed)));
+    let out = log.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let (log, rng) = (log.clone(), rng.clone());
+            tokio::spawn(async move {
+                let _ = serve(s, &log, &rng, header).await;
+            });
+        }
+    });
+    (port, out)
+}
+
+/// One request per connection (`Connection: close`).
+async fn serve(
+    mut s: tokio::net::TcpStream,
+    log: &Log,
+    rng: &Mutex<Rng>,
+    header: Option<&'static str>,
+) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        let n = s.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if buf.len() > 64 * 1024 {
+            return Ok(());
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let field = |name: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+    };
+    let len: usize = field("content-length:")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        let n = s.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let path = head
+        .lines()
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .unwrap_or("/")
+        .to_string();
+    let user = field("x-user:").unwrap_or_default();
+    let at = Instant::now();
+    let (tokens, failed, millis, parts) = {
+        let mut r = rng.lock();
+        let tokens = r.tokens();
+        let failed = r.next_f64() < 0.05;
+        let millis = 50 + (r.next_f64() * 250.0) as u64;
+        let parts = 3 + (r.next_f64() * 4.0) as u64;
+        (tokens, failed, millis, parts)
+    };
+    let mut response = String::from(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n",
+    );
+    if let Some(h) = header {
+        response.push_str(&format!("{h}: {tokens}\r\n"));
+    }
+    response.push_str("\r\n");
+    s.write_all(response.as_bytes()).await?;
+    let send = |data: String| format!("{:x}\r\n{data}\r\n", data.len());
+    for i in 0..parts {
+        let event =
+            format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"part {i}\"}}}}]}}\n\n");
+        s.write_all(send(event).as_bytes()).await?;
+        tokio::time::sleep(Duration::from_millis(millis / parts)).await;
+        if failed && i == parts / 2 {
+            log.lock().push(Served {
+                at,
+                path,
+                user,
+                tokens: 0,
+                failed: true,
+            });
+            // Cut: the chunked body never ends.
+            return Ok(());
+        }
+    }
+    let usage = format!(
+        "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":0,\"completion_tokens\":{tokens},\"total_tokens\":{tokens}}}}}\n\ndata: [DONE]\n\n"
+    );
+    s.write_all(send(usage).as_bytes()).await?;
+    s.write_all(b"0\r\n\r\n").await?;
+    s.flush().await?;
+    log.lock().push(Served {
+        at,
+        path,
+        user,
+        tokens,
+        failed: false,
+    });
+    Ok(())
+}
+
+/// The most and least tokens any `span` starting at a request of `served` (within `[from,
+/// to - span]`) saw, and the excesses over `estimate` of the requests in the span with the
+/// most: (max, min, sum of excesses in the max span, largest single excess overall).
+pub fn spans(
+    served: &[Served],
+    span: Duration,
+    from: Instant,
+    to: Instant,
+    estimate: u64,
+) -> (u64, u64, u64, u64) {
+    let mut s: Vec<&Served> = served.iter().collect();
+    s.sort_by_key(|r| r.at);
+    let (mut max, mut min, mut excess_at_max) = (0, u64::MAX, 0);
+    for (i, first) in s.iter().enumerate() {
+        if first.at < from || first.at + span > to {
+            continue;
+        }
+        let inside = s[i..].iter().take_while(|r| r.at < first.at + span);
+        let (tokens, excess) = inside.fold((0, 0), |(t, e), r| {
+            (t + r.tokens, e + r.tokens.saturating_sub(estimate))
+        });
+        if tokens > max {
+            (max, excess_at_max) = (tokens, excess);
+        }
+        min = min.min(tokens);
+    }
+    let largest = s
+        .iter()
+        .map(|r| r.tokens.saturating_sub(estimate))
+        .max()
+        .unwrap_or(0);
+    (
+        max,
+        if min == u64::MAX { 0 } else { min },
+        excess_at_max,
+        largest,
+    )
+}
