@@ -2,7 +2,9 @@
 //!
 //! Only denials of one unit are cached: their `retry_after` is the earliest time *any* request
 //! can pass (other instances can only consume more), so answering from the cache never admits
-//! or denies differently from Redis, it only saves the round trip. Bounded: at most `capacity`
+//! differently from Redis, it only saves the round trip. A refund (a cost settled below its
+//! estimate) is the exception: the instance that gives units back forgets the key, while other
+//! instances may go on refusing it until the retry time they were told — on the safe side. Bounded: at most `capacity`
 //! entries; when full, expired entries are dropped, and if none are, nothing new is cached.
 
 use std::time::Duration;
@@ -47,6 +49,12 @@ impl OverLimit {
             e.until - now,
             e.reset_at.saturating_sub(now),
         ))
+    }
+
+    /// Forgets what is known of `key` (this instance gave units back).
+    pub(crate) fn forget(&self, rule: &RedisRule, key: &str) {
+        let id = Sharded::<Entry>::id(rule, key);
+        self.map.lock(&id).remove(&id);
     }
 
     /// Remembers that `key` is over its limit for `retry` after `now`.

@@ -90,6 +90,9 @@ impl RedisLimiter {
         if actual == held.held.estimate {
             return;
         }
+        if actual < held.held.estimate {
+            self.inner.blocked.forget(rule, key);
+        }
         if held.local {
             if self.inner.config.fallback == Fallback::Local {
                 rule.local_settle(key, held.held, actual);
@@ -105,11 +108,63 @@ impl RedisLimiter {
         }
     }
 
+    /// Corrects `key`'s count by `units` without a reservation (a caller that charges and
+    /// gives back on its own, like Envoy's stream-end calls): `refund` false charges them
+    /// whatever the limit (a debt); true gives back at most what the state still holds, as
+    /// if they had been charged just now. Redis unreachable: applied to the local stand-in.
+    pub async fn adjust(&self, rule: &RedisRule, key: &str, units: u64, refund: bool) {
+        let Some(kind) = rule.settle_kind() else {
+            return;
+        };
+        if units == 0 {
+            return;
+        }
+        if refund {
+            self.inner.blocked.forget(rule, key);
+        }
+        // `taken` = -1: the script reads it as its own time.
+        let (held, actual) = if refund { (units, 0) } else { (0, units) };
+        let i = &self.inner;
+        if i.healthy.load(std::sync::atomic::Ordering::Acquire) {
+            match self.invoke_settle(rule, key, held, -1, actual, kind).await {
+                Ok(()) => return,
+                Err(e) => i.failed(&e),
+            }
+        }
+        if i.config.fallback == Fallback::Local {
+            let now = rule.local_now();
+            rule.local_settle(
+                key,
+                Held {
+                    estimate: held,
+                    taken: now,
+                },
+                actual,
+            );
+        }
+    }
+
     async fn try_settle(
         &self,
         rule: &RedisRule,
         key: &str,
         held: Held,
+        actual: u64,
+        kind: &str,
+    ) -> Result<(), StoreError> {
+        let taken = i64::try_from(held.taken).unwrap_or(i64::MAX);
+        self.invoke_settle(rule, key, held.estimate, taken, actual, kind)
+            .await
+    }
+
+    /// One run of the settle script: `estimate` held since `taken` (script time, µs; -1:
+    /// now), corrected to `actual`.
+    async fn invoke_settle(
+        &self,
+        rule: &RedisRule,
+        key: &str,
+        estimate: u64,
+        taken: i64,
         actual: u64,
         kind: &str,
     ) -> Result<(), StoreError> {
@@ -121,7 +176,7 @@ impl RedisLimiter {
         let mut inv = scripts::SETTLE.prepare_invoke();
         inv.key(k1).key(k2).arg(self.inner.now_arg()).arg(actual);
         inv.arg(0u8).arg(rule.limit()).arg(kind).arg(p1);
-        inv.arg(held.estimate).arg(held.taken);
+        inv.arg(estimate).arg(taken);
         let timeout = self.inner.config.timeout;
         tokio::time::timeout(timeout, backend.invoke(&inv))
             .await

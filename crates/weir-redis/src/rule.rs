@@ -422,6 +422,11 @@ impl RedisRule {
         self.local_settle(key, nothing_held, units);
     }
 
+    /// The local stand-in's time now.
+    pub(crate) fn local_now(&self) -> weir_core::Nanos {
+        self.local.now()
+    }
+
     /// Settles a reservation of the local stand-in now.
     pub(crate) fn local_settle(&self, key: &str, held: Held, actual: u64) {
         self.local.settle_at(key, held, actual, self.local.now());

@@ -103,3 +103,29 @@ async fn while_redis_is_down_the_fallback_holds_and_settles() {
     limiter.settle(&r, "k", held, 100).await;
     assert!(limiter.reserve_cost(&r, "k", 350).await.is_ok());
 }
+
+/// Adjustments without a reservation (Envoy's stream-end calls): a charge past the limit is a
+/// debt every instance sees; a refund gives back at most what the state holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adjustments_charge_past_the_limit_and_refund_only_what_is_held() {
+    let redis = support::Redis::start();
+    let a = RedisLimiter::connect(&redis.url(), config()).await.unwrap();
+    let b = RedisLimiter::connect(&redis.url(), config()).await.unwrap();
+    for algorithm in [RateAlgorithm::Gcra, RateAlgorithm::FixedWindow] {
+        let r = rule(&format!("adjust-{algorithm}"), algorithm);
+        assert!(a.check(&r, "k", 600).await.allowed());
+        // 600 + 700 > 1 000: charged anyway.
+        a.adjust(&r, "k", 700, false).await;
+        assert!(!b.check(&r, "k", 1).await.allowed(), "{algorithm}: debt");
+        // 1 000 back: 1 300 were held, 300 stay; 700 fit again, 701 do not. (b refused the
+        // key and remembers it: the refunding instance forgets its refusal; others may go on
+        // refusing until the retry time they were told, on the safe side.)
+        b.adjust(&r, "k", 1_000, true).await;
+        assert!(!b.check(&r, "k", 701).await.allowed(), "{algorithm}");
+        assert!(b.check(&r, "k", 690).await.allowed(), "{algorithm}");
+        // A refund larger than everything held empties the key, never past empty.
+        b.adjust(&r, "k", 1_000_000, true).await;
+        assert!(!b.check(&r, "k", 1_001).await.allowed(), "{algorithm}");
+        assert!(b.check(&r, "k", 990).await.allowed(), "{algorithm}");
+    }
+}

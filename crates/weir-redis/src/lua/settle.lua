@@ -2,12 +2,15 @@
 -- state key. ARGV[2] (n): the actual cost; ARGV[5]: 'time' (GCRA, token bucket: the state is
 -- the time from which units are free) or 'window' (fixed window: {i, c}); ARGV[6]: the
 -- interval per unit, or the window (us); ARGV[7]: the estimate held; ARGV[8]: when it was
--- taken (us, the reservation's script time). An excess is charged whatever the limit (a
+-- taken (us, the reservation's script time; -1: now). An excess is charged whatever the limit (a
 -- debt); a refund gives back only what the state still holds of the charge.
 local kind = ARGV[5]
 local p = tonumber(ARGV[6])
 local estimate = tonumber(ARGV[7])
 local taken = tonumber(ARGV[8])
+if taken < 0 then
+  taken = now
+end
 local actual = n
 if kind == 'time' then
   local t = tonumber(redis.call('GET', KEYS[1])) or 0
