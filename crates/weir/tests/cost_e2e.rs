@@ -1,8 +1,14 @@
-//! Cost-aware limits end to end: `weir proxy` in front of an LLM-like upstream (SSE streams
-//! ending with a `usage` event, heavy-tailed token counts, one stream in twenty cut midway),
-//! 20 concurrent clients of one user with a budget of 10 000 tokens a minute, and in the same
-//! run 20 clients of another user under the request-count equivalent (requests a minute at the
-//! mean cost). Wall time: about 70 s.
+//! Cost-aware limits end to end, in front of an LLM-like upstream (SSE streams ending with a
+//! `usage` event, heavy-tailed token counts, one stream in twenty cut midway), 20 concurrent
+//! clients of one user with a budget of 10 000 tokens a minute:
+//! - through `weir proxy`, and in the same run 20 clients of another user under the
+//!   request-count equivalent (requests a minute at the mean cost);
+//! - through a real Envoy running `deploy/envoy/tokens.yaml` with `weir serve`.
+//!
+//! The two tests run at once; wall time about 70 s.
+
+#[path = "../../weir-redis/tests/support/mod.rs"]
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +40,7 @@ async fn clients(port: u16, path: &'static str, user: &'static str, n: usize, un
                 );
                 let req = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
                     .header("x-user", user)
+                    .header("x-max-tokens", ESTIMATE.to_string())
                     .header("content-type", "application/json")
                     .body(Full::new(bytes::Bytes::from(body)))
                     .unwrap();
@@ -162,4 +169,163 @@ http:
     );
     let _ = proxy.kill();
     let _ = proxy.wait();
+}
+
+/// `weir serve`'s answer for `user` now, asking for nothing: what is left.
+fn left(http: u16, user: &str) -> u64 {
+    let body = format!(
+        "{{\"domain\":\"llm\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"{user}\"}}],\"hitsAddend\":0}}]}}"
+    );
+    let (_, answer) =
+        common::request(http, "POST", "/json", "", &body).expect("weir serve answers");
+    let at = answer.find("\"limitRemaining\":").map(|i| i + 17);
+    at.map_or(0, |i| {
+        answer[i..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap_or(0)
+    })
+}
+
+/// One call through Envoy with `x-max-tokens: estimate`: its status (the body read to its
+/// end, or to the error that cuts it).
+fn call(port: u16, path: &str, user: &str, estimate: u64) -> u16 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return 0;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nx-user: {user}\r\nx-max-tokens: {estimate}\r\nContent-Length: 2\r\n\r\n{{}}"
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return 0;
+    }
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    std::str::from_utf8(out.get(9..12).unwrap_or_default())
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llm_budgets_through_envoy_and_weir_serve() {
+    let (up, log) = llm::start(43, Some("x-tokens-used")).await;
+    let dir = common::tempdir("cost-envoy");
+    let config = dir.join("llm.yaml");
+    std::fs::write(
+        &config,
+        format!("domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: {BUDGET}, algorithm: gcra, burst: {BURST}}}\n"),
+    )
+    .unwrap();
+    let (http, grpc) = (support::free_port(), support::free_port());
+    let (mut weir, line) = common::start(&[
+        "serve",
+        "--config",
+        config.to_str().unwrap(),
+        "--http-addr",
+        &format!("127.0.0.1:{http}"),
+        "--grpc-addr",
+        &format!("127.0.0.1:{grpc}"),
+    ]);
+    assert!(line.contains("gRPC RLS v3"), "{line}");
+    let (port, admin) = (support::free_port(), support::free_port());
+    let doc =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy/tokens.yaml");
+    let mut yaml = std::fs::read_to_string(doc).unwrap();
+    for (from, to) in [
+        ("port_value: 9901}", admin),
+        ("port_value: 10000}", port),
+        ("port_value: 8000}", up),
+        ("port_value: 8081}", grpc),
+    ] {
+        assert!(yaml.contains(from), "{from} in deploy/envoy/tokens.yaml");
+        yaml = yaml.replace(from, &format!("port_value: {to}}}"));
+    }
+    let file = dir.join("envoy.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let mut envoy = common::start_envoy(&file, admin, port);
+
+    // One by one first (blocking calls, off the runtime's threads): a cut stream gives its
+    // estimate back; a whole one is charged its tokens; a refused one gives nothing back; a
+    // request without an estimate is refused.
+    let checks = tokio::task::spawn_blocking(move || {
+        let full = left(http, "zed");
+        assert_eq!(call(port, "/cut", "zed", 1_500), 200);
+        std::thread::sleep(Duration::from_millis(300));
+        let after_cut = left(http, "zed");
+        assert!(
+            after_cut + 50 >= full,
+            "cut stream not given back: {after_cut} of {full}"
+        );
+        assert_eq!(call(port, "/whole", "zed", 1_500), 200);
+        std::thread::sleep(Duration::from_millis(300));
+        let after_whole = left(http, "zed");
+        assert_eq!(call(port, "/whole", "zed", 1_999), 429);
+        std::thread::sleep(Duration::from_millis(300));
+        let after_refused = left(http, "zed");
+        assert!(
+            after_refused + 5 >= after_whole,
+            "a refused call gave back: {after_refused} vs {after_whole}"
+        );
+        let headers = "x-user: zed\r\n";
+        let (status, _) = common::request(port, "POST", "/whole", headers, "{}").unwrap();
+        assert_eq!(status, 400);
+        (full, after_whole)
+    })
+    .await
+    .unwrap();
+    let whole = log
+        .lock()
+        .iter()
+        .find(|s| s.path.starts_with("/whole"))
+        .map(|s| s.tokens)
+        .unwrap();
+    // Charged what it cost (a few units came back with time).
+    assert!(
+        checks.0 - checks.1 <= whole && checks.0 - checks.1 + 60 >= whole,
+        "{checks:?} {whole}"
+    );
+    log.lock().clear();
+
+    let start = Instant::now();
+    clients(port, "/v1/chat", "ann", 20, start + RUN).await;
+    let end = Instant::now();
+    let served: Vec<llm::Served> = log
+        .lock()
+        .iter()
+        .filter(|s| s.user == "ann")
+        .cloned()
+        .collect();
+    let failed = served.iter().filter(|s| s.failed).count();
+    assert!(
+        served.len() > 50 && failed > 0,
+        "{} calls, {failed} cut",
+        served.len()
+    );
+    let (max, min, excess, largest) = llm::spans(&served, SPAN, start, end, ESTIMATE);
+    assert!(
+        max <= BURST + BUDGET + excess,
+        "{max} > {BURST} + {BUDGET} + {excess}"
+    );
+    let pct = |n: u64| 100.0 * n as f64 / BUDGET as f64;
+    println!(
+        "envoy + weir serve: calls {} (cut {failed}), tokens per 60 s span max {max} ({:.1} %), min {min} ({:.1} %), excess in the max span {excess}, largest single excess {largest}",
+        served.len(),
+        pct(max),
+        pct(min)
+    );
+    let _ = envoy.kill();
+    let _ = envoy.wait();
+    let _ = weir.kill();
+    let _ = weir.wait();
 }

@@ -49,6 +49,41 @@ pub struct RequestDescriptor {
     pub limit: Option<(u32, Unit)>,
     /// Units for this descriptor (0 = check only).
     pub hits_addend: Option<u64>,
+    /// The units are given back, not taken (Envoy's `is_negative_hits`): see
+    /// [`RequestDescriptor::settlement`].
+    pub negative: bool,
+}
+
+/// The entry that marks a descriptor as a settlement: appended by Envoy's stream-end rate
+/// limit actions (`generic_key: {descriptor_key: weir_cost, descriptor_value: settle}`), it
+/// makes the descriptor's hits a charge taken whatever the limit; it is not matched.
+pub const SETTLE_ENTRY: (&str, &str) = ("weir_cost", "settle");
+
+impl RequestDescriptor {
+    /// What the descriptor settles instead of asking: `Some(true)` gives its hits back
+    /// (`negative`), `Some(false)` charges them whatever the limit (it ends with
+    /// [`SETTLE_ENTRY`]: a cost known once the response ended); `None`: an ordinary ask.
+    pub fn settlement(&self) -> Option<bool> {
+        if self.negative {
+            Some(true)
+        } else {
+            self.marked().then_some(false)
+        }
+    }
+
+    fn marked(&self) -> bool {
+        self.entries
+            .last()
+            .is_some_and(|(k, v)| k == SETTLE_ENTRY.0 && v == SETTLE_ENTRY.1)
+    }
+
+    /// The entries matched against the configuration ([`SETTLE_ENTRY`] left out).
+    pub fn matched_entries(&self) -> &[(String, String)] {
+        match self.marked() {
+            true => &self.entries[..self.entries.len() - 1],
+            false => &self.entries,
+        }
+    }
 }
 
 /// The answer for one descriptor.
@@ -561,7 +596,7 @@ impl Engine {
         let matched: Vec<Option<Matched<'_>>> = request
             .descriptors
             .iter()
-            .map(|d| top.and_then(|top| Self::find(top, &d.entries)))
+            .map(|d| top.and_then(|top| Self::find(top, d.matched_entries())))
             .collect();
         let replaced: Vec<&str> = matched
             .iter()
@@ -573,6 +608,13 @@ impl Engine {
             let hits = d
                 .hits_addend
                 .unwrap_or(u64::from(request.hits_addend.max(1)));
+            if let Some(refund) = d.settlement() {
+                if let (Some(m), None) = (m, d.limit) {
+                    self.settle(m, d, hits, refund, now).await;
+                }
+                statuses.push(no_limit());
+                continue;
+            }
             let status = match (m, d.limit) {
                 // Lyft: an override applies on a known domain, matched or not; an unknown
                 // domain has no limit at all.
@@ -665,6 +707,32 @@ impl Engine {
             statuses,
             metadata,
         })
+    }
+
+    /// A settlement on the counter `m` matched: `hits` charged whatever the limit, or given
+    /// back (`refund`). Not a hit: nothing is counted in the rule's metrics.
+    async fn settle(
+        &self,
+        m: &Matched<'_>,
+        d: &RequestDescriptor,
+        hits: u64,
+        refund: bool,
+        now: weir_core::Nanos,
+    ) {
+        let Some(counter) = &m.rule.counter else {
+            return;
+        };
+        let key = counter_key(
+            d.matched_entries()
+                .iter()
+                .enumerate()
+                .map(|(i, (_, v))| ("", m.counted(i, v))),
+            false,
+        );
+        let adjusting = counter.adjust(&key, hits, refund, now);
+        if let Some(f) = adjusting {
+            f.await;
+        }
     }
 
     /// Records a rule's hit in its metrics and the dashboard's counts.
@@ -1352,6 +1420,52 @@ descriptors:
         // Other algorithms report their own reset (GCRA: when the burst is whole again).
         let s = &e.decide(&hits(1, "g")).await.unwrap().statuses[0];
         assert_eq!(s.reset, Duration::from_secs(30));
+    }
+
+    /// Envoy's stream-end call: the estimate given back (`is_negative_hits`), the actual cost
+    /// charged whatever the limit (the descriptor ends with `weir_cost: settle`, not matched).
+    #[tokio::test]
+    async fn settlements_give_back_and_charge_past_the_limit() {
+        for algorithm in ["fixed_window", "gcra"] {
+            let yaml = format!("domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 1000, algorithm: {algorithm}}}\n");
+            let clock = Arc::new(weir_core::ManualClock::new(0));
+            let e = on_clock(&yaml, &clock);
+            let ask = |n: u64, settle: Option<bool>| {
+                let mut r = req("llm", &[("user", "ann")]);
+                let d = &mut r.descriptors[0];
+                d.hits_addend = Some(n);
+                match settle {
+                    Some(true) => d.negative = true,
+                    Some(false) => d.entries.push(("weir_cost".into(), "settle".into())),
+                    None => {}
+                }
+                r
+            };
+            // What is left, asked without taking anything.
+            let left = || async { e.decide(&ask(0, None)).await.unwrap().statuses[0].remaining };
+            // 900 held; the call cost 120: 900 back, 120 charged, in one request.
+            assert!(!e.decide(&ask(900, None)).await.unwrap().over_limit);
+            assert_eq!(left().await, 100, "{algorithm}");
+            let mut settle = ask(900, Some(true));
+            settle
+                .descriptors
+                .push(ask(120, Some(false)).descriptors.remove(0));
+            let r = e.decide(&settle).await.unwrap();
+            assert!(!r.over_limit, "a settlement is never refused");
+            assert_eq!(left().await, 880, "{algorithm}");
+            // A charge past the limit still counts (a debt): nothing left.
+            assert!(!e.decide(&ask(5_000, Some(false))).await.unwrap().over_limit);
+            assert_eq!(left().await, 0, "{algorithm}");
+            assert!(e.decide(&ask(1, None)).await.unwrap().over_limit);
+            // A refund past what is held empties the key, never past empty.
+            assert!(
+                !e.decide(&ask(1_000_000, Some(true)))
+                    .await
+                    .unwrap()
+                    .over_limit
+            );
+            assert_eq!(left().await, 1000, "{algorithm}");
+        }
     }
 
     #[test]

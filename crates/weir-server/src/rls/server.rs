@@ -263,6 +263,7 @@ pub(super) fn from_proto(r: RateLimitRequest) -> Result<Request, BadRequest> {
                 entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
                 limit,
                 hits_addend: d.hits_addend.map(|h| h.value),
+                negative: d.is_negative_hits,
             })
         })
         .collect::<Result<_, BadRequest>>()?;
@@ -402,7 +403,7 @@ struct JsonDescriptor {
     )]
     hits_addend: Option<u64>,
     #[serde(alias = "is_negative_hits", rename = "isNegativeHits", default)]
-    _is_negative_hits: bool,
+    is_negative_hits: bool,
 }
 
 #[derive(Deserialize)]
@@ -476,7 +477,7 @@ pub fn from_json(body: &[u8]) -> Result<Request, BadRequest> {
                 hits_addend: d
                     .hits_addend
                     .map(|value| envoy_types::pb::google::protobuf::UInt64Value { value }),
-                ..Default::default()
+                is_negative_hits: d.is_negative_hits,
             })
         })
         .collect::<Result<_, BadRequest>>()?;

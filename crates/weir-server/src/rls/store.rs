@@ -45,6 +45,13 @@ pub trait Counter: Send + Sync {
     /// a store with its own time base, like Redis's `TIME`, may use that instead).
     fn acquire<'a>(&'a self, key: &'a str, n: u64, now: Nanos) -> Acquire<'a>;
 
+    /// Corrects `key`'s count by `n` units at `now`, for a caller that charges and settles on
+    /// its own (Envoy's stream-end calls): `refund` false charges them whatever the limit (a
+    /// debt later calls wait out), true gives back at most what the counter still holds, as if
+    /// they had been charged at `now`. Nothing for an algorithm that cannot settle (only GCRA,
+    /// the token bucket and the fixed window can).
+    fn adjust<'a>(&'a self, key: &'a str, n: u64, refund: bool, now: Nanos) -> Adjust<'a>;
+
     /// The parameters in force.
     fn spec(&self) -> &RateSpec;
 
@@ -87,6 +94,9 @@ impl Future for Acquire<'_> {
         }
     }
 }
+
+/// An adjustment being made: done at once (`None`, a memory store) or waiting on a round trip.
+pub type Adjust<'a> = Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>;
 
 fn same_meaning(old: &RateSpec, new: &RateSpec) -> Result<(), String> {
     if old.algorithm != new.algorithm || old.window != new.window {
@@ -146,6 +156,16 @@ impl Counter for MemoryCounter {
     #[inline]
     fn acquire<'a>(&'a self, key: &'a str, n: u64, now: Nanos) -> Acquire<'a> {
         Acquire::Ready(Some(self.limiter.acquire_at(key, n, now)))
+    }
+
+    fn adjust<'a>(&'a self, key: &'a str, n: u64, refund: bool, now: Nanos) -> Adjust<'a> {
+        let (estimate, actual) = if refund { (n, 0) } else { (0, n) };
+        let held = weir_core::cost::Held {
+            estimate,
+            taken: now,
+        };
+        self.limiter.settle_at(key, held, actual, now);
+        None
     }
 
     fn spec(&self) -> &RateSpec {
@@ -224,6 +244,10 @@ impl Counter for RedisCounter {
     fn acquire<'a>(&'a self, key: &'a str, n: u64, _now: Nanos) -> Acquire<'a> {
         // Redis's TIME is the one clock of every instance: the engine's reading is not used.
         Acquire::Waiting(Box::pin(self.limiter.check(&self.rule, key, n)))
+    }
+
+    fn adjust<'a>(&'a self, key: &'a str, n: u64, refund: bool, _now: Nanos) -> Adjust<'a> {
+        Some(Box::pin(self.limiter.adjust(&self.rule, key, n, refund)))
     }
 
     fn spec(&self) -> &RateSpec {

@@ -58,10 +58,10 @@ pub fn mean_tokens() -> f64 {
 /// What the upstream answered, in order.
 pub type Log = Arc<Mutex<Vec<Served>>>;
 
-/// Starts the upstream on a free loopback port: the port and its log. With `header`, the
-/// usage is also sent as that response header (before the stream: the upstream decides the
-/// cost up front), for proxies that read a header.
-pub async fn start(seed: u64, header: Option<&'static str>) -> (u16, Log) {
+/// Starts the upstream on a free loopback port: the port and its log. With `trailer`, a
+/// stream that ends whole also states its tokens in that trailer (for Envoy, which reads
+/// trailers but not events).
+pub async fn start(seed: u64, trailer: Option<&'static str>) -> (u16, Log) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
     let log: Log = Arc::default();
@@ -71,7 +71,7 @@ pub async fn start(seed: u64, header: Option<&'static str>) -> (u16, Log) {
         while let Ok((s, _)) = l.accept().await {
             let (log, rng) = (log.clone(), rng.clone());
             tokio::spawn(async move {
-                let _ = serve(s, &log, &rng, header).await;
+                let _ = serve(s, &log, &rng, trailer).await;
             });
         }
     });
@@ -83,7 +83,7 @@ async fn serve(
     mut s: tokio::net::TcpStream,
     log: &Log,
     rng: &Mutex<Rng>,
-    header: Option<&'static str>,
+    trailer: Option<&'static str>,
 ) -> std::io::Result<()> {
     s.set_nodelay(true)?;
     let mut buf = Vec::new();
@@ -127,7 +127,12 @@ async fn serve(
     let (tokens, failed, millis, parts) = {
         let mut r = rng.lock();
         let tokens = r.tokens();
-        let failed = r.next_f64() < 0.05;
+        // `/cut…` always fails midway, `/whole…` never; others one in twenty.
+        let failed = match () {
+            _ if path.starts_with("/cut") => true,
+            _ if path.starts_with("/whole") => false,
+            _ => r.next_f64() < 0.05,
+        };
         let millis = 50 + (r.next_f64() * 250.0) as u64;
         let parts = 3 + (r.next_f64() * 4.0) as u64;
         (tokens, failed, millis, parts)
@@ -135,8 +140,8 @@ async fn serve(
     let mut response = String::from(
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n",
     );
-    if let Some(h) = header {
-        response.push_str(&format!("{h}: {tokens}\r\n"));
+    if let Some(t) = trailer {
+        response.push_str(&format!("trailer: {t}\r\n"));
     }
     response.push_str("\r\n");
     s.write_all(response.as_bytes()).await?;
@@ -162,7 +167,13 @@ async fn serve(
         "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":0,\"completion_tokens\":{tokens},\"total_tokens\":{tokens}}}}}\n\ndata: [DONE]\n\n"
     );
     s.write_all(send(usage).as_bytes()).await?;
-    s.write_all(b"0\r\n\r\n").await?;
+    match trailer {
+        Some(t) => {
+            s.write_all(format!("0\r\n{t}: {tokens}\r\n\r\n").as_bytes())
+                .await?
+        }
+        None => s.write_all(b"0\r\n\r\n").await?,
+    }
     s.flush().await?;
     log.lock().push(Served {
         at,
