@@ -252,6 +252,22 @@ impl RetunableGcra {
         let verdict = self.tat.update(|tat| gcra.step(tat, n, now));
         gcra.finish(verdict, n, now)
     }
+
+    /// Corrects a charge of `held.estimate` units to `actual` at `now` (weir-core's `cost`
+    /// model: the rest given back, only what is still ahead; an excess charged as a debt), at
+    /// the rate in force.
+    pub fn settle_at(&self, held: crate::cost::Held, actual: u64, now: Nanos) {
+        use crate::cell::StateCell;
+        use crate::cost::Settle;
+        let gcra = self.gcra();
+        if actual > held.estimate {
+            self.tat
+                .update(|tat| gcra.charge(tat, actual - held.estimate, now));
+        } else if actual < held.estimate {
+            self.tat
+                .update(|tat| gcra.refund(tat, held.estimate - actual, held, now));
+        }
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -279,6 +295,31 @@ mod retunable_tests {
         assert!(!r.acquire_at(1, 50_000_000).allowed(), "the TAT was kept");
         assert!(r.acquire_at(1, 1_000_000_000).allowed());
         assert_eq!(r.gcra(), gcra(1, 1));
+    }
+
+    #[test]
+    fn settles_costs_as_a_limiter_does() {
+        use crate::cost::Held;
+        let plain = Limiter::with_clock(gcra(10, 10), MonotonicClock::new());
+        let r = RetunableGcra::new(gcra(10, 10));
+        // 8 held, 2 used; then 5 held, 9 used (a debt): the same answers after each.
+        for (estimate, actual, at) in [(8, 2, 0), (5, 9, 100_000_000)] {
+            assert_eq!(r.acquire_at(estimate, at), plain.acquire_at(estimate, at));
+            let held = Held {
+                estimate,
+                taken: at,
+            };
+            r.settle_at(held, actual, at + 10_000_000);
+            plain.settle_held(held, actual, at + 10_000_000);
+            for probe in [1, 3, 6] {
+                let t = at + 20_000_000;
+                assert_eq!(
+                    r.acquire_at(probe, t),
+                    plain.acquire_at(probe, t),
+                    "{probe}"
+                );
+            }
+        }
     }
 
     #[test]

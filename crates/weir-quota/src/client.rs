@@ -166,6 +166,19 @@ impl ResourceClient {
         self.limiter.acquire_at(n, now)
     }
 
+    /// Corrects `held` (a charge of `acquire`, units being costs) to `actual` at `now`: the
+    /// rest given back to the local limiter, an excess charged as a debt. The demand reported
+    /// to the server (estimates asked for) grows by an excess too, so a client whose calls
+    /// cost more than their estimates asks for more; a refund leaves it (the estimates were
+    /// what admission needed).
+    pub fn settle(&self, held: weir_core::cost::Held, actual: u64, now: Nanos) {
+        if actual > held.estimate {
+            self.demand
+                .fetch_add(actual - held.estimate, Ordering::Relaxed);
+        }
+        self.limiter.settle_at(held, actual, now);
+    }
+
     /// The rate enforced now (units/s) and where it comes from.
     pub fn rate(&self) -> (f64, Source) {
         let c = self.control.lock().unwrap_or_else(|e| e.into_inner());
@@ -379,6 +392,52 @@ mod tests {
         (0..n)
             .filter(|i| c.acquire(1, from + secs * S * i / n).allowed())
             .count() as u64
+    }
+
+    /// Units are costs: an estimate held, then settled — the rest back to the local limiter,
+    /// an excess a debt, and the demand asked for grows by the excess.
+    #[test]
+    fn costs_settle_on_the_local_limiter() {
+        use weir_core::cost::Held;
+        let config = ClientConfig {
+            burst: Duration::from_secs(1),
+            ..ClientConfig::default()
+        };
+        let c = ResourceClient::new("r", config, 5.0, 7, 0);
+        c.on_lease(lease(100.0, 0), 0);
+        // 100/s with a second's burst: 80 held, 20 left.
+        assert!(c.acquire(80, 0).allowed());
+        assert!(!c.acquire(30, 0).allowed());
+        c.settle(
+            Held {
+                estimate: 80,
+                taken: 0,
+            },
+            10,
+            0,
+        );
+        assert!(c.acquire(80, 0).allowed(), "70 given back");
+        // 90 held, used 150: a debt of 60 is waited out.
+        c.settle(
+            Held {
+                estimate: 80,
+                taken: 0,
+            },
+            140,
+            0,
+        );
+        assert!(!c.acquire(1, S / 2).allowed());
+        assert!(c.acquire(1, S).allowed());
+        let before = c.demand.load(Ordering::Relaxed);
+        c.settle(
+            Held {
+                estimate: 1,
+                taken: S,
+            },
+            41,
+            S,
+        );
+        assert_eq!(c.demand.load(Ordering::Relaxed), before + 40);
     }
 
     #[test]

@@ -272,6 +272,15 @@ impl LeaseClient {
         Some(table.resources[i].acquire(n, now))
     }
 
+    /// Corrects a charge `held` of `resource` (units being costs: see
+    /// [`ResourceClient::settle`]) to `actual` at `now`, on the clock `acquire_at` was given.
+    pub fn settle_at(&self, resource: &str, held: weir_core::cost::Held, actual: u64, now: Nanos) {
+        let table = self.inner.table.load();
+        if let Some(&i) = table.index.get(resource) {
+            table.resources[i].settle(held, actual, now);
+        }
+    }
+
     /// The state of `resource` (rate in force, counters).
     pub fn resource(&self, name: &str) -> Option<Arc<ResourceClient>> {
         let table = self.inner.table.load();
@@ -343,6 +352,10 @@ impl LeaseClient {
 impl weir_rules::engine::ClusterQuota for LeaseClient {
     fn acquire_at(&self, resource: &str, n: u64, now: Nanos) -> Option<Decision> {
         LeaseClient::acquire_at(self, resource, n, now)
+    }
+
+    fn settle_at(&self, resource: &str, held: weir_core::cost::Held, actual: u64, now: Nanos) {
+        LeaseClient::settle_at(self, resource, held, actual, now);
     }
 }
 

@@ -904,13 +904,19 @@ impl RuleSet {
                     fail(format!("{p}.burst"), "burst must be ≥ 1");
                 }
                 if let Some(c) = &f.cost {
-                    if f.qps.is_none() || f.relate.is_some() || f.behavior != Behavior::Reject {
+                    let rate = f.qps.is_some() || f.cluster.is_some();
+                    if !rate || f.relate.is_some() || f.behavior != Behavior::Reject {
                         fail(
                             format!("{p}.cost"),
-                            "cost needs qps, behavior reject and no relate",
+                            "cost needs qps (or cluster), behavior reject and no relate",
                         );
                     }
-                    validate_cost(c, f.algorithm, &format!("{p}.cost"), &mut fail);
+                    // A cluster rule's lease is a GCRA.
+                    let algorithm = match f.cluster {
+                        Some(_) => Some(RateAlgorithm::Gcra),
+                        None => f.algorithm,
+                    };
+                    validate_cost(c, algorithm, &format!("{p}.cost"), &mut fail);
                 }
                 validate_flow(f, &p, &r.name, &names, &mut fail);
             }

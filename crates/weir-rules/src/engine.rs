@@ -125,9 +125,14 @@ struct Flow<C: Clock> {
 }
 
 impl<C: Clock> Flow<C> {
-    /// The most one call counts for under `cost:`: its `max`, else the burst, else `qps`.
+    /// The most one call counts for under `cost:`: its `max`, else the burst, else `qps`
+    /// (a cluster rule: no bound but `max`).
     fn cost_cap(&self) -> u64 {
-        let max = self.config.burst.or(self.config.qps).unwrap_or(1);
+        // A cluster rule's lease has its own rate: no cap but `max`.
+        let max = match self.config.cluster {
+            Some(_) => u64::MAX,
+            None => self.config.burst.or(self.config.qps).unwrap_or(1),
+        };
         self.config.cost.as_ref().and_then(|c| c.max).unwrap_or(max)
     }
 }
@@ -284,6 +289,8 @@ enum CostOn<C: Clock> {
     FlowKey(Arc<FlowState<C>>, Box<str>),
     /// A hot-parameter rule, by the call's value.
     Hot(Arc<HotState<C>>, Box<str>),
+    /// A cluster flow rule's lease, by its quota resource.
+    Leased(Arc<ClusterHandle>, Box<str>),
 }
 
 impl<C: Clock + Clone> CostHold<C> {
@@ -301,6 +308,7 @@ impl<C: Clock + Clone> CostHold<C> {
                 }
             }
             CostOn::Hot(h, key) => h.rate.settle_at(key, self.held, actual, now),
+            CostOn::Leased(h, resource) => h.0.settle_at(resource, self.held, actual, now),
         }
     }
 }
@@ -404,6 +412,32 @@ impl<C: Clock + Clone> Guard<C> {
             remaining: d.remaining(),
             reset_after: d.reset_after(),
         };
+        self.hold(
+            CostHold {
+                on,
+                held,
+                cap,
+                budget,
+            },
+            None,
+        );
+    }
+
+    /// Records the estimate cluster flow rule `f` (with `cost:`) holds on `on` for this call.
+    #[cold]
+    fn hold_cluster(&mut self, f: &Flow<C>, on: CostOn<C>, d: &Decision, n: u64, now: Nanos) {
+        let budget = Budget {
+            rule: f.id.clone(),
+            limit: d.limit(),
+            window: ONE_SECOND,
+            remaining: d.remaining(),
+            reset_after: d.reset_after(),
+        };
+        let held = Held {
+            estimate: n,
+            taken: now,
+        };
+        let cap = f.cost_cap();
         self.hold(
             CostHold {
                 on,
@@ -528,6 +562,13 @@ pub trait ClusterQuota: Send + Sync + 'static {
     /// `None` when `resource` is not one it leases (the rule then enforces its own safe
     /// capacity locally).
     fn acquire_at(&self, resource: &str, n: u64, now: Nanos) -> Option<weir_core::Decision>;
+
+    /// Corrects a charge `held` of `resource` (made by [`ClusterQuota::acquire_at`], units
+    /// being costs) to `actual` at `now`: the rest given back, an excess charged as a debt.
+    /// Nothing by default.
+    fn settle_at(&self, resource: &str, held: Held, actual: u64, now: Nanos) {
+        let _ = (resource, held, actual, now);
+    }
 }
 
 /// A cluster rule's own limiter at its safe capacity (weir-core's [`Gcra::per_second`] with a
@@ -1005,17 +1046,26 @@ impl<C: Clock + Clone> Rules<C> {
             if let Some(c) = &f.config.cluster {
                 // Not leased (no quota client, or one that does not know the resource yet):
                 // the rule's own limiter at its safe capacity — never unlimited.
-                let d = self
-                    .shared
-                    .cluster
-                    .load()
+                let n = match &f.config.cost {
+                    None => 1,
+                    Some(cost) => cost.estimate_of(ctx.cost, f.cost_cap()),
+                };
+                let handle = self.shared.cluster.load();
+                let leased = handle
                     .as_ref()
-                    .and_then(|h| h.0.acquire_at(&c.resource, 1, now))
-                    .or_else(|| f.state.single.as_ref().map(|s| s.acquire_at(1, now)));
+                    .and_then(|h| h.0.acquire_at(&c.resource, n, now));
+                let d = leased.or_else(|| f.state.single.as_ref().map(|s| s.acquire_at(n, now)));
                 let ok = d.is_none_or(|d| d.allowed());
                 verdict(ok, f.config.shadow, &f.state.stats, || {
                     block(d.and_then(|d| d.retry_after()))
                 })?;
+                if let (Some(_), Some(d)) = (&f.config.cost, d.filter(Decision::allowed)) {
+                    let on = match (leased, handle.as_ref()) {
+                        (Some(_), Some(h)) => CostOn::Leased(h.clone(), c.resource.as_str().into()),
+                        _ => CostOn::Flow(f.state.clone()),
+                    };
+                    guard.hold_cluster(f, on, &d, n, now);
+                }
             } else if let Some(stats) = &f.relate {
                 let qps = f.config.qps.unwrap_or(u64::MAX);
                 let ok = stats.window.snapshot(now).pass < qps;

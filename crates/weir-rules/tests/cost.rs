@@ -99,7 +99,7 @@ fn rules_that_cannot_settle_are_refused_where_they_say_so() {
         .to_string();
     for want in [
         "resources[0].flow[0].cost: cost needs algorithm gcra, token_bucket or fixed_window",
-        "resources[0].flow[1].cost: cost needs qps, behavior reject and no relate",
+        "resources[0].flow[1].cost: cost needs qps (or cluster), behavior reject and no relate",
         "resources[0].flow[2].cost: cost needs qps",
         "resources[0].hot_params[0].cost.estimate: must be ≥ 1",
     ] {
@@ -223,4 +223,62 @@ fn a_cost_source_names_one_place() {
             .to_string();
         assert!(e.contains(want) && e.contains("rules.yaml:4"), "{e}");
     }
+}
+
+/// A lease's local limiter, as weir-quota's lease client keeps one per resource: a GCRA at the
+/// granted rate.
+struct Lease(weir_core::gcra::RetunableGcra);
+
+impl weir_rules::engine::ClusterQuota for Lease {
+    fn acquire_at(
+        &self,
+        resource: &str,
+        n: u64,
+        now: weir_core::Nanos,
+    ) -> Option<weir_core::Decision> {
+        (resource == "tokens").then(|| self.0.acquire_at(n, now))
+    }
+
+    fn settle_at(
+        &self,
+        resource: &str,
+        held: weir_core::cost::Held,
+        actual: u64,
+        now: weir_core::Nanos,
+    ) {
+        if resource == "tokens" {
+            self.0.settle_at(held, actual, now);
+        }
+    }
+}
+
+/// A cluster rule counts costs in its lease (units are costs), and on its own safe capacity
+/// before any lease.
+#[test]
+fn cluster_rules_count_costs_in_their_lease() {
+    let (r, _clock) = rules(
+        "resources:
+  - name: llm
+    flow:
+      - {id: shared-tokens, cluster: {resource: tokens, safe: 100}, cost: {estimate: 10}}
+",
+    );
+    // Not leased yet: the safe capacity (100/s, 10 ms of burst: at least 2 units).
+    assert!(r.entry("llm", &costing(50)).is_err());
+    let mut g = r.entry("llm", &costing(2)).unwrap();
+    g.settle_cost(0);
+    g.complete(Outcome::Success);
+    // Leased: 1 000 a second, a second's burst.
+    let gcra = weir_core::Gcra::new(
+        weir_core::Quota::new(1_000, std::time::Duration::from_secs(1)).unwrap(),
+        1_000,
+    )
+    .unwrap();
+    r.set_cluster(Lease(weir_core::gcra::RetunableGcra::new(gcra)));
+    let mut g = r.entry("llm", &costing(900)).unwrap();
+    assert!(r.entry("llm", &costing(200)).is_err());
+    g.settle_cost(100);
+    g.complete(Outcome::Success);
+    assert!(r.entry("llm", &costing(850)).is_ok(), "800 given back to the lease");
+    assert!(r.entry("llm", &costing(100)).is_err());
 }
