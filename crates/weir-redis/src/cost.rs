@@ -43,12 +43,25 @@ impl RedisLimiter {
         key: &str,
         estimate: u64,
     ) -> Result<CostHeld, Decision> {
+        self.reserve_cost_decided(rule, key, estimate)
+            .await
+            .map(|(held, _)| held)
+    }
+
+    /// [`RedisLimiter::reserve_cost`], with the decision that admitted the estimate (what is
+    /// left, for `RateLimit` headers).
+    pub async fn reserve_cost_decided(
+        &self,
+        rule: &RedisRule,
+        key: &str,
+        estimate: u64,
+    ) -> Result<(CostHeld, Decision), Decision> {
         let i = &self.inner;
         if i.healthy.load(std::sync::atomic::Ordering::Acquire) {
             match self.call(rule, key, estimate, i.now_arg(), None).await {
                 Ok((d, taken)) => {
                     let held = Held::admitted(d, estimate, taken)?;
-                    return Ok(CostHeld { held, local: false });
+                    return Ok((CostHeld { held, local: false }, d));
                 }
                 Err(e) => i.failed(&e),
             }
@@ -61,23 +74,25 @@ impl RedisLimiter {
         rule: &RedisRule,
         key: &str,
         estimate: u64,
-    ) -> Result<CostHeld, Decision> {
+    ) -> Result<(CostHeld, Decision), Decision> {
         let i = &self.inner;
-        let held = match i.config.fallback {
+        let (held, d) = match i.config.fallback {
             Fallback::Local => {
                 i.fallback_decisions
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                rule.local_reserve(key, estimate)?
+                let now = rule.local_now();
+                let d = rule.local_acquire_at(key, estimate, now);
+                (Held::admitted(d, estimate, now)?, d)
             }
             _ => {
                 let d = self.fallback(rule, key, 0);
                 if !d.allowed() {
                     return Err(d);
                 }
-                Held { estimate, taken: 0 }
+                (Held { estimate, taken: 0 }, d)
             }
         };
-        Ok(CostHeld { held, local: true })
+        Ok((CostHeld { held, local: true }, d))
     }
 
     /// Settles `held` to `actual`: the difference charged (a debt past the limit) or given

@@ -407,11 +407,6 @@ impl RedisRule {
         }
     }
 
-    /// The local stand-in's reservation of `estimate` for `key` now (the fallback).
-    pub(crate) fn local_reserve(&self, key: &str, estimate: u64) -> Result<Held, Decision> {
-        self.local.reserve_cost_at(key, estimate, self.local.now())
-    }
-
     /// Charges `units` to the local stand-in now, whatever its limit (an excess Redis could
     /// not be told of).
     pub(crate) fn local_charge(&self, key: &str, units: u64) {

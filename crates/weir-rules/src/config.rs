@@ -187,6 +187,11 @@ pub struct FlowRule {
     pub cluster: Option<ClusterLimit>,
     /// Count what calls cost instead of one per call ([`CostRule`]).
     pub cost: Option<CostRule>,
+    /// Counted in the store every instance shares (`weir proxy --store redis://…`: one
+    /// budget across proxies; [`crate::shared`]); without one, locally. Needs `qps` and
+    /// `behavior: reject`.
+    #[serde(default)]
+    pub shared: bool,
     /// Evaluate and count, never block.
     #[serde(default)]
     pub shadow: bool,
@@ -410,6 +415,10 @@ pub struct HotParamRule {
     /// Count what calls cost instead of one per call ([`CostRule`]): per value, e.g. tokens
     /// per user.
     pub cost: Option<CostRule>,
+    /// Counted per value in the store every instance shares (as [`FlowRule::shared`]); takes
+    /// no `exceptions`.
+    #[serde(default)]
+    pub shared: bool,
     /// Evaluate and count, never block.
     #[serde(default)]
     pub shadow: bool,
@@ -918,6 +927,14 @@ impl RuleSet {
                     };
                     validate_cost(c, algorithm, &format!("{p}.cost"), &mut fail);
                 }
+                let plain_rate =
+                    f.qps.is_some() && f.relate.is_none() && f.behavior == Behavior::Reject;
+                if f.shared && !plain_rate {
+                    fail(
+                        format!("{p}.shared"),
+                        "a shared rule needs qps, behavior reject and no relate",
+                    );
+                }
                 validate_flow(f, &p, &r.name, &names, &mut fail);
             }
             if concurrency > 1 {
@@ -1055,6 +1072,12 @@ fn validate_hot(h: &HotParamRule, p: &str, fail: &mut dyn FnMut(String, &str)) {
     }
     if let Some(c) = &h.cost {
         validate_cost(c, Some(h.algorithm), &format!("{p}.cost"), fail);
+    }
+    if h.shared && !h.exceptions.is_empty() {
+        fail(
+            format!("{p}.shared"),
+            "a shared rule takes no exceptions (one limit for every value)",
+        );
     }
 }
 

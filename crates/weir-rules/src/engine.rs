@@ -38,6 +38,8 @@ use crate::system::{Inbound, Part, System, SystemPermits};
 use weir_core::cost::Held;
 use weir_core::rate::{KeyedRate, RateSpec, SingleRate};
 
+use crate::shared::{SharedHeld, SharedRule, SharedStore};
+
 /// Who calls and with what: the origin (caller), the criticality, the parameters that
 /// hot-parameter rules look at, and whether the call comes into this service (system rules
 /// apply to inbound calls only).
@@ -122,6 +124,8 @@ struct Flow<C: Clock> {
     origins: Origins,
     /// Relate strategy: the resource whose passes count.
     relate: Option<Arc<ResourceStats>>,
+    /// `shared: true`: counted in the shared store when there is one.
+    shared: Option<Arc<SharedRule>>,
 }
 
 impl<C: Clock> Flow<C> {
@@ -157,7 +161,13 @@ struct Resource<C: Clock> {
     clock: C,
     stats: Arc<ResourceStats>,
     authority: Option<(AuthorityRule, Arc<str>, Arc<RuleStats>)>,
-    hot: Vec<(HotParamRule, Arc<HotState<C>>, Arc<str>)>,
+    /// With its shared form when it says `shared: true`.
+    hot: Vec<(
+        HotParamRule,
+        Arc<HotState<C>>,
+        Arc<str>,
+        Option<Arc<SharedRule>>,
+    )>,
     flows: Vec<Flow<C>>,
     /// Origins named by this resource's flow rules (what `other` excludes).
     named_origins: Vec<Box<str>>,
@@ -253,6 +263,8 @@ struct Extra<C: Clock> {
     /// Whom the call's cost is charged to in the resource's heaviest spenders: the value of
     /// its first hot-parameter rule with `cost:`, else its origin.
     spender: Option<Box<str>>,
+    /// Decisions of `shared: true` rules left to [`Guard::decide_shared`].
+    asks: Vec<SharedAsk<C>>,
 }
 
 /// An estimate a `cost:` rule holds for a call.
@@ -291,12 +303,45 @@ enum CostOn<C: Clock> {
     Hot(Arc<HotState<C>>, Box<str>),
     /// A cluster flow rule's lease, by its quota resource.
     Leased(Arc<ClusterHandle>, Box<str>),
+    /// A `shared: true` rule, in the shared store.
+    Shared(Box<SharedCost>),
+}
+
+/// A reservation a shared store holds for a call.
+struct SharedCost {
+    store: Arc<StoreHandle>,
+    rule: Arc<SharedRule>,
+    key: Box<str>,
+    held: SharedHeld,
+}
+
+/// The shared store, as the rules keep it.
+struct StoreHandle(Box<dyn SharedStore>);
+
+/// A `shared: true` rule's decision left to the caller (see [`Guard::decide_shared`]).
+struct SharedAsk<C: Clock> {
+    store: Arc<StoreHandle>,
+    rule: Arc<SharedRule>,
+    key: Box<str>,
+    n: u64,
+    /// With `cost:`: the most one call counts for.
+    cap: Option<u64>,
+    of: SharedOf<C>,
+    id: Arc<str>,
+    shadow: bool,
+    window: Duration,
+}
+
+/// Whose counters a shared decision updates.
+enum SharedOf<C: Clock> {
+    Flow(Arc<FlowState<C>>),
+    Hot(Arc<HotState<C>>),
 }
 
 impl<C: Clock + Clone> CostHold<C> {
-    fn settle(&self, actual: u64, now: Nanos) {
+    fn settle(self, actual: u64, now: Nanos) {
         let actual = actual.min(self.cap);
-        match &self.on {
+        match self.on {
             CostOn::Flow(f) => {
                 if let Some(s) = &f.single {
                     s.settle_at(self.held, actual, now);
@@ -304,11 +349,12 @@ impl<C: Clock + Clone> CostHold<C> {
             }
             CostOn::FlowKey(f, key) => {
                 if let Some(r) = &f.rate {
-                    r.settle_at(key, self.held, actual, now);
+                    r.settle_at(&key, self.held, actual, now);
                 }
             }
-            CostOn::Hot(h, key) => h.rate.settle_at(key, self.held, actual, now),
-            CostOn::Leased(h, resource) => h.0.settle_at(resource, self.held, actual, now),
+            CostOn::Hot(h, key) => h.rate.settle_at(&key, self.held, actual, now),
+            CostOn::Leased(h, resource) => h.0.settle_at(&resource, self.held, actual, now),
+            CostOn::Shared(c) => c.store.0.settle(&c.rule, &c.key, c.held, actual),
         }
     }
 }
@@ -319,6 +365,8 @@ struct Shared<C: Clock> {
     clock: C,
     /// Where cluster flow rules get their decisions (see [`Rules::set_cluster`]).
     cluster: arc_swap::ArcSwapOption<ClusterHandle>,
+    /// Where `shared: true` rules are counted (see [`Rules::set_shared`]).
+    store: arc_swap::ArcSwapOption<StoreHandle>,
     /// Long keys are stored as a seeded digest (see `keys`).
     keys: KeyShortener,
     /// Switch states set at run time, by id: they win over the file's `on` across reloads.
@@ -339,15 +387,12 @@ impl<C: Clock + Clone> Guard<C> {
             return;
         };
         let now = res.clock.now();
-        for c in &costs {
+        let (estimate, cap) = (costs[0].held.estimate, costs[0].cap);
+        for c in costs {
             c.settle(actual, now);
         }
-        let estimate = costs[0].held.estimate;
-        res.stats.cost(
-            spender.as_deref().unwrap_or(""),
-            estimate,
-            actual.min(costs[0].cap),
-        );
+        res.stats
+            .cost(spender.as_deref().unwrap_or(""), estimate, actual.min(cap));
     }
 
     /// Whether the call holds estimates of `cost:` rules not yet settled.
@@ -449,6 +494,81 @@ impl<C: Clock + Clone> Guard<C> {
         );
     }
 
+    #[cold]
+    fn ask_shared(&mut self, ask: SharedAsk<C>) {
+        self.extra_mut().asks.push(ask);
+    }
+
+    /// Whether `shared: true` rules are still to decide this call: await
+    /// [`Guard::decide_shared`] before proceeding.
+    #[inline]
+    pub fn has_shared(&self) -> bool {
+        self.extra.as_ref().is_some_and(|e| !e.asks.is_empty())
+    }
+
+    /// Decides the call's `shared: true` rules in the shared store, one after another (the
+    /// estimates of those with `cost:` held there): `Ok` when all admit; otherwise the block,
+    /// with everything the call held — locally and in the store — given back.
+    pub async fn decide_shared(&mut self) -> Result<(), Block> {
+        let asks = match self.extra.as_mut() {
+            Some(e) => std::mem::take(&mut e.asks),
+            None => return Ok(()),
+        };
+        for ask in asks {
+            let cost = ask.cap.is_some();
+            let (d, held) = ask.store.0.acquire(&ask.rule, &ask.key, ask.n, cost).await;
+            let (stats, kind) = match &ask.of {
+                SharedOf::Flow(f) => (&*f.stats, RuleKind::Flow),
+                SharedOf::Hot(h) => (&h.stats, RuleKind::HotParam),
+            };
+            if let (false, SharedOf::Hot(h)) = (d.allowed(), &ask.of) {
+                if let Some(mut top) = h.top.try_lock() {
+                    top.record(&ask.key);
+                }
+            }
+            let decided = verdict(d.allowed(), ask.shadow, stats, || Block {
+                rule: ask.id.clone(),
+                kind,
+                retry_after: d.retry_after(),
+                rate: Some((d.limit(), ask.window)),
+            });
+            if let Err(block) = decided {
+                let now = self.resource.as_ref().map_or(0, |r| r.clock.now());
+                self.release_costs(now);
+                return Err(block);
+            }
+            if let (Some(cap), Some(held)) = (ask.cap, held) {
+                let spender = match ask.of {
+                    SharedOf::Hot(_) => Some(&*ask.key),
+                    SharedOf::Flow(_) => None,
+                };
+                let budget = Budget {
+                    rule: ask.id.clone(),
+                    limit: d.limit(),
+                    window: ask.window,
+                    remaining: d.remaining(),
+                    reset_after: d.reset_after(),
+                };
+                let hold = CostHold {
+                    on: CostOn::Shared(Box::new(SharedCost {
+                        store: ask.store.clone(),
+                        rule: ask.rule.clone(),
+                        key: ask.key.clone(),
+                        held,
+                    })),
+                    held: Held {
+                        estimate: ask.n,
+                        taken: 0,
+                    },
+                    cap,
+                    budget,
+                };
+                self.hold(hold, spender);
+            }
+        }
+        Ok(())
+    }
+
     /// Gives every estimate back at `now`: a later rule blocked the call, which never ran.
     fn release_costs(&mut self, now: Nanos) {
         if let Some(extra) = self.extra.as_mut() {
@@ -467,6 +587,7 @@ impl<C: Clock> Guard<C> {
                 system: SystemPermits::default(),
                 costs: Vec::new(),
                 spender: None,
+                asks: Vec::new(),
             })
         })
     }
@@ -653,6 +774,7 @@ impl<C: Clock + Clone> Rules<C> {
         let shared = Arc::new(Shared {
             inbound: Inbound::new(cpu),
             cluster: arc_swap::ArcSwapOption::empty(),
+            store: arc_swap::ArcSwapOption::empty(),
             clock,
             keys: KeyShortener::new(),
             switches: parking_lot::Mutex::new(HashMap::new()),
@@ -663,6 +785,15 @@ impl<C: Clock + Clone> Rules<C> {
             shared,
             generation: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Counts the rules that say `shared: true` in `store` from now on (every instance using
+    /// the same store counts together); callers then await [`Guard::decide_shared`] after
+    /// each admission.
+    pub fn set_shared(&self, store: impl SharedStore) {
+        self.shared
+            .store
+            .store(Some(Arc::new(StoreHandle(Box::new(store)))));
     }
 
     /// Where `cluster` flow rules get their decisions from now on (before, and for resources
@@ -940,7 +1071,7 @@ impl<C: Clock + Clone> Rules<C> {
         now: Nanos,
         guard: &mut Guard<C>,
     ) -> Result<(), Block> {
-        for (config, h, id) in &res.hot {
+        for (config, h, id, shared) in &res.hot {
             let Some(value) = ctx.params.get(config.param) else {
                 continue;
             };
@@ -953,6 +1084,26 @@ impl<C: Clock + Clone> Rules<C> {
                 None => 1,
                 Some(c) => c.estimate_of(ctx.cost, config.burst.unwrap_or(config.threshold)),
             };
+            if let Some(rule) = shared {
+                if let Some(store) = &*self.shared.store.load() {
+                    let cap = config
+                        .cost
+                        .as_ref()
+                        .map(|c| c.max.unwrap_or(config.burst.unwrap_or(config.threshold)));
+                    guard.ask_shared(SharedAsk {
+                        store: store.clone(),
+                        rule: rule.clone(),
+                        key: value.into(),
+                        n,
+                        cap,
+                        of: SharedOf::Hot(h.clone()),
+                        id: id.clone(),
+                        shadow: config.shadow,
+                        window: config.window.unwrap_or(ONE_SECOND),
+                    });
+                    continue;
+                }
+            }
             let d = match config.on_full {
                 OnFull::Evict => h.rate.acquire_at(value, n, now),
                 on_full => match h.rate.acquire_if_room_at(value, n, now) {
@@ -1072,6 +1223,27 @@ impl<C: Clock + Clone> Rules<C> {
                 verdict(ok, f.config.shadow, &f.state.stats, || {
                     block(Some(stats.window.bucket_duration()))
                 })?;
+            } else if let (Some(rule), Some(store)) = (
+                f.shared.as_ref(),
+                f.shared
+                    .as_ref()
+                    .and_then(|_| self.shared.store.load_full()),
+            ) {
+                let n = match &f.config.cost {
+                    None => 1,
+                    Some(c) => c.estimate_of(ctx.cost, f.cost_cap()),
+                };
+                guard.ask_shared(SharedAsk {
+                    store,
+                    rule: rule.clone(),
+                    key: key.unwrap_or("").into(),
+                    n,
+                    cap: f.config.cost.as_ref().map(|_| f.cost_cap()),
+                    of: SharedOf::Flow(f.state.clone()),
+                    id: f.id.clone(),
+                    shadow: f.config.shadow,
+                    window: f.config.window.unwrap_or(ONE_SECOND),
+                });
             } else if let Some(d) = {
                 let n = match &f.config.cost {
                     None => 1,
@@ -1183,7 +1355,7 @@ impl<C: Clock + Clone> Rules<C> {
             if let Some((a, _, s)) = &r.authority {
                 out.rules.push(rule(&a.id, RuleKind::Authority, name, s, 0));
             }
-            for (config, h, _) in &r.hot {
+            for (config, h, _, _) in &r.hot {
                 let ev = h.rate.evictions();
                 out.rules
                     .push(rule(&config.id, RuleKind::HotParam, name, &h.stats, ev));
@@ -1335,7 +1507,7 @@ impl<'a, C: Clock> Previous<'a, C> {
             for f in &r.flows {
                 p.flows.insert(f.config.id.as_str(), (&f.config, &f.state));
             }
-            for (c, h, _) in &r.hot {
+            for (c, h, _, _) in &r.hot {
                 p.hot.insert(c.id.as_str(), (c, h));
             }
             if let Some((c, b, _)) = &r.breaker {
@@ -1428,7 +1600,16 @@ fn compile_resource<'a, C: Clock + Clone>(
     let mut hot = Vec::with_capacity(r.hot_params.len());
     for h in &r.hot_params {
         let state = compile_hot(h, previous, clock, deferred)?;
-        hot.push((h.clone(), state, Arc::from(h.id.as_str())));
+        let shared = h.shared.then(|| {
+            Arc::new(SharedRule {
+                name: h.id.clone(),
+                spec: RateSpec {
+                    burst: h.burst,
+                    ..RateSpec::new(h.algorithm, h.threshold, h.window.unwrap_or(ONE_SECOND))
+                },
+            })
+        });
+        hot.push((h.clone(), state, Arc::from(h.id.as_str()), shared));
     }
     let breaker = match &r.breaker {
         Some(b) => Some((
@@ -1566,11 +1747,19 @@ fn compile_flow<'a, C: Clock + Clone>(
             ..FlowState::empty()
         }),
     };
+    let shared = match (f.shared, f.qps) {
+        (true, Some(qps)) => Some(Arc::new(SharedRule {
+            name: f.id.clone(),
+            spec: flow_spec(f, qps, window),
+        })),
+        _ => None,
+    };
     Ok(Flow {
         config: f.clone(),
         id: Arc::from(f.id.as_str()),
         state,
         origins,
+        shared,
         relate: f.relate.as_deref().and_then(|o| {
             let s = stats.get(o).cloned()?;
             s.related.store(true, Ordering::Relaxed);

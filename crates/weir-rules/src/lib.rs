@@ -41,6 +41,7 @@ pub mod history;
 pub mod keys;
 pub mod metrics;
 pub mod path;
+pub mod shared;
 mod system;
 pub mod watch;
 pub mod yaml;

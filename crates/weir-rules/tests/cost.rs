@@ -279,6 +279,9 @@ fn cluster_rules_count_costs_in_their_lease() {
     assert!(r.entry("llm", &costing(200)).is_err());
     g.settle_cost(100);
     g.complete(Outcome::Success);
-    assert!(r.entry("llm", &costing(850)).is_ok(), "800 given back to the lease");
+    assert!(
+        r.entry("llm", &costing(850)).is_ok(),
+        "800 given back to the lease"
+    );
     assert!(r.entry("llm", &costing(100)).is_err());
 }

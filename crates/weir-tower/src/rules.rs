@@ -624,6 +624,21 @@ where
                 guard: None,
                 head,
             },
+            Some(Ok(guard)) if guard.has_shared() => {
+                // Shared rules decide in the shared store: wait for it, then call the service
+                // that was made ready (boxed: rare).
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                let grpc = is_grpc(&req);
+                RulesFuture::Deciding {
+                    deciding: Some(Box::new(Deciding {
+                        decide: Box::pin(decide_shared(guard)),
+                        svc: ready,
+                        req,
+                        grpc,
+                    })),
+                }
+            }
             Some(Ok(guard)) if guard.wait().is_zero() => RulesFuture::Pass {
                 inner: self.inner.call(req),
                 guard: Some(guard),
@@ -671,16 +686,26 @@ where
                     };
                 }
                 RulesFuture::Blocked {
-                    grpc: req
-                        .headers()
-                        .get(header::CONTENT_TYPE)
-                        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc")),
+                    grpc: is_grpc(&req),
                     block: Some(Box::new(block)),
                     fallback,
                 }
             }
         }
     }
+}
+
+/// Whether `req` is a gRPC call (answered the gRPC way when blocked).
+fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The guard once its shared rules decided (or the block).
+async fn decide_shared<C: Clock + Clone>(mut guard: Guard<C>) -> Result<Guard<C>, Block> {
+    guard.decide_shared().await?;
+    Ok(guard)
 }
 
 /// Replaces the path of `uri`, keeping its query (and scheme and authority, if any).
@@ -725,6 +750,14 @@ fn admit<C: Clock + Clone>(
     entry(&ctx)
 }
 
+/// A call waiting for its shared rules' decision.
+pub struct Deciding<S, Req, C: Clock> {
+    decide: Pin<Box<dyn Future<Output = Result<Guard<C>, Block>> + Send>>,
+    svc: S,
+    req: Req,
+    grpc: bool,
+}
+
 /// A paced call waiting for its turn.
 pub struct Paced<S, Req, C: Clock> {
     sleep: Pin<Box<tokio::time::Sleep>>,
@@ -747,6 +780,10 @@ pin_project_lite::pin_project! {
         /// Admitted by a paced rule: waiting for its turn.
         Waiting {
             paced: Option<Box<Paced<S, Req, C>>>,
+        },
+        /// Admitted by the local rules: waiting for the shared ones.
+        Deciding {
+            deciding: Option<Box<Deciding<S, Req, C>>>,
         },
         /// Blocked: answered without calling the service.
         Blocked {
@@ -810,6 +847,42 @@ where
                         guard: Some(guard),
                         head,
                     });
+                }
+                RulesProj::Deciding { deciding } => {
+                    let Some(d) = deciding else {
+                        return Poll::Pending;
+                    };
+                    let decided = std::task::ready!(d.decide.as_mut().poll(cx));
+                    let Some(d) = deciding.take() else {
+                        return Poll::Pending;
+                    };
+                    let Deciding {
+                        mut svc, req, grpc, ..
+                    } = *d;
+                    match decided {
+                        Ok(guard) if guard.wait().is_zero() => {
+                            let head = req.method() == Method::HEAD;
+                            let inner = svc.call(req);
+                            self.set(RulesFuture::Pass {
+                                inner,
+                                guard: Some(guard),
+                                head,
+                            });
+                        }
+                        Ok(guard) => self.set(RulesFuture::Waiting {
+                            paced: Some(Box::new(Paced {
+                                sleep: Box::pin(tokio::time::sleep(guard.wait())),
+                                svc,
+                                req,
+                                guard,
+                            })),
+                        }),
+                        Err(block) => self.set(RulesFuture::Blocked {
+                            block: Some(Box::new(block)),
+                            grpc,
+                            fallback: None,
+                        }),
+                    }
                 }
                 RulesProj::Blocked {
                     block,

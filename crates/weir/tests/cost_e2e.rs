@@ -329,3 +329,87 @@ async fn llm_budgets_through_envoy_and_weir_serve() {
     let _ = weir.kill();
     let _ = weir.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxies_share_one_budget_on_redis() {
+    let redis = support::Redis::start();
+    let (up, log) = llm::start(44, None).await;
+    let rules = format!(
+        "resources:
+  - name: chat-tokens
+    hot_params:
+      - {{id: tokens-per-user, param: 0, threshold: {BUDGET}, window: 1m, algorithm: gcra, burst: {BURST}, shared: true,
+         cost: {{estimate: {ESTIMATE}, max: 4000, estimate_from: {{json: max_tokens}}, actual_from: {{sse: usage.total_tokens}}}}}}
+http:
+  routes:
+    - {{resource: chat-tokens, prefix: /tokens, params: [{{header: x-user}}]}}
+"
+    );
+    let dir = common::tempdir("cost-redis");
+    let file = dir.join("rules.yaml");
+    std::fs::write(&file, rules).unwrap();
+    let start_proxy = || {
+        let (port, admin) = (common::free_port(), common::free_port());
+        let (child, line) = common::start(&[
+            "proxy",
+            "--rules",
+            file.to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin",
+            &format!("127.0.0.1:{admin}"),
+            "--upstream",
+            &format!("http://127.0.0.1:{up}"),
+            "--store",
+            &redis.url(),
+            "--instances",
+            "2",
+        ]);
+        assert!(line.starts_with("weir proxy:"), "{line}");
+        (child, port, admin)
+    };
+    let (mut a, a_port, a_admin) = start_proxy();
+    let (mut b, b_port, b_admin) = start_proxy();
+    let start = Instant::now();
+    let until = start + RUN;
+    // 20 clients of one user, half on each proxy.
+    tokio::join!(
+        clients(a_port, "/tokens", "ann", 10, until),
+        clients(b_port, "/tokens", "ann", 10, until),
+    );
+    let end = Instant::now();
+    let served = log.lock().clone();
+    let failed = served.iter().filter(|s| s.failed).count();
+    assert!(
+        served.len() > 50 && failed > 0,
+        "{} calls, {failed} cut",
+        served.len()
+    );
+    // One budget: every 60 s span of both proxies' calls within the bound.
+    let (max, min, excess, largest) = llm::spans(&served, SPAN, start, end, ESTIMATE);
+    assert!(
+        max <= BURST + BUDGET + excess,
+        "{max} > {BURST} + {BUDGET} + {excess}"
+    );
+    // Both proxies' accounts together equal what the calls cost.
+    let mut net = 0i64;
+    for admin in [a_admin, b_admin] {
+        let text = common::get_body(admin, "/metrics").expect("metrics");
+        let at = |name: &str| metric(&text, &format!("{name}{{resource=\"chat-tokens\"}} ")) as i64;
+        net += at("weir_resource_cost_admitted_total") - at("weir_resource_cost_refunded_total")
+            + at("weir_resource_cost_owed_total");
+    }
+    let cost: u64 = served.iter().map(|s| s.tokens).sum();
+    assert_eq!(net, cost as i64);
+    let pct = |n: u64| 100.0 * n as f64 / BUDGET as f64;
+    println!(
+        "two proxies on redis: calls {} (cut {failed}), tokens per 60 s span max {max} ({:.1} %), min {min} ({:.1} %), excess in the max span {excess}, largest single excess {largest}",
+        served.len(),
+        pct(max),
+        pct(min)
+    );
+    for c in [&mut a, &mut b] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

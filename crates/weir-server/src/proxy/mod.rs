@@ -11,6 +11,7 @@
 
 mod metrics;
 pub mod paced;
+pub mod shared;
 pub mod slots;
 
 use std::convert::Infallible;
@@ -85,6 +86,11 @@ pub struct Settings {
     pub gutter_max_requests: usize,
     /// The breaker of each upstream (with a gutter).
     pub upstream_breaker: weir_core::breaker::BreakerConfig,
+    /// `redis://HOST:PORT[/DB]` or `redis+cluster://…`: where `shared: true` rules count,
+    /// together with every proxy on it (none: they count locally).
+    pub store: Option<String>,
+    /// Proxies sharing the store (while Redis is unreachable each allows limit / N).
+    pub instances: u64,
 }
 
 /// The protocol spoken to the upstream.
@@ -663,6 +669,25 @@ impl Proxy {
         .await;
     }
 
+    /// Connects the shared store (`--store`), where `shared: true` rules count from then on.
+    /// A store that cannot be reached at start is an error (a Redis Cluster is not: its
+    /// rules' local fallbacks decide until it answers); later outages fall back the same way.
+    pub async fn connect_store(&self) -> Result<(), StartError> {
+        let Some(url) = &self.settings.store else {
+            return Ok(());
+        };
+        let limiter = weir_redis::RedisLimiter::connect(url, weir_redis::RedisConfig::default())
+            .await
+            .map_err(|e| usage(format_args!("--store {url:?}: {e}")))?;
+        let keys = 100_000;
+        self.rules.set_shared(shared::RedisShared::new(
+            limiter,
+            self.settings.instances,
+            keys,
+        ));
+        Ok(())
+    }
+
     /// Gives the cluster rules' leases back, so that other proxies get the capacity at once.
     pub async fn release_leases(&self) {
         if let Some(q) = &self.quota {
@@ -677,6 +702,7 @@ pub async fn run(s: Settings) -> Result<(), StartError> {
     let (listen, admin_addr, token, drain) =
         (s.listen, s.admin, s.admin_token.is_some(), s.drain_timeout);
     let proxy = Proxy::build(s)?;
+    proxy.connect_store().await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| usage(format_args!("cannot listen on {listen}: {e}")))?;

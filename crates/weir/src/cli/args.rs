@@ -135,6 +135,13 @@ pub(crate) struct ProxyArgs {
     /// '{error_ratio: 0.5, window_calls: 20, open_for: 10s}' (default: Resilience4j's).
     #[arg(long, value_name = "YAML", default_value = "{}", value_parser = parse_breaker)]
     pub(crate) upstream_breaker: weir_core::breaker::BreakerConfig,
+    /// redis://HOST:PORT[/DB] or redis+cluster://H1:P1,H2:P2: rules that say `shared: true`
+    /// count there, one budget for every proxy on it (default: they count in this process).
+    #[arg(long, value_name = "STORE")]
+    pub(crate) store: Option<String>,
+    /// With --store: proxies sharing it (while Redis is unreachable each allows limit / N).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) instances: u64,
 }
 
 /// `--upstream-breaker`: a rule file's breaker fields (YAML flow mapping), validated as one.

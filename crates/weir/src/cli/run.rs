@@ -64,6 +64,10 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> ExitCode {
             }
         },
     };
+    if args.instances != 1 && args.store.is_none() {
+        eprintln!("weir: error: --instances applies to a shared store (--store redis://…)");
+        return ExitCode::from(2);
+    }
     let settings = proxy::Settings {
         rules: args.rules,
         listen: args.listen,
@@ -96,6 +100,8 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> ExitCode {
         gutter: args.gutter,
         gutter_max_requests: args.gutter_max_requests,
         upstream_breaker: args.upstream_breaker,
+        store: args.store,
+        instances: args.instances,
     };
     match runtime.block_on(proxy::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
