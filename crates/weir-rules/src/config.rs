@@ -185,8 +185,9 @@ pub struct FlowRule {
     /// A share of a cluster-wide limit leased from a quota server (weir-quota) instead of
     /// `qps` / `concurrency`: the rule admits at the rate granted to this process.
     pub cluster: Option<ClusterLimit>,
-    /// Count what calls cost instead of one per call ([`CostRule`]).
-    pub cost: Option<CostRule>,
+    /// Count what calls cost instead of one per call ([`CostRule`]; boxed: rare, and a rule
+    /// the call path reads stays small).
+    pub cost: Option<Box<CostRule>>,
     /// Counted in the store every instance shares (`weir proxy --store redis://…`: one
     /// budget across proxies; [`crate::shared`]); without one, locally. Needs `qps` and
     /// `behavior: reject`.
@@ -414,7 +415,7 @@ pub struct HotParamRule {
     pub absent: Absent,
     /// Count what calls cost instead of one per call ([`CostRule`]): per value, e.g. tokens
     /// per user.
-    pub cost: Option<CostRule>,
+    pub cost: Option<Box<CostRule>>,
     /// Counted per value in the store every instance shares (as [`FlowRule::shared`]); takes
     /// no `exceptions`.
     #[serde(default)]
@@ -1083,14 +1084,14 @@ fn validate_hot(h: &HotParamRule, p: &str, fail: &mut dyn FnMut(String, &str)) {
 
 /// The `cost:` rules of `r` with where each is found (`resources[i].flow[j].cost`, …).
 fn cost_rules<'a>(r: &'a ResourceConfig, at: &str) -> Vec<(String, &'a CostRule)> {
-    let flows = r
-        .flow
-        .iter()
-        .enumerate()
-        .filter_map(|(j, f)| f.cost.as_ref().map(|c| (format!("{at}.flow[{j}].cost"), c)));
+    let flows = r.flow.iter().enumerate().filter_map(|(j, f)| {
+        f.cost
+            .as_deref()
+            .map(|c| (format!("{at}.flow[{j}].cost"), c))
+    });
     let hot = r.hot_params.iter().enumerate().filter_map(|(j, h)| {
         h.cost
-            .as_ref()
+            .as_deref()
             .map(|c| (format!("{at}.hot_params[{j}].cost"), c))
     });
     flows.chain(hot).collect()

@@ -133,7 +133,7 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
             if let Some(c) = &f.cluster {
                 d.add("cluster", format!("{} (safe {}/s)", c.resource, c.safe));
             }
-            cost(&mut d, f.cost.as_ref());
+            cost(&mut d, f.cost.as_deref());
             out.push(row(&f.id, "flow", d, f.shadow));
         }
         for h in &r.hot_params {
@@ -148,7 +148,7 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
             if !h.exceptions.is_empty() {
                 d.add("exceptions", h.exceptions.len());
             }
-            cost(&mut d, h.cost.as_ref());
+            cost(&mut d, h.cost.as_deref());
             out.push(row(&h.id, "hot_param", d, h.shadow));
         }
         if let Some(a) = &r.authority {

@@ -686,6 +686,54 @@ mod tests {
         assert_eq!(busy["points"][0]["passed"], 0);
     }
 
+    /// A resource with `cost:` rules shows what its calls cost and who spent most.
+    #[test]
+    fn costs_and_spenders_are_shown() {
+        let set = weir_rules::config::RuleSet::from_yaml(
+            std::path::Path::new("llm.yaml"),
+            "resources:\n  - name: llm\n    hot_params:\n      - {id: per-user, param: 0, threshold: 10000, window: 1m, algorithm: gcra, cost: {estimate: 100}}\n  - name: plain\n    flow:\n      - {id: q, qps: 10}\n",
+        )
+        .unwrap();
+        let rules = Arc::new(Rules::new(&set).unwrap());
+        let d = Dashboard::for_rules("t", rules.clone(), None);
+        for (user, estimate, actual) in [("ann", 500, 200), ("bob", 100, 900), ("ann", 300, 300)] {
+            let ctx = weir_rules::engine::Context {
+                params: &[user],
+                cost: Some(estimate),
+                ..Default::default()
+            };
+            let mut g = rules.entry("llm", &ctx).unwrap();
+            g.settle_cost(actual);
+            g.complete(weir_core::stats::Outcome::Success);
+        }
+        rules
+            .entry("plain", &weir_rules::engine::Context::default())
+            .unwrap()
+            .complete(weir_core::stats::Outcome::Success);
+        d.sample_at(d.started + 1);
+        let v = d.json(0);
+        let costs = v["costs"].as_array().unwrap();
+        assert_eq!(costs.len(), 1, "only resources with cost rules: {costs:?}");
+        let c = &costs[0];
+        assert_eq!(c["resource"], "llm");
+        assert_eq!(
+            (
+                c["admitted"].as_u64(),
+                c["refunded"].as_u64(),
+                c["owed"].as_u64()
+            ),
+            (Some(900), Some(300), Some(800))
+        );
+        let top: Vec<(&str, u64)> = c["top"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["value"].as_str().unwrap(), e["count"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(top, [("bob", 900), ("ann", 500)]);
+        assert!(PAGE.contains("data-cost="), "the page draws them");
+    }
+
     #[test]
     fn tokens_compare_whole() {
         assert!(constant_time_eq(b"Bearer t0k", b"Bearer t0k"));
