@@ -1085,22 +1085,7 @@ impl<C: Clock + Clone> Rules<C> {
                 Some(c) => c.estimate_of(ctx.cost, config.burst.unwrap_or(config.threshold)),
             };
             if let Some(rule) = shared {
-                if let Some(store) = &*self.shared.store.load() {
-                    let cap = config
-                        .cost
-                        .as_ref()
-                        .map(|c| c.max.unwrap_or(config.burst.unwrap_or(config.threshold)));
-                    guard.ask_shared(SharedAsk {
-                        store: store.clone(),
-                        rule: rule.clone(),
-                        key: value.into(),
-                        n,
-                        cap,
-                        of: SharedOf::Hot(h.clone()),
-                        id: id.clone(),
-                        shadow: config.shadow,
-                        window: config.window.unwrap_or(ONE_SECOND),
-                    });
+                if self.ask_shared_hot(config, h, id, rule, value, n, guard) {
                     continue;
                 }
             }
@@ -1156,6 +1141,74 @@ impl<C: Clock + Clone> Rules<C> {
             }
         }
         Ok(())
+    }
+
+    /// Leaves flow rule `f` (`shared: true`) to the shared store, if there is one (then
+    /// `true`).
+    #[cold]
+    #[inline(never)]
+    fn ask_shared_flow(
+        &self,
+        f: &Flow<C>,
+        key: Option<&str>,
+        ctx: &Context<'_>,
+        guard: &mut Guard<C>,
+    ) -> bool {
+        let (Some(rule), Some(store)) = (&f.shared, self.shared.store.load_full()) else {
+            return false;
+        };
+        let n = match &f.config.cost {
+            None => 1,
+            Some(c) => c.estimate_of(ctx.cost, f.cost_cap()),
+        };
+        guard.ask_shared(SharedAsk {
+            store,
+            rule: rule.clone(),
+            key: key.unwrap_or("").into(),
+            n,
+            cap: f.config.cost.as_ref().map(|_| f.cost_cap()),
+            of: SharedOf::Flow(f.state.clone()),
+            id: f.id.clone(),
+            shadow: f.config.shadow,
+            window: f.config.window.unwrap_or(ONE_SECOND),
+        });
+        true
+    }
+
+    /// Leaves hot-parameter rule `config` (`shared: true`) to the shared store for `value`, if
+    /// there is one (then `true`).
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn ask_shared_hot(
+        &self,
+        config: &HotParamRule,
+        h: &Arc<HotState<C>>,
+        id: &Arc<str>,
+        rule: &Arc<SharedRule>,
+        value: &str,
+        n: u64,
+        guard: &mut Guard<C>,
+    ) -> bool {
+        let Some(store) = self.shared.store.load_full() else {
+            return false;
+        };
+        let cap = config
+            .cost
+            .as_ref()
+            .map(|c| c.max.unwrap_or(config.burst.unwrap_or(config.threshold)));
+        guard.ask_shared(SharedAsk {
+            store,
+            rule: rule.clone(),
+            key: value.into(),
+            n,
+            cap,
+            of: SharedOf::Hot(h.clone()),
+            id: id.clone(),
+            shadow: config.shadow,
+            window: config.window.unwrap_or(ONE_SECOND),
+        });
+        true
     }
 
     fn check_resource(
@@ -1223,27 +1276,8 @@ impl<C: Clock + Clone> Rules<C> {
                 verdict(ok, f.config.shadow, &f.state.stats, || {
                     block(Some(stats.window.bucket_duration()))
                 })?;
-            } else if let (Some(rule), Some(store)) = (
-                f.shared.as_ref(),
-                f.shared
-                    .as_ref()
-                    .and_then(|_| self.shared.store.load_full()),
-            ) {
-                let n = match &f.config.cost {
-                    None => 1,
-                    Some(c) => c.estimate_of(ctx.cost, f.cost_cap()),
-                };
-                guard.ask_shared(SharedAsk {
-                    store,
-                    rule: rule.clone(),
-                    key: key.unwrap_or("").into(),
-                    n,
-                    cap: f.config.cost.as_ref().map(|_| f.cost_cap()),
-                    of: SharedOf::Flow(f.state.clone()),
-                    id: f.id.clone(),
-                    shadow: f.config.shadow,
-                    window: f.config.window.unwrap_or(ONE_SECOND),
-                });
+            } else if f.shared.is_some() && self.ask_shared_flow(f, key, ctx, guard) {
+                // Left to the shared store.
             } else if let Some(d) = {
                 let n = match &f.config.cost {
                     None => 1,
