@@ -141,6 +141,14 @@ impl<C: Clock> Flow<C> {
     }
 }
 
+/// A hot-parameter rule in force: its configuration, state, id and shared form.
+type HotRule<C> = (
+    HotParamRule,
+    Arc<HotState<C>>,
+    Arc<str>,
+    Option<Arc<SharedRule>>,
+);
+
 struct HotState<C: Clock> {
     rate: KeyedRate<C>,
     stats: RuleStats,
@@ -162,12 +170,7 @@ struct Resource<C: Clock> {
     stats: Arc<ResourceStats>,
     authority: Option<(AuthorityRule, Arc<str>, Arc<RuleStats>)>,
     /// With its shared form when it says `shared: true`.
-    hot: Vec<(
-        HotParamRule,
-        Arc<HotState<C>>,
-        Arc<str>,
-        Option<Arc<SharedRule>>,
-    )>,
+    hot: Vec<HotRule<C>>,
     flows: Vec<Flow<C>>,
     /// Origins named by this resource's flow rules (what `other` excludes).
     named_origins: Vec<Box<str>>,

@@ -16,14 +16,15 @@ use weir_rules::shared::{Deciding, SharedHeld, SharedRule, SharedStore};
 mod support;
 use support::rules;
 
+/// One rule's counters in the store.
+type Counters = Arc<KeyedRate<Arc<ManualClock>>>;
+
 /// A store every "process" shares: one keyed limiter per rule, on its own (still) clock.
 #[derive(Clone, Default)]
-struct Store(
-    Arc<parking_lot::Mutex<std::collections::HashMap<String, Arc<KeyedRate<Arc<ManualClock>>>>>>,
-);
+struct Store(Arc<parking_lot::Mutex<std::collections::HashMap<String, Counters>>>);
 
 impl Store {
-    fn limiter(&self, rule: &SharedRule) -> Arc<KeyedRate<Arc<ManualClock>>> {
+    fn limiter(&self, rule: &SharedRule) -> Counters {
         self.0
             .lock()
             .entry(rule.name.clone())

@@ -30,7 +30,7 @@ pub(crate) enum Command {
     /// directory of them); the format is told by the top-level keys.
     CheckConfig(CheckConfigArgs),
     /// A reverse proxy applying a weir rule file to every request (HTTP/1.1 and h2c).
-    Proxy(ProxyArgs),
+    Proxy(Box<ProxyArgs>),
     /// Cluster quota tools.
     #[command(subcommand)]
     Quota(QuotaCommand),
