@@ -913,29 +913,7 @@ impl RuleSet {
                 if f.burst == Some(0) {
                     fail(format!("{p}.burst"), "burst must be ≥ 1");
                 }
-                if let Some(c) = &f.cost {
-                    let rate = f.qps.is_some() || f.cluster.is_some();
-                    if !rate || f.relate.is_some() || f.behavior != Behavior::Reject {
-                        fail(
-                            format!("{p}.cost"),
-                            "cost needs qps (or cluster), behavior reject and no relate",
-                        );
-                    }
-                    // A cluster rule's lease is a GCRA.
-                    let algorithm = match f.cluster {
-                        Some(_) => Some(RateAlgorithm::Gcra),
-                        None => f.algorithm,
-                    };
-                    validate_cost(c, algorithm, &format!("{p}.cost"), &mut fail);
-                }
-                let plain_rate =
-                    f.qps.is_some() && f.relate.is_none() && f.behavior == Behavior::Reject;
-                if f.shared && !plain_rate {
-                    fail(
-                        format!("{p}.shared"),
-                        "a shared rule needs qps, behavior reject and no relate",
-                    );
-                }
+                validate_flow_cost(f, &p, &mut fail);
                 validate_flow(f, &p, &r.name, &names, &mut fail);
             }
             if concurrency > 1 {
@@ -1078,6 +1056,32 @@ fn validate_hot(h: &HotParamRule, p: &str, fail: &mut dyn FnMut(String, &str)) {
         fail(
             format!("{p}.shared"),
             "a shared rule takes no exceptions (one limit for every value)",
+        );
+    }
+}
+
+/// A flow rule's `cost` and `shared`: each on a rule that can count them.
+fn validate_flow_cost(f: &FlowRule, p: &str, fail: &mut dyn FnMut(String, &str)) {
+    if let Some(c) = &f.cost {
+        let rate = f.qps.is_some() || f.cluster.is_some();
+        if !rate || f.relate.is_some() || f.behavior != Behavior::Reject {
+            fail(
+                format!("{p}.cost"),
+                "cost needs qps (or cluster), behavior reject and no relate",
+            );
+        }
+        // A cluster rule's lease is a GCRA.
+        let algorithm = match f.cluster {
+            Some(_) => Some(RateAlgorithm::Gcra),
+            None => f.algorithm,
+        };
+        validate_cost(c, algorithm, &format!("{p}.cost"), fail);
+    }
+    let plain_rate = f.qps.is_some() && f.relate.is_none() && f.behavior == Behavior::Reject;
+    if f.shared && !plain_rate {
+        fail(
+            format!("{p}.shared"),
+            "a shared rule needs qps, behavior reject and no relate",
         );
     }
 }

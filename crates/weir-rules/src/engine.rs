@@ -310,6 +310,19 @@ enum CostOn<C: Clock> {
     Shared(Box<SharedCost>),
 }
 
+impl Budget {
+    /// What rule `rule` (its window `window`) had left once `d` admitted a call.
+    fn after(rule: &Arc<str>, d: &Decision, window: Duration) -> Self {
+        Self {
+            rule: rule.clone(),
+            limit: d.limit(),
+            window,
+            remaining: d.remaining(),
+            reset_after: d.reset_after(),
+        }
+    }
+}
+
 /// A reservation a shared store holds for a call.
 struct SharedCost {
     store: Arc<StoreHandle>,
@@ -453,13 +466,7 @@ impl<C: Clock + Clone> Guard<C> {
             None => CostOn::Flow(f.state.clone()),
             Some(k) => CostOn::FlowKey(f.state.clone(), k.into()),
         };
-        let budget = Budget {
-            rule: f.id.clone(),
-            limit: d.limit(),
-            window: f.config.window.unwrap_or(ONE_SECOND),
-            remaining: d.remaining(),
-            reset_after: d.reset_after(),
-        };
+        let budget = Budget::after(&f.id, d, f.config.window.unwrap_or(ONE_SECOND));
         self.hold(
             CostHold {
                 on,
@@ -474,13 +481,7 @@ impl<C: Clock + Clone> Guard<C> {
     /// Records the estimate cluster flow rule `f` (with `cost:`) holds on `on` for this call.
     #[cold]
     fn hold_cluster(&mut self, f: &Flow<C>, on: CostOn<C>, d: &Decision, n: u64, now: Nanos) {
-        let budget = Budget {
-            rule: f.id.clone(),
-            limit: d.limit(),
-            window: ONE_SECOND,
-            remaining: d.remaining(),
-            reset_after: d.reset_after(),
-        };
+        let budget = Budget::after(&f.id, d, ONE_SECOND);
         let held = Held {
             estimate: n,
             taken: now,
@@ -545,13 +546,7 @@ impl<C: Clock + Clone> Guard<C> {
                     SharedOf::Hot(_) => Some(&*ask.key),
                     SharedOf::Flow(_) => None,
                 };
-                let budget = Budget {
-                    rule: ask.id.clone(),
-                    limit: d.limit(),
-                    window: ask.window,
-                    remaining: d.remaining(),
-                    reset_after: d.reset_after(),
-                };
+                let budget = Budget::after(&ask.id, &d, ask.window);
                 let hold = CostHold {
                     on: CostOn::Shared(Box::new(SharedCost {
                         store: ask.store.clone(),
@@ -1123,13 +1118,7 @@ impl<C: Clock + Clone> Rules<C> {
                 rate: Some((d.limit(), config.window.unwrap_or(ONE_SECOND))),
             })?;
             if let (Some(rule), true) = (&config.cost, d.allowed()) {
-                let budget = Budget {
-                    rule: id.clone(),
-                    limit: d.limit(),
-                    window: config.window.unwrap_or(ONE_SECOND),
-                    remaining: d.remaining(),
-                    reset_after: d.reset_after(),
-                };
+                let budget = Budget::after(id, &d, config.window.unwrap_or(ONE_SECOND));
                 let cap = rule.max.unwrap_or(config.burst.unwrap_or(config.threshold));
                 let hold = CostHold {
                     on: CostOn::Hot(h.clone(), value.into()),

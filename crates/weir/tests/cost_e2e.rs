@@ -65,6 +65,24 @@ async fn clients(port: u16, path: &'static str, user: &'static str, n: usize, un
     }
 }
 
+/// Checks that every 60 s span of the calls in `served` holds the bound (burst + budget + the
+/// excesses of the calls in it) and prints what they spent, as `label`.
+fn check_spans(label: &str, served: &[llm::Served], start: Instant, end: Instant) {
+    let (max, min, excess, largest) = llm::spans(served, SPAN, start, end, ESTIMATE);
+    assert!(
+        max <= BURST + BUDGET + excess,
+        "{label}: {max} > {BURST} + {BUDGET} + {excess}"
+    );
+    let failed = served.iter().filter(|s| s.failed).count();
+    let pct = |n: u64| 100.0 * n as f64 / BUDGET as f64;
+    println!(
+        "{label}: calls {} (cut {failed}), tokens per 60 s span max {max} ({:.1} %), min {min} ({:.1} %), excess in the max span {excess}, largest single excess {largest}",
+        served.len(),
+        pct(max),
+        pct(min)
+    );
+}
+
 /// The value of the counter line starting with `prefix` in a metrics text.
 fn metric(text: &str, prefix: &str) -> u64 {
     text.lines()
@@ -148,19 +166,9 @@ http:
 
     // In every 60 s span, tokens admitted ≤ the burst + the budget + the excesses of the
     // calls admitted in that span (docs/cost.md).
-    let (max, min, excess, largest) = llm::spans(&tokens, SPAN, start, end, ESTIMATE);
-    assert!(
-        max <= BURST + BUDGET + excess,
-        "{max} > {BURST} + {BUDGET} + {excess}"
-    );
+    check_spans("cost, weir proxy", &tokens, start, end);
     let (rmax, rmin, _, _) = llm::spans(&requests, SPAN, start, end, ESTIMATE);
     let pct = |n: u64| 100.0 * n as f64 / BUDGET as f64;
-    println!(
-        "cost: calls {} (cut {failed}), tokens per 60 s span max {max} ({:.1} %), min {min} ({:.1} %), excess in the max span {excess}, largest single excess {largest}; net charged {cost}",
-        tokens.len(),
-        pct(max),
-        pct(min)
-    );
     println!(
         "requests ({per_minute}/min, burst {burst_requests}, mean cost {mean:.1}): calls {}, tokens per 60 s span max {rmax} ({:.1} %), min {rmin} ({:.1} %)",
         requests.len(),
@@ -312,18 +320,7 @@ async fn llm_budgets_through_envoy_and_weir_serve() {
         "{} calls, {failed} cut",
         served.len()
     );
-    let (max, min, excess, largest) = llm::spans(&served, SPAN, start, end, ESTIMATE);
-    assert!(
-        max <= BURST + BUDGET + excess,
-        "{max} > {BURST} + {BUDGET} + {excess}"
-    );
-    let pct = |n: u64| 100.0 * n as f64 / BUDGET as f64;
-    println!(
-        "envoy + weir serve: calls {} (cut {failed}), tokens per 60 s span max {max} ({:.1} %), min {min} ({:.1} %), excess in the max span {excess}, largest single excess {largest}",
-        served.len(),
-        pct(max),
-        pct(min)
-    );
+    check_spans("envoy + weir serve", &served, start, end);
     let _ = envoy.kill();
     let _ = envoy.wait();
     let _ = weir.kill();
@@ -386,11 +383,7 @@ http:
         served.len()
     );
     // One budget: every 60 s span of both proxies' calls within the bound.
-    let (max, min, excess, largest) = llm::spans(&served, SPAN, start, end, ESTIMATE);
-    assert!(
-        max <= BURST + BUDGET + excess,
-        "{max} > {BURST} + {BUDGET} + {excess}"
-    );
+    check_spans("two proxies on redis", &served, start, end);
     // Both proxies' accounts together equal what the calls cost.
     let mut net = 0i64;
     for admin in [a_admin, b_admin] {
@@ -401,13 +394,6 @@ http:
     }
     let cost: u64 = served.iter().map(|s| s.tokens).sum();
     assert_eq!(net, cost as i64);
-    let pct = |n: u64| 100.0 * n as f64 / BUDGET as f64;
-    println!(
-        "two proxies on redis: calls {} (cut {failed}), tokens per 60 s span max {max} ({:.1} %), min {min} ({:.1} %), excess in the max span {excess}, largest single excess {largest}",
-        served.len(),
-        pct(max),
-        pct(min)
-    );
     for c in [&mut a, &mut b] {
         let _ = c.kill();
         let _ = c.wait();
