@@ -120,6 +120,28 @@ impl Default for Limits {
     }
 }
 
+/// The connection slots of a listener — or of several listeners that count together (one per
+/// worker thread on the same address): at most `max` connections open, the one idle the
+/// longest closed to make room at the cap.
+#[derive(Clone)]
+pub struct Slots {
+    max: usize,
+    slots: Arc<Semaphore>,
+    open: Arc<Mutex<Slab>>,
+}
+
+impl Slots {
+    /// At most `max_connections` open at once (0 is treated as 1).
+    pub fn new(max_connections: usize) -> Self {
+        let max = max_connections.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+        Self {
+            max,
+            slots: Arc::new(Semaphore::new(max)),
+            open: Arc::default(),
+        }
+    }
+}
+
 /// Accepts connections on `listener` until `shutdown` says stop, handing each to `handle`
 /// (with its own [`Shutdown`] and [`Connection`]) on its own task; then returns once every
 /// connection has ended.
@@ -130,15 +152,35 @@ pub async fn serve<F, Fut>(
     listener: TcpListener,
     max_connections: usize,
     what: &'static str,
+    shutdown: Shutdown,
+    handle: F,
+) where
+    F: FnMut(TcpStream, SocketAddr, Shutdown, Arc<Connection>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    serve_in(
+        listener,
+        &Slots::new(max_connections),
+        what,
+        shutdown,
+        handle,
+    )
+    .await;
+}
+
+/// [`serve`] with `slots` shared with other listeners; returns once every connection of every
+/// listener sharing them has ended.
+pub async fn serve_in<F, Fut>(
+    listener: TcpListener,
+    slots: &Slots,
+    what: &'static str,
     mut shutdown: Shutdown,
     mut handle: F,
 ) where
     F: FnMut(TcpStream, SocketAddr, Shutdown, Arc<Connection>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let max = max_connections.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
-    let slots = Arc::new(Semaphore::new(max));
-    let open: Arc<Mutex<Slab>> = Arc::default();
+    let Slots { max, slots, open } = slots.clone();
     let for_connections = shutdown.clone();
     let accept = async {
         loop {

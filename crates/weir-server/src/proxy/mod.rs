@@ -91,6 +91,9 @@ pub struct Settings {
     pub store: Option<String>,
     /// Proxies sharing the store (while Redis is unreachable each allows limit / N).
     pub instances: u64,
+    /// Worker threads serving clients, each with its own runtime, listener and upstream
+    /// pools (0 is treated as 1).
+    pub workers: usize,
 }
 
 /// The protocol spoken to the upstream.
@@ -655,18 +658,61 @@ impl Proxy {
             move || rules.reads_request_json(),
             s.body_pace.idle,
         );
-        let limits = s.limits;
-        crate::net::accept::serve(
-            listener,
-            limits.max_connections,
-            "proxy",
-            shutdown,
-            move |stream, peer, sd, conn| {
-                let svc = client_service(&forward, gutter.as_ref(), &layer, &read_json, peer);
-                crate::net::accept::serve_http(stream, svc, limits.timeouts, sd, conn)
-            },
-        )
-        .await;
+        // One worker thread per core, each a current-thread runtime with its own listener
+        // (SO_REUSEPORT) and upstream pools: a request is served start to end on one thread,
+        // without cross-thread wake-ups (docs/proxy.md, "Where the time goes").
+        let (limits, workers) = (s.limits, s.workers.max(1));
+        let slots = crate::net::accept::Slots::new(limits.max_connections);
+        let local = listener.local_addr().ok();
+        let Ok(given) = listener.into_std() else {
+            return;
+        };
+        let mut given = Some(given);
+        let mut done = Vec::with_capacity(workers);
+        for i in 0..workers {
+            // The first worker takes the given listener; the others a listener of their own
+            // when the given one allows sharing its address, else a handle on the given one.
+            // (No handle stays here: on shutdown the workers' closing is the listener's.)
+            let std_listener = if i == 0 {
+                None
+            } else {
+                local.and_then(|addr| listener_beside(addr).ok())
+            };
+            let std_listener = match (std_listener, given.as_ref()) {
+                (Some(l), _) => l,
+                (None, Some(g)) if i + 1 < workers => match g.try_clone() {
+                    Ok(l) => l,
+                    Err(_) => continue,
+                },
+                (None, _) => match given.take() {
+                    Some(g) => g,
+                    None => continue,
+                },
+            };
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            done.push(rx);
+            let worker = Worker {
+                forward: forward.with_own_pools(s),
+                gutter: gutter.as_ref().map(|g| g.with_own_pools(s)),
+                layer: layer.clone(),
+                read_json: read_json.clone(),
+            };
+            let (slots, shutdown) = (slots.clone(), shutdown.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("weir-proxy-{i}"))
+                .spawn(move || {
+                    worker.run(std_listener, slots, limits.timeouts, shutdown);
+                    let _ = tx.send(());
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start a proxy worker thread");
+            }
+        }
+        // A listener no worker took (they all have their own) closes now.
+        drop(given);
+        for rx in done {
+            let _ = rx.await;
+        }
     }
 
     /// Connects the shared store (`--store`), where `shared: true` rules count from then on.
@@ -703,9 +749,8 @@ pub async fn run(s: Settings) -> Result<(), StartError> {
         (s.listen, s.admin, s.admin_token.is_some(), s.drain_timeout);
     let proxy = Proxy::build(s)?;
     proxy.connect_store().await?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| usage(format_args!("cannot listen on {listen}: {e}")))?;
+    let listener =
+        bind_shared(listen).map_err(|e| usage(format_args!("cannot listen on {listen}: {e}")))?;
     if let Some(addr) = admin_addr.filter(|a| !a.ip().is_loopback() && !token) {
         tracing::warn!(
             "--admin {addr} is reachable from other hosts and has no --admin-token: anyone who can connect reads the dashboard and /metrics"
@@ -838,9 +883,89 @@ fn watch_rules(
     .map_err(|e| (1, format!("cannot start the rule watcher: {e}")))
 }
 
-/// The forwarder to the upstream: pooled HTTP/1.1 and h2c clients and the bounds on requests
-/// in flight.
-fn primary(s: &Settings, upstream: Uri, stats: &Arc<ProxyStats>) -> Forward {
+/// What one worker thread serves clients with.
+struct Worker {
+    forward: Forward,
+    gutter: Option<Forward>,
+    layer: RulesLayer<weir_core::AnyClock>,
+    read_json: weir_tower::cost::ReadJsonLayer,
+}
+
+impl Worker {
+    /// Serves `listener` on this thread's own current-thread runtime until `shutdown` says
+    /// stop and its connections have ended (those of every worker: `slots` are shared).
+    fn run(
+        self,
+        listener: std::net::TcpListener,
+        slots: crate::net::accept::Slots,
+        timeouts: crate::net::conn::Timeouts,
+        shutdown: crate::net::accept::Shutdown,
+    ) {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start a proxy worker's runtime");
+                return;
+            }
+        };
+        runtime.block_on(async move {
+            let listener = match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a proxy worker cannot use its listener");
+                    return;
+                }
+            };
+            let Worker {
+                forward,
+                gutter,
+                layer,
+                read_json,
+            } = self;
+            crate::net::accept::serve_in(
+                listener,
+                &slots,
+                "proxy",
+                shutdown,
+                move |stream, peer, sd, conn| {
+                    let svc = client_service(&forward, gutter.as_ref(), &layer, &read_json, peer);
+                    crate::net::accept::serve_http(stream, svc, timeouts, sd, conn)
+                },
+            )
+            .await;
+        });
+    }
+}
+
+/// A listener on `addr` beside one already there (SO_REUSEPORT: the kernel spreads new
+/// connections among them); fails when that one does not share its address.
+fn listener_beside(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    bind_shared(addr)?.into_std()
+}
+
+/// A listener on `addr` whose address other listeners of this process may share
+/// (SO_REUSEPORT), one per worker thread.
+pub fn bind_shared(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Pooled HTTP/1.1 and h2c clients to an upstream.
+fn clients(
+    s: &Settings,
+) -> (
+    Client<HttpConnector, PacedBody<ClientBody>>,
+    Client<HttpConnector, PacedBody<ClientBody>>,
+) {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(s.upstream_timeout));
@@ -853,6 +978,26 @@ fn primary(s: &Settings, upstream: Uri, stats: &Arc<ProxyStats>) -> Forward {
         .pool_max_idle_per_host(MAX_IDLE_UPSTREAM)
         .http2_only(true)
         .build(connector);
+    (http1, h2c)
+}
+
+impl Forward {
+    /// The same forwarder (its bounds shared) with connection pools of its own (a worker
+    /// thread's: pooled connections are driven by the runtime that opened them).
+    fn with_own_pools(&self, s: &Settings) -> Self {
+        let (http1, h2c) = clients(s);
+        Self {
+            http1,
+            h2c,
+            ..self.clone()
+        }
+    }
+}
+
+/// The forwarder to the upstream: pooled HTTP/1.1 and h2c clients and the bounds on requests
+/// in flight.
+fn primary(s: &Settings, upstream: Uri, stats: &Arc<ProxyStats>) -> Forward {
+    let (http1, h2c) = clients(s);
     Forward {
         http1,
         h2c,

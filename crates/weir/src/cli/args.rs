@@ -142,6 +142,10 @@ pub(crate) struct ProxyArgs {
     /// With --store: proxies sharing it (while Redis is unreachable each allows limit / N).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub(crate) instances: u64,
+    /// Worker threads serving clients, each with its own listener (SO_REUSEPORT) and
+    /// upstream connections (default: one per core).
+    #[arg(long, value_name = "N")]
+    pub(crate) workers: Option<usize>,
 }
 
 /// `--upstream-breaker`: a rule file's breaker fields (YAML flow mapping), validated as one.

@@ -8,7 +8,7 @@ use weir::{duration, overload, quota, simulate};
 use weir_server::proxy;
 
 use super::args::*;
-use crate::{fail, runtime};
+use crate::fail;
 
 /// The trace used when `--input` is not given: a burst across a window boundary.
 const BUNDLED_TRACE: &str = include_str!("../../traces/boundary_burst.csv");
@@ -44,11 +44,19 @@ pub(crate) fn run_allocate(args: AllocateArgs) -> ExitCode {
     }
 }
 
-/// `weir proxy`: the proxy on a multi-threaded runtime until a signal stops it.
+/// `weir proxy` until a signal stops it: clients are served by its worker threads (a runtime
+/// each); this runtime, one thread, keeps the admin listener, reloads and leases.
 pub(crate) fn run_proxy(args: ProxyArgs) -> ExitCode {
-    let runtime = match runtime() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
-        Err(code) => return code,
+        Err(e) => {
+            eprintln!("weir: error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
     };
     let quota_token = match &args.quota_token_file {
         None => None,
@@ -64,6 +72,10 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> ExitCode {
             }
         },
     };
+    if args.workers == Some(0) {
+        eprintln!("weir: error: --workers must be at least 1");
+        return ExitCode::from(2);
+    }
     if args.instances != 1 && args.store.is_none() {
         eprintln!("weir: error: --instances applies to a shared store (--store redis://…)");
         return ExitCode::from(2);
@@ -102,6 +114,9 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> ExitCode {
         upstream_breaker: args.upstream_breaker,
         store: args.store,
         instances: args.instances,
+        workers: args
+            .workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
     match runtime.block_on(proxy::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
