@@ -452,50 +452,41 @@ impl<C: Clock + Clone> Guard<C> {
         given: Option<u64>,
         now: Nanos,
     ) {
-        let cap = f.cost_cap();
         let estimate = f
             .config
             .cost
             .as_ref()
-            .map_or(1, |c| c.estimate_of(given, cap));
-        let held = Held {
-            estimate,
-            taken: now,
-        };
+            .map_or(1, |c| c.estimate_of(given, f.cost_cap()));
         let on = match key {
             None => CostOn::Flow(f.state.clone()),
             Some(k) => CostOn::FlowKey(f.state.clone(), k.into()),
         };
-        let budget = Budget::after(&f.id, d, f.config.window.unwrap_or(ONE_SECOND));
-        self.hold(
-            CostHold {
-                on,
-                held,
-                cap,
-                budget,
-            },
-            None,
-        );
+        let window = f.config.window.unwrap_or(ONE_SECOND);
+        self.hold_rule(f, on, d, estimate, now, window);
     }
 
-    /// Records the estimate cluster flow rule `f` (with `cost:`) holds on `on` for this call.
+    /// Records the estimate `n` flow rule `f` (with `cost:`, its window `window`) holds on
+    /// `on` for this call.
     #[cold]
-    fn hold_cluster(&mut self, f: &Flow<C>, on: CostOn<C>, d: &Decision, n: u64, now: Nanos) {
-        let budget = Budget::after(&f.id, d, ONE_SECOND);
-        let held = Held {
-            estimate: n,
-            taken: now,
-        };
-        let cap = f.cost_cap();
-        self.hold(
-            CostHold {
-                on,
-                held,
-                cap,
-                budget,
+    fn hold_rule(
+        &mut self,
+        f: &Flow<C>,
+        on: CostOn<C>,
+        d: &Decision,
+        n: u64,
+        now: Nanos,
+        window: Duration,
+    ) {
+        let hold = CostHold {
+            on,
+            held: Held {
+                estimate: n,
+                taken: now,
             },
-            None,
-        );
+            cap: f.cost_cap(),
+            budget: Budget::after(&f.id, d, window),
+        };
+        self.hold(hold, None);
     }
 
     #[cold]
@@ -1260,7 +1251,7 @@ impl<C: Clock + Clone> Rules<C> {
                         (Some(_), Some(h)) => CostOn::Leased(h.clone(), c.resource.as_str().into()),
                         _ => CostOn::Flow(f.state.clone()),
                     };
-                    guard.hold_cluster(f, on, &d, n, now);
+                    guard.hold_rule(f, on, &d, n, now, ONE_SECOND);
                 }
             } else if let Some(stats) = &f.relate {
                 let qps = f.config.qps.unwrap_or(u64::MAX);
