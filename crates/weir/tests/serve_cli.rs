@@ -50,7 +50,13 @@ impl Serve {
         BufReader::new(child.stdout.as_mut().unwrap())
             .read_line(&mut line)
             .unwrap();
-        assert!(line.contains("gRPC RLS v3 on"), "{line}");
+        if !line.contains("gRPC RLS v3 on") {
+            // It stopped before listening: say why.
+            let _ = child.kill();
+            let mut err = String::new();
+            let _ = child.stderr.as_mut().unwrap().read_to_string(&mut err);
+            panic!("weir serve did not start: {line:?}, stderr: {err}");
+        }
         let s = Self { child, http, grpc };
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
