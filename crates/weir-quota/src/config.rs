@@ -11,6 +11,9 @@
 //!                                  # (default: capacity ÷ clients last seen)
 //!   - name: "tenant-*"             # a template: each name it matches is its own resource,
 //!     capacity: 100/s              # created on first use
+//!   - {name: org-acme, capacity: 1000/s}                  # nested: org ⊃ team ⊃ user,
+//!   - {name: "team-*", parent: org-acme, capacity: 400/s} # leased by the path of a leaf
+//!   - {name: "user-*", parent: "org-acme/team-*", capacity: 50/s, weight: 2}
 //! clients:                         # optional: who may ask, with what weight ([`crate::clients`])
 //!   - {id: "checkout-*", weight: 3, priority: CRITICAL_PLUS, token_sha256: 9f86d0…}
 //! ```
@@ -27,6 +30,8 @@ use weir_rules::yaml::{self, LocatedErrors};
 use crate::allocate::Algorithm;
 use crate::clients::{parse_digest, ClientRule};
 use crate::lease::ResourceConfig;
+
+mod nesting;
 
 /// Longest resource name (bytes) a quota file may declare and a client may ask for.
 pub const MAX_RESOURCE_NAME: usize = 256;
@@ -89,6 +94,30 @@ pub struct BucketRule {
     pub target: BucketTarget,
 }
 
+/// Most levels of nested resources (a root and the levels under it).
+pub const MAX_LEVELS: usize = 8;
+
+/// One level of nested resources: a group (levels under it) or, without levels under it, a
+/// resource clients lease by its path (`org-acme/team-search/user-bob`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Level {
+    /// Its name at this level, or a template with one `*`.
+    pub name: String,
+    /// Its capacity (and, for a leaf, its lease parameters).
+    pub config: ResourceConfig,
+    /// Its weight among its siblings (> 0).
+    pub weight: f64,
+    /// Levels under it, in file order (empty: a leaf).
+    pub children: Vec<Level>,
+}
+
+impl Level {
+    /// Whether clients lease it (no level under it).
+    pub fn is_leaf(&self) -> bool {
+        self.children.is_empty()
+    }
+}
+
 /// A whole quota configuration.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct QuotaConfig {
@@ -96,6 +125,9 @@ pub struct QuotaConfig {
     pub resources: Vec<(String, ResourceConfig)>,
     /// Templates: a name with one `*`, matched against names no exact resource has.
     pub templates: Vec<(String, ResourceConfig)>,
+    /// Nested resources: the top level of each family (an entry of the file with entries
+    /// naming it as `parent`), in file order.
+    pub nested: Vec<Level>,
     /// Envoy's RLQS buckets and the resources they draw from (`None`: RLQS not served).
     pub rlqs: Option<std::sync::Arc<RlqsConfig>>,
     /// Who may ask for leases, in file order (empty: anyone, weight 1, CRITICAL).
@@ -160,6 +192,10 @@ struct RawBucket {
 struct RawResource {
     name: String,
     capacity: serde_yaml_value::Value,
+    #[serde(default)]
+    parent: Option<String>,
+    #[serde(default)]
+    weight: Option<f64>,
     #[serde(default)]
     algorithm: Option<String>,
     #[serde(default)]
@@ -373,6 +409,34 @@ impl QuotaConfig {
                 secs(c.refresh),
             );
         }
+        fn nested(out: &mut String, l: &Level, depth: usize, secs: &dyn Fn(Duration) -> String) {
+            let indent = "  ".repeat(depth);
+            let what = if depth == 0 { "nested " } else { "" };
+            let leaf = if l.is_leaf() {
+                let safe = l.config.safe_capacity.map_or_else(
+                    || "capacity ÷ clients last seen".to_string(),
+                    |s| format!("{s}/s"),
+                );
+                format!(
+                    ", leased: lease {}, refresh {}, safe capacity {safe}",
+                    secs(l.config.lease),
+                    secs(l.config.refresh)
+                )
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "{indent}{what}{}: {}/s, weight {}{leaf}",
+                l.name, l.config.capacity, l.weight
+            );
+            for c in &l.children {
+                nested(out, c, depth + 1, secs);
+            }
+        }
+        for l in &self.nested {
+            nested(&mut out, l, 0, &secs);
+        }
         if let Some(r) = &self.rlqs {
             let _ = writeln!(
                 out,
@@ -436,6 +500,7 @@ impl QuotaConfig {
         let mut problems: Vec<(String, String)> = Vec::new();
         let mut out = QuotaConfig::default();
         let mut names = std::collections::HashSet::new();
+        let mut parsed = Vec::with_capacity(raw.resources.len());
         for (i, r) in raw.resources.iter().enumerate() {
             let at = |field: &str| format!("resources[{i}].{field}");
             if r.name.is_empty() || r.name.matches('*').count() > 1 {
@@ -445,7 +510,15 @@ impl QuotaConfig {
                     at("name"),
                     format!("longer than {} bytes", MAX_RESOURCE_NAME),
                 ));
-            } else if !names.insert(r.name.clone()) {
+            } else if r.name.contains('/') {
+                problems.push((
+                    at("name"),
+                    format!(
+                        "{:?}: `/` separates the levels of nested resources; nest with parent:",
+                        r.name
+                    ),
+                ));
+            } else if r.parent.is_none() && !names.insert(r.name.clone()) {
                 problems.push((at("name"), format!("{:?} is declared twice", r.name)));
             }
             let mut c = ResourceConfig::default();
@@ -481,12 +554,26 @@ impl QuotaConfig {
                     Err(e) => problems.push((at("safe_capacity"), e)),
                 }
             }
+            parsed.push(c);
+        }
+        let nesting = nesting::resolve(&raw.resources, &parsed, &mut problems);
+        for (i, (r, c)) in raw.resources.iter().zip(parsed).enumerate() {
+            if nesting.nested[i] {
+                continue;
+            }
+            if r.weight.is_some() {
+                problems.push((
+                    format!("resources[{i}].weight"),
+                    "a weight among siblings applies to nested resources (with parent:)".into(),
+                ));
+            }
             if r.name.contains('*') {
                 out.templates.push((r.name.clone(), c));
             } else {
                 out.resources.push((r.name.clone(), c));
             }
         }
+        out.nested = nesting.roots;
         if let Some(r) = &raw.rlqs {
             out.rlqs = Some(std::sync::Arc::new(parse_rlqs(r, &out, &mut problems)));
         }
@@ -509,8 +596,67 @@ impl QuotaConfig {
         Self::from_yaml(file, &text)
     }
 
-    /// The parameters of resource `name`: its own, else the first template matching it.
+    /// The levels a nested path goes through (`org-acme/team-search/user-bob`), from the top:
+    /// at each level the entry of that exact name, else the first template matching it.
+    /// `None` when a segment matches nothing (or is empty).
+    pub fn levels(&self, path: &str) -> Option<Vec<&Level>> {
+        let mut out = Vec::new();
+        let mut siblings = &self.nested;
+        for segment in path.split('/') {
+            if segment.is_empty() || out.len() == MAX_LEVELS {
+                return None;
+            }
+            let l = siblings.iter().find(|l| l.name == segment).or_else(|| {
+                siblings
+                    .iter()
+                    .find(|l| crate::pattern::matches(&l.name, segment))
+            })?;
+            out.push(l);
+            siblings = &l.children;
+        }
+        Some(out)
+    }
+
+    /// The capacity and weight of each level of nested path `name`, from the top (`None`: not
+    /// a leased nested resource).
+    pub(crate) fn level_params(&self, name: &str) -> Option<Vec<(f64, f64)>> {
+        let levels = self.levels(name)?;
+        levels.last()?.is_leaf().then(|| {
+            levels
+                .iter()
+                .map(|l| (l.config.capacity, l.weight))
+                .collect()
+        })
+    }
+
+    /// Whether `name` is a group of nested resources (clients lease the leaves under it).
+    pub fn is_group(&self, name: &str) -> bool {
+        self.levels(name)
+            .is_some_and(|l| l.last().is_some_and(|l| !l.is_leaf()))
+    }
+
+    /// Whether `name` is declared as it is (not made from a template): an exact resource, or a
+    /// nested path whose every level is named exactly.
+    pub fn is_named(&self, name: &str) -> bool {
+        if name.contains('/') {
+            return self.levels(name).is_some_and(|levels| {
+                levels
+                    .iter()
+                    .zip(name.split('/'))
+                    .all(|(l, segment)| l.name == segment)
+            });
+        }
+        self.resources.iter().any(|(n, _)| n == name)
+    }
+
+    /// The parameters of resource `name`: its own, else the first template matching it; for
+    /// a nested path, its leaf's (a group is not leased).
     pub fn resource(&self, name: &str) -> Option<ResourceConfig> {
+        if name.contains('/') {
+            let levels = self.levels(name)?;
+            let leaf = levels.last()?;
+            return leaf.is_leaf().then_some(leaf.config);
+        }
         if let Some((_, c)) = self.resources.iter().find(|(n, _)| n == name) {
             return Some(*c);
         }
@@ -606,5 +752,80 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.starts_with("q.yaml:2:") && e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn nested_resources_resolve_by_path() {
+        let c = QuotaConfig::from_yaml(
+            Path::new("q.yaml"),
+            "resources:\n  - {name: search, capacity: 10}\n  - {name: org-acme, capacity: 1000/s}\n  - {name: 'team-*', parent: org-acme, capacity: 400/s}\n  - {name: team-core, parent: org-acme, capacity: 600/s, weight: 2}\n  - {name: 'user-*', parent: 'org-acme/team-*', capacity: 50/s, lease: 10s}\n  - {name: 'user-*', parent: org-acme/team-core, capacity: 100/s}\n",
+        )
+        .unwrap();
+        assert_eq!(c.resources.len(), 1);
+        assert_eq!(c.nested.len(), 1);
+        let bob = c.resource("org-acme/team-ads/user-bob").unwrap();
+        assert_eq!((bob.capacity, bob.lease), (50.0, Duration::from_secs(10)));
+        // The exact name wins over the template at its level.
+        let levels = c.levels("org-acme/team-core/user-bob").unwrap();
+        let caps: Vec<f64> = levels.iter().map(|l| l.config.capacity).collect();
+        assert_eq!(caps, [1000.0, 600.0, 100.0]);
+        assert_eq!(levels[1].weight, 2.0);
+        // Groups are not leased; unknown levels resolve to nothing.
+        assert_eq!(c.resource("org-acme"), None);
+        assert_eq!(c.resource("org-acme/team-ads"), None);
+        assert!(c.is_group("org-acme") && c.is_group("org-acme/team-ads"));
+        assert_eq!(c.resource("org-other/team-ads/user-bob"), None);
+        assert_eq!(c.resource("org-acme/team-ads/user-bob/more"), None);
+        assert_eq!(c.resource("org-acme//user-bob"), None);
+        assert!(!c.is_named("org-acme/team-core/user-x"));
+        assert!(!c.is_named("org-acme/team-ads/user-bob"));
+        let d = c.describe();
+        assert!(d.contains("nested org-acme: 1000/s"), "{d}");
+        assert!(
+            d.contains("    user-*: 50/s, weight 1, leased: lease 10s"),
+            "{d}"
+        );
+    }
+
+    #[test]
+    fn nesting_errors_are_located() {
+        let e = QuotaConfig::from_yaml(
+            Path::new("q.yaml"),
+            "resources:\n  - {name: org, capacity: 100, lease: 5s}\n  - {name: team, parent: org, capacity: 200}\n  - {name: a, parent: b, capacity: 1}\n  - {name: b, parent: a, capacity: 1}\n  - {name: x, parent: nowhere, capacity: 1}\n  - {name: team, parent: org, capacity: 1}\n  - {name: u/v, capacity: 1}\n  - {name: flat, capacity: 1, weight: 2}\n  - {name: w, parent: org, capacity: 1, algorithm: static, weight: 0}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            "q.yaml:2:39: resources[0].lease: a group is not leased itself",
+            "q.yaml:3:41: resources[1].capacity: 200/s is more than its parent \"org\" has (100/s)",
+            "q.yaml:4:23: resources[2].parent: a cycle of parents: a → b → a",
+            "q.yaml:5:23: resources[3].parent: a cycle of parents: b → a → b",
+            "q.yaml:6:23: resources[4].parent: \"nowhere\": no resource has this path",
+            "q.yaml:7:12: resources[5].name: \"org/team\" is declared twice",
+            "q.yaml:8:12: resources[6].name: \"u/v\": `/` separates",
+            "q.yaml:9:39: resources[7].weight: a weight among siblings",
+            "q.yaml:10:52: resources[8].algorithm: nested resources are divided by fair_share",
+            "q.yaml:10:68: resources[8].weight: 0: a number > 0",
+        ] {
+            assert!(e.contains(needle), "{needle} in\n{e}");
+        }
+        // Deeper than MAX_LEVELS.
+        let mut text = String::from("resources:\n  - {name: l0, capacity: 1}\n");
+        let mut parent = String::from("l0");
+        for i in 1..=MAX_LEVELS {
+            text.push_str(&format!(
+                "  - {{name: l{i}, parent: {parent}, capacity: 1}}\n"
+            ));
+            parent = format!("{parent}/l{i}");
+        }
+        let e = QuotaConfig::from_yaml(Path::new("q.yaml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "resources[{MAX_LEVELS}].parent: nested deeper than {MAX_LEVELS} levels"
+            )),
+            "{e}"
+        );
     }
 }

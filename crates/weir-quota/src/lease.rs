@@ -207,6 +207,10 @@ pub struct LeaseTable {
     clients_seen: usize,
     /// Holding: no grant grows, no lease outlives this time.
     hold: Option<Nanos>,
+    /// Shares set from outside ([`Self::set_shares`]): a nested resource, divided with its
+    /// whole family by the server. `Some(large)`: the family holds more than [`EXACT_UP_TO`]
+    /// leases (a newcomer starts from an even split until the next division).
+    external: Option<bool>,
     /// Refreshes answered and leases expired since the table was made.
     refreshes: u64,
     expirations: u64,
@@ -269,12 +273,14 @@ impl LeaseTable {
             extra: Vec::new(),
             shares_at: None,
             hold: None,
+            external: None,
             refreshes: 0,
             expirations: 0,
             ids: LeaseIds::new(),
         };
         t.holders.truncate(MAX_HOLDERS);
         t.reindex();
+        t.resum();
         t
     }
 
@@ -422,7 +428,7 @@ impl LeaseTable {
         let Some(i) = self.index.remove(client) else {
             return false;
         };
-        if self.holders.len() > EXACT_UP_TO && self.aligned() {
+        if self.incremental() && self.aligned() {
             self.shares.swap_remove(i);
             self.provisional.swap_remove(i);
         } else {
@@ -442,6 +448,61 @@ impl LeaseTable {
             });
         }
         proven
+    }
+
+    /// Whether a holder may come or go without a recomputation: a large table, or a table of
+    /// a large family.
+    fn incremental(&self) -> bool {
+        self.external.unwrap_or(self.holders.len() > EXACT_UP_TO)
+    }
+
+    /// Makes this a nested resource's table: its shares come from [`Self::set_shares`].
+    pub(crate) fn set_external(&mut self, large: bool) {
+        self.external = Some(large);
+    }
+
+    /// Whether the shares are due again at `now` (a holder came or went, or they are older
+    /// than the recomputation interval).
+    pub(crate) fn shares_due(&self, now: Nanos) -> bool {
+        !(self.aligned()
+            && self
+                .shares_at
+                .is_some_and(|at| now.saturating_sub(at) < self.recompute()))
+    }
+
+    /// Every holder's share (in [`Self::holders`] order), computed at `now` by whoever
+    /// divides this table's family; `large`: see [`Self::set_external`].
+    pub(crate) fn set_shares(&mut self, shares: &[f64], now: Nanos, large: bool) {
+        self.shares.clear();
+        self.shares.extend_from_slice(shares);
+        self.shares.resize(self.holders.len(), 0.0);
+        self.provisional.clear();
+        self.provisional.resize(self.holders.len(), false);
+        self.shares_at = Some(now);
+        self.external = Some(large);
+    }
+
+    /// Until the family's next division: every holder an even split of the capacity (marked
+    /// provisional, so told to come back sooner).
+    pub(crate) fn split_evenly(&mut self, now: Nanos) {
+        let even = self.config.capacity / self.holders.len().max(1) as f64;
+        self.shares.clear();
+        self.shares.resize(self.holders.len(), even);
+        self.provisional.clear();
+        self.provisional.resize(self.holders.len(), true);
+        self.shares_at = Some(now);
+    }
+
+    /// Each holder's demand for a division (needs first, as [`Self::shares`] divides).
+    pub(crate) fn demands(&self, needs: bool) -> impl Iterator<Item = Demand> + '_ {
+        self.holders.iter().map(move |h| Demand {
+            wants: if needs { h.needs } else { h.demand.wants },
+            ..h.demand
+        })
+    }
+
+    pub(crate) fn recompute(&self) -> Nanos {
+        nanos(self.config.refresh / 10).min(100_000_000)
     }
 
     /// Whether `shares` has one entry per holder (so rows can come and go without a
@@ -538,7 +599,7 @@ impl LeaseTable {
         });
         self.index
             .insert(client.to_string(), self.holders.len() - 1);
-        if self.holders.len() > EXACT_UP_TO && self.aligned_but_one() {
+        if self.incremental() && self.aligned_but_one() {
             // A large table: an even split until the next recomputation.
             self.shares
                 .push(self.config.capacity / self.holders.len() as f64);
@@ -556,11 +617,7 @@ impl LeaseTable {
         // thousands of clients more than the rest of the call. A share at most that old only
         // delays a demand change; grants stay bounded by what is left, so never past the
         // capacity.
-        let recompute = nanos(self.config.refresh / 10).min(100_000_000);
-        let fresh = self
-            .shares_at
-            .is_some_and(|at| now.saturating_sub(at) < recompute);
-        if fresh && self.aligned() {
+        if !self.shares_due(now) || self.external.is_some() {
             return Ok(());
         }
         self.demands.clear();
@@ -596,7 +653,21 @@ impl LeaseTable {
 
     /// `client` refreshes at `now` with `ask`: its new lease.
     pub fn refresh(&mut self, client: &str, ask: Ask, now: Nanos) -> Result<Lease, QuotaError> {
-        let (demand, needs) = self.check(&ask)?;
+        let i = self.enter(client, &ask, now)?;
+        self.shares(now)?;
+        Ok(self.grant(i, &ask, now, f64::INFINITY))
+    }
+
+    /// The first half of a refresh: checks `ask`, sweeps lapsed leases, and records the
+    /// demand in `client`'s row (made if needed); answers the row. The shares are then due
+    /// ([`Self::shares_due`]) before [`Self::grant`].
+    pub(crate) fn enter(
+        &mut self,
+        client: &str,
+        ask: &Ask,
+        now: Nanos,
+    ) -> Result<usize, QuotaError> {
+        let (demand, needs) = self.check(ask)?;
         // Lapsed leases are swept at most every 100 ms here: until then they still count
         // against the capacity, which errs on the safe side.
         if now >= self.next_expiry && now.saturating_sub(self.swept_at) >= 100_000_000 {
@@ -604,14 +675,22 @@ impl LeaseTable {
             self.expire(now);
         }
         let learning = self.learning(now);
-        let i = self.row(client, &ask, demand, needs, learning)?;
+        let i = self.row(client, ask, demand, needs, learning)?;
         self.holders[i].demand = demand;
         self.holders[i].needs = needs;
-        self.shares(now)?;
+        Ok(i)
+    }
+
+    /// The second half of a refresh: row `i`'s grant, at most its share, what is left of the
+    /// capacity, and `above` (what the groups above a nested resource leave it).
+    pub(crate) fn grant(&mut self, i: usize, ask: &Ask, now: Nanos, above: f64) -> Lease {
+        let learning = self.learning(now);
         let held = self.holders[i].granted;
-        let room = (self.config.capacity - (self.outstanding - held)).max(0.0);
+        let room = (self.config.capacity - (self.outstanding - held))
+            .min(above)
+            .max(0.0);
         // A cached share may come from a larger demand: never more than wanted now.
-        let fair = self.shares[i].min(ask.wants);
+        let fair = self.shares.get(i).copied().unwrap_or(0.0).min(ask.wants);
         let mut granted = if learning {
             // Capacity granted before the restart may still be in use: confirm what the client
             // holds, or grant what it uses on its own without a lease (its safe capacity),
@@ -641,12 +720,14 @@ impl LeaseTable {
         self.clients_seen = self.holders.len();
         // Held below its fair share (waiting for others to shrink): come back sooner, so the
         // room they free is taken within a fraction of the interval.
-        let refresh = if (granted + 1e-9 < fair || self.provisional[i]) && !learning {
+        let refresh = if (granted + 1e-9 < fair || self.provisional.get(i).copied().unwrap_or(true))
+            && !learning
+        {
             self.config.refresh / 5
         } else {
             self.config.refresh
         };
-        Ok(Lease {
+        Lease {
             granted,
             expires_at,
             refresh,
@@ -658,7 +739,7 @@ impl LeaseTable {
             },
             learning,
             lease_id,
-        })
+        }
     }
 }
 

@@ -14,7 +14,10 @@
 //!   schedule with jitter and backoff, and the local GCRA enforcing the grant (then the safe
 //!   capacity once a lease expires).
 
-//! - [`config`]: the quota file (resources and templates, located errors).
+//! - `nested` (inside the crate): the groups above nested resources' tables —
+//!   what the leases under each group hold, the room it leaves a refresh, the division of a
+//!   whole family.
+//! - [`config`]: the quota file (resources, templates and nested resources, located errors).
 //! - [`pattern`]: names with one `*` (templates, client ids).
 //! - [`clients`]: who may ask (client id patterns, bearer tokens) and with what weight and
 //!   priority.
@@ -34,6 +37,7 @@ pub mod config;
 pub mod ha;
 pub mod hierarchy;
 pub mod lease;
+mod nested;
 pub mod net;
 pub mod pattern;
 pub mod proto;

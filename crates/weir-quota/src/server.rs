@@ -12,6 +12,7 @@ use weir_core::Nanos;
 use crate::clients::{admit, ClientRule, Denied};
 use crate::config::QuotaConfig;
 use crate::lease::{Ask, Holder, Lease, LeaseTable, Released};
+use crate::nested::Groups;
 
 /// Why one resource of a refresh got no lease.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -19,6 +20,9 @@ pub enum Refusal {
     /// No resource or template of that name is configured.
     #[error("unknown resource {0:?}")]
     UnknownResource(String),
+    /// A group of nested resources: clients lease the resources under it.
+    #[error("resource {0:?} is a group of nested resources: lease one under it ({0}/…)")]
+    Group(String),
     /// The ask was not valid (negative or non-finite numbers).
     #[error("resource {resource:?}: {reason}")]
     BadAsk {
@@ -47,7 +51,7 @@ impl Refusal {
     /// [`MAX_RESOURCE_NAME`] bytes is cut).
     pub fn resource(&self) -> &str {
         match self {
-            Refusal::UnknownResource(r) | Refusal::Unavailable(r) => r,
+            Refusal::UnknownResource(r) | Refusal::Group(r) | Refusal::Unavailable(r) => r,
             Refusal::BadAsk { resource, .. } | Refusal::Full { resource, .. } => resource,
         }
     }
@@ -158,6 +162,8 @@ fn lease_nanos(c: &crate::lease::ResourceConfig) -> Nanos {
 pub struct LeaseServer {
     config: Mutex<QuotaConfig>,
     tables: Mutex<HashMap<String, LeaseTable>>,
+    /// The groups above nested resources' tables (locked after `tables`, before the others).
+    groups: Mutex<Groups>,
     /// Template instances and the clients who created them.
     instances: Mutex<Instances>,
     /// Tables made in the first lease length after this time learn (the server started then
@@ -192,6 +198,7 @@ impl LeaseServer {
         Self {
             config: Mutex::new(config),
             tables: Mutex::new(HashMap::new()),
+            groups: Mutex::new(Groups::default()),
             instances: Mutex::new(Instances::default()),
             started_at: Mutex::new(Some(now)),
             hold: Mutex::new(None),
@@ -204,6 +211,14 @@ impl LeaseServer {
     fn recount(&self, tables: &HashMap<String, LeaseTable>) {
         let n = tables.values().map(|t| t.holders().len()).sum();
         self.leases.store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The groups above nested tables again (under the `tables` lock, after tables were
+    /// dropped or leases expired in bulk).
+    fn regroup(&self, tables: &HashMap<String, LeaseTable>) {
+        let mut groups = self.groups.lock();
+        let config = self.config.lock();
+        groups.rebuild(tables, |name| config.level_params(name));
     }
 
     /// Rows in `before` became `after` (under the `tables` lock).
@@ -236,6 +251,7 @@ impl LeaseServer {
     pub fn restart(&self, now: Nanos) {
         let mut tables = self.tables.lock();
         tables.clear();
+        self.groups.lock().clear();
         self.recount(&tables);
         drop(tables);
         *self.started_at.lock() = Some(now);
@@ -286,6 +302,7 @@ impl LeaseServer {
             })
             .collect();
         self.recount(&tables);
+        self.regroup(&tables);
         out.sort_by(|a, b| a.resource.cmp(&b.resource));
         out
     }
@@ -297,16 +314,17 @@ impl LeaseServer {
     /// it really holds. Resources no longer configured are skipped. `restore(vec![], now)`
     /// starts empty without learning (every earlier lease is known to have lapsed).
     pub fn restore(&self, states: Vec<TableState>, now: Nanos) {
-        let config = self.config.lock();
         let mut tables = self.tables.lock();
+        let mut groups = self.groups.lock();
         let mut instances = self.instances.lock();
+        let config = self.config.lock();
         tables.clear();
         instances.clear();
         for s in states.into_iter().take(MAX_RESOURCES) {
             let Some(c) = config.resource(&s.resource) else {
                 continue;
             };
-            if !config.resources.iter().any(|(n, _)| *n == s.resource) {
+            if !config.is_named(&s.resource) {
                 // A template instance from the snapshot: counted, its creator unknown.
                 instances.insert(&s.resource, "");
             }
@@ -339,9 +357,13 @@ impl LeaseServer {
                     .min(now.saturating_add(lease_nanos(&c))),
             );
             t.hold(self.hold.lock().map(|h| h.saturating_add(lease_nanos(&c))));
+            if s.resource.contains('/') {
+                t.set_external(false);
+            }
             tables.insert(s.resource, t);
         }
         self.recount(&tables);
+        groups.rebuild(&tables, |name| config.level_params(name));
         *self.started_at.lock() = None;
     }
 
@@ -373,10 +395,16 @@ impl LeaseServer {
                 }
                 keep
             });
+            let nested = dropped.iter().any(|n| n.contains('/'));
             for name in dropped {
                 instances.remove(&name);
             }
             self.recount(tables);
+            if nested {
+                drop(instances);
+                self.regroup(tables);
+                instances = self.instances.lock();
+            }
         }
         if instances.len() >= MAX_RESOURCES {
             return Err(Refusal::Full {
@@ -402,12 +430,13 @@ impl LeaseServer {
     /// the new parameters; tables of removed resources are dropped.
     pub fn reload(&self, config: QuotaConfig) {
         let mut tables = self.tables.lock();
+        let mut groups = self.groups.lock();
         let mut instances = self.instances.lock();
         tables.retain(|name, t| match config.resource(name) {
             Some(c) => {
                 t.reconfigure(c);
                 // A template instance the file now names is a configured resource.
-                if config.resources.iter().any(|(n, _)| n == name) {
+                if config.is_named(name) {
                     instances.remove(name);
                 }
                 true
@@ -418,6 +447,7 @@ impl LeaseServer {
             }
         });
         self.recount(&tables);
+        groups.rebuild(&tables, |name| config.level_params(name));
         *self.config.lock() = config;
     }
 
@@ -445,13 +475,16 @@ impl LeaseServer {
                 }
                 if !tables.contains_key(resource) {
                     // The configuration is read only to create a table (first use).
-                    let (c, configured) = {
+                    let (c, configured, levels) = {
                         let config = self.config.lock();
-                        let configured = config.resources.iter().any(|(n, _)| n == resource);
-                        let c = config
-                            .resource(resource)
-                            .ok_or_else(|| Refusal::UnknownResource(resource.clone()))?;
-                        (c, configured)
+                        let c = config.resource(resource).ok_or_else(|| {
+                            if config.is_group(resource) {
+                                Refusal::Group(resource.clone())
+                            } else {
+                                Refusal::UnknownResource(resource.clone())
+                            }
+                        })?;
+                        (c, config.is_named(resource), config.level_params(resource))
                     };
                     if !configured {
                         if !(ask.wants.is_finite() && ask.wants >= 0.0) {
@@ -483,6 +516,10 @@ impl LeaseServer {
                         t = LeaseTable::resume(c, Vec::new());
                     }
                     t.hold(self.hold.lock().map(|h| h.saturating_add(lease_nanos(&c))));
+                    if let Some(levels) = levels {
+                        t.set_external(false);
+                        self.groups.lock().attach(resource, &levels);
+                    }
                     tables.insert(resource.clone(), t);
                 }
                 let table = tables
@@ -503,6 +540,7 @@ impl LeaseServer {
                             t.expire(now);
                         }
                         self.recount(&tables);
+                        self.regroup(&tables);
                     }
                 }
                 let table = tables
@@ -517,8 +555,13 @@ impl LeaseServer {
                         ),
                     });
                 }
-                let answer = table.refresh(client, *ask, now);
-                self.counted(before, table.holders().len());
+                let answer = if resource.contains('/') {
+                    self.refresh_nested(&mut tables, resource, client, ask, now)
+                } else {
+                    table.refresh(client, *ask, now)
+                };
+                let after = tables.get(resource).map_or(before, |t| t.holders().len());
+                self.counted(before, after);
                 answer.map_err(|e| match e {
                     crate::allocate::QuotaError::Full(_) => Refusal::Full {
                         resource: resource.clone(),
@@ -546,11 +589,21 @@ impl LeaseServer {
                 let Some(t) = tables.get_mut(r) else {
                     return false;
                 };
-                let before = t.holders().len();
+                let (before, held) = (t.holders().len(), t.outstanding());
                 let freed = t.release(client, *lease_id);
                 self.counted(before, t.holders().len());
+                let nested = r.contains('/');
+                if nested {
+                    let holders = t.holders().len() as isize - before as isize;
+                    self.groups
+                        .lock()
+                        .charge(r, t.outstanding() - held, holders);
+                }
                 if t.holders().is_empty() && t.released().is_empty() && t.learning_until() == 0 {
                     tables.remove(r);
+                    if nested {
+                        self.groups.lock().detach(r);
+                    }
                     self.instances.lock().remove(r);
                 }
                 freed
@@ -610,8 +663,51 @@ impl LeaseServer {
             })
             .collect();
         self.recount(&tables);
+        self.regroup(&tables);
         out.sort_by(|a, b| a.resource.cmp(&b.resource));
         out
+    }
+
+    /// A refresh of nested resource `resource` (its table exists): granted at most what every
+    /// group above leaves, from the shares of its whole family's division ([`crate::nested`]).
+    fn refresh_nested(
+        &self,
+        tables: &mut HashMap<String, LeaseTable>,
+        resource: &str,
+        client: &str,
+        ask: &Ask,
+        now: Nanos,
+    ) -> Result<Lease, crate::allocate::QuotaError> {
+        let mut groups = self.groups.lock();
+        let t = tables
+            .get_mut(resource)
+            .ok_or(crate::allocate::QuotaError::Full(0))?;
+        let (held, holders) = (t.outstanding(), t.holders().len());
+        let entered = t.enter(client, ask, now);
+        let (entered_held, entered_holders) = (t.outstanding(), t.holders().len());
+        groups.charge(
+            resource,
+            entered_held - held,
+            entered_holders as isize - holders as isize,
+        );
+        let i = entered?;
+        if t.shares_due(now) {
+            if groups.divided_lately(resource, now, t.recompute()) {
+                t.split_evenly(now);
+            } else {
+                groups.divide(resource, tables, now);
+            }
+        }
+        let t = tables
+            .get_mut(resource)
+            .ok_or(crate::allocate::QuotaError::Full(0))?;
+        let above = groups.room(resource, t.holders()[i].granted);
+        let mut lease = t.grant(i, ask, now, above);
+        groups.charge(resource, t.outstanding() - entered_held, 0);
+        if t.config().safe_capacity.is_none() {
+            lease.safe_capacity = lease.safe_capacity.min(groups.safe(resource));
+        }
+        Ok(lease)
     }
 }
 
