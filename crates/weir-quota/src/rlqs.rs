@@ -80,6 +80,14 @@ impl RlqsConfig {
                                 // A long value (up to the bucket id's 1 KiB) stands as its
                                 // digest, so the name stays within the lease server's bound.
                                 let v = weir_rules::keys::KeyShortener.bounded(v);
+                                // `/` separates the levels of nested resources: a value never
+                                // adds one (`%` escaped first, so distinct values stay
+                                // distinct).
+                                let v = if v.contains(['/', '%']) {
+                                    v.replace('%', "%25").replace('/', "%2F")
+                                } else {
+                                    v.into_owned()
+                                };
                                 out = out.replace(&format!("{{{k}}}"), &v);
                             }
                         }
@@ -893,5 +901,28 @@ mod tests {
             .on_report(report(&bob, 1, 0), 0, &server, &config, &totals)
             .unwrap_err();
         assert!(e.to_string().contains("\"envoy\" is not served"), "{e}");
+    }
+
+    #[test]
+    fn a_bucket_value_never_adds_a_level_to_a_nested_resource() {
+        let yaml = "resources:\n  - {name: 'org-*', capacity: 100}\n  - {name: 'user-*', parent: 'org-*', capacity: 10}\nrlqs:\n  buckets:\n    - {match: {name: u, org: '*', user: '*'}, resource: 'org-{org}/user-{user}'}\n";
+        let config =
+            crate::config::QuotaConfig::from_yaml(std::path::Path::new("q.yaml"), yaml).unwrap();
+        let rlqs = config.rlqs.clone().unwrap();
+        let target = |org: &str, user: &str| match rlqs.target(&id(&[
+            ("name", "u"),
+            ("org", org),
+            ("user", user),
+        ])) {
+            Target::Resource(r) => r,
+            _ => panic!("no resource"),
+        };
+        assert_eq!(target("acme", "bob"), "org-acme/user-bob");
+        assert!(config.resource(&target("acme", "bob")).is_some());
+        // `/` and `%` in values are escaped: one level each, distinct values stay distinct.
+        assert_eq!(target("acme", "a/b"), "org-acme/user-a%2Fb");
+        assert_eq!(target("ac/me", "b"), "org-ac%2Fme/user-b");
+        assert_ne!(target("acme", "a%2Fb"), target("acme", "a/b"));
+        assert!(config.resource(&target("acme", "x/y/z")).is_some());
     }
 }

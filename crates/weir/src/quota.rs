@@ -1,20 +1,27 @@
 //! `weir quota allocate`: the cluster-quota allocator on a CSV of demands.
 //!
-//! Input: `client,wants[,weight[,priority]]` per line (an optional header line starting with
-//! `client`, blank lines and `#` comments skipped); weight > 0 (default 1); priority one of
-//! `CRITICAL_PLUS`, `CRITICAL`, `SHEDDABLE_PLUS`, `SHEDDABLE` (default `CRITICAL`). Output:
-//! `client,share` in input order, shares as decimals; the total on stderr. Any bad line is one
-//! error naming it, and nothing is printed on stdout.
+//! Input: `client,wants[,weight[,priority]]` per line (blank lines and `#` comments skipped);
+//! weight > 0 (default 1); priority one of `CRITICAL_PLUS`, `CRITICAL`, `SHEDDABLE_PLUS`,
+//! `SHEDDABLE` (default `CRITICAL`). A first line starting with `client` is a header naming
+//! the columns, in any order: `client`, `wants`, `weight`, `priority`, and for nested quotas
+//! `parent` and `capacity` — a row with a `capacity` (`none`: no cap) is a group (an org, a
+//! team), a row with
+//! `wants` a client; `parent` names the group a row is under (empty: the top, of
+//! `--capacity`), and the shares are nested max-min ([`weir_quota::hierarchy`]). Output:
+//! `client,share` in input order (a group's share: what its rows get together), shares as
+//! decimals; the total on stderr. Any bad line is one error naming it, and nothing is printed
+//! on stdout.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 
 use weir_core::Criticality;
+use weir_quota::hierarchy::{Node, Tree};
 use weir_quota::{allocate, Algorithm, Demand};
 
 /// A line the allocator cannot use, or an unreadable input.
 #[derive(Debug, thiserror::Error)]
-#[error("{source_name}:{line}: {message}")]
+#[error("{source_name}:{}", place(*line, message))]
 pub struct InputError {
     /// Where the input came from.
     pub source_name: String,
@@ -24,18 +31,57 @@ pub struct InputError {
     pub message: String,
 }
 
-/// Reads demands: (client names, demands) in input order.
-pub fn read_demands(
-    reader: impl BufRead,
-    source: &str,
-) -> Result<(Vec<String>, Vec<Demand>), InputError> {
+/// `N: message`, or ` message` for the input as a whole (line 0).
+fn place(line: usize, message: &str) -> String {
+    if line == 0 {
+        format!(" {message}")
+    } else {
+        format!("{line}: {message}")
+    }
+}
+
+/// The columns an input may name in its header.
+const COLUMNS: [&str; 6] = [
+    "client", "wants", "weight", "priority", "parent", "capacity",
+];
+
+/// One row of the input: a client's demand, or (nested input) a group's capacity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// The client's (or group's) name.
+    pub name: String,
+    /// 1-based line number.
+    pub line: usize,
+    /// A client's demand (`None`: a group).
+    pub demand: Option<Demand>,
+    /// A group's capacity.
+    pub capacity: Option<f64>,
+    /// The group the row is under (`None`: the top).
+    pub parent: Option<String>,
+    /// A group's weight among its siblings.
+    pub weight: f64,
+}
+
+/// The rows of an input, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Demands {
+    /// Every row.
+    pub rows: Vec<Row>,
+    /// Some row names a parent or a capacity: the shares are nested.
+    pub nested: bool,
+}
+
+/// Reads demands (see the module documentation).
+pub fn read_demands(reader: impl BufRead, source: &str) -> Result<Demands, InputError> {
     let fail = |line: usize, message: String| InputError {
         source_name: source.to_string(),
         line,
         message,
     };
-    let (mut names, mut demands) = (Vec::new(), Vec::new());
+    let mut columns: Vec<usize> = vec![0, 1, 2, 3];
+    let mut rows: Vec<Row> = Vec::new();
     let mut seen = HashSet::new();
+    let mut first = true;
     for (i, line) in reader.lines().enumerate() {
         let n = i + 1;
         let line = line.map_err(|e| fail(n, format!("cannot read: {e}")))?;
@@ -43,58 +89,109 @@ pub fn read_demands(
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        if demands.is_empty() && names.is_empty() && line.to_ascii_lowercase().starts_with("client")
-        {
-            continue; // the header
+        if std::mem::take(&mut first) && line.to_ascii_lowercase().starts_with("client") {
+            columns = header(line).map_err(|e| fail(n, e))?;
+            continue;
         }
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        if !(2..=4).contains(&fields.len()) {
-            return Err(fail(
-                n,
-                format!(
-                    "expected client,wants[,weight[,priority]], got {} fields",
-                    fields.len()
-                ),
+        rows.push(row(&fields, &columns, n, &mut seen).map_err(|e| fail(n, e))?);
+    }
+    let nested = rows
+        .iter()
+        .any(|r| r.parent.is_some() || r.capacity.is_some());
+    Ok(Demands { rows, nested })
+}
+
+/// The columns a header names (indices into [`COLUMNS`]).
+fn header(line: &str) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for name in line.split(',').map(|c| c.trim().to_ascii_lowercase()) {
+        let Some(c) = COLUMNS.iter().position(|k| *k == name) else {
+            return Err(format!(
+                "unknown column {name:?} (columns: {})",
+                COLUMNS.join(", ")
             ));
-        }
-        let client = fields[0];
-        if client.is_empty() {
-            return Err(fail(n, "empty client".into()));
-        }
-        if !seen.insert(client.to_string()) {
-            return Err(fail(n, format!("client {client:?} appears twice")));
-        }
-        let number = |what: &str, s: &str| -> Result<f64, InputError> {
-            s.parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite())
-                .ok_or_else(|| fail(n, format!("{what} {s:?} is not a number")))
         };
-        let wants = number("wants", fields[1])?;
-        if wants < 0.0 {
-            return Err(fail(n, format!("wants {wants} is negative")));
+        if out.contains(&c) {
+            return Err(format!("column {name:?} appears twice"));
         }
-        let weight = match fields.get(2).filter(|s| !s.is_empty()) {
-            Some(s) => number("weight", s)?,
-            None => 1.0,
-        };
-        if weight <= 0.0 {
-            return Err(fail(n, format!("weight {weight} must be > 0")));
+        out.push(c);
+    }
+    if !out.contains(&0) {
+        return Err("the header names no client column".into());
+    }
+    Ok(out)
+}
+
+/// One data line, its fields in the header's `columns`.
+fn row(
+    fields: &[&str],
+    columns: &[usize],
+    n: usize,
+    seen: &mut HashSet<String>,
+) -> Result<Row, String> {
+    if fields.len() > columns.len() || fields.len() < 2 {
+        let names: Vec<&str> = columns.iter().map(|&c| COLUMNS[c]).collect();
+        return Err(format!(
+            "expected {} (at least 2 fields), got {} fields",
+            names.join(","),
+            fields.len()
+        ));
+    }
+    let field = |column: usize| -> Option<&str> {
+        columns
+            .iter()
+            .position(|&c| c == column)
+            .and_then(|i| fields.get(i).copied())
+            .filter(|s| !s.is_empty())
+    };
+    let number = |what: &str, s: &str| -> Result<f64, String> {
+        s.parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| format!("{what} {s:?} is not a number"))
+    };
+    let client = field(0).ok_or("empty client")?;
+    if !seen.insert(client.to_string()) {
+        return Err(format!("client {client:?} appears twice"));
+    }
+    let wants = field(1).map(|s| number("wants", s)).transpose()?;
+    let capacity = match field(5) {
+        Some("none") => Some(f64::INFINITY),
+        other => other.map(|s| number("capacity", s)).transpose()?,
+    };
+    match (wants, capacity) {
+        (Some(w), _) if w < 0.0 => return Err(format!("wants {w} is negative")),
+        (_, Some(c)) if c < 0.0 => return Err(format!("capacity {c} is negative")),
+        (Some(_), Some(_)) => {
+            return Err("give wants (a client) or capacity (a group), not both".into())
         }
-        let priority = match fields.get(3).filter(|s| !s.is_empty()) {
-            Some(s) => s
-                .parse::<Criticality>()
-                .map_err(|e| fail(n, e.to_string()))?,
-            None => Criticality::Critical,
-        };
-        names.push(client.to_string());
-        demands.push(Demand {
+        (None, None) => return Err("give wants (a client) or capacity (a group)".into()),
+        _ => {}
+    }
+    let weight = field(2)
+        .map(|s| number("weight", s))
+        .transpose()?
+        .unwrap_or(1.0);
+    if weight <= 0.0 {
+        return Err(format!("weight {weight} must be > 0"));
+    }
+    let priority = match field(3) {
+        Some(s) => s.parse::<Criticality>().map_err(|e| e.to_string())?,
+        None => Criticality::Critical,
+    };
+    Ok(Row {
+        name: client.to_string(),
+        line: n,
+        demand: wants.map(|wants| Demand {
             wants,
             weight,
             priority,
-        });
-    }
-    Ok((names, demands))
+        }),
+        capacity,
+        parent: field(4).map(str::to_string),
+        weight,
+    })
 }
 
 /// A share as a short decimal: 9 decimal places at most, trailing zeros dropped (`2.7`, `3`).
@@ -108,23 +205,143 @@ pub fn decimal(x: f64) -> String {
     }
 }
 
-/// The CSV answer for `names` and their shares of `capacity` under `algorithm`, and the total.
+/// The CSV answer for `input`'s rows and their shares of `capacity` under `algorithm`, and the
+/// total; an error names the line (`source`) or the allocator's complaint.
 pub fn answer(
     capacity: f64,
     algorithm: Algorithm,
-    names: &[String],
-    demands: &[Demand],
-) -> Result<(String, f64), weir_quota::QuotaError> {
-    let mut shares = Vec::with_capacity(demands.len());
-    allocate(capacity, algorithm, demands, &mut shares)?;
+    input: &Demands,
+    source: &str,
+) -> Result<(String, f64), InputError> {
+    let fail = |line: usize, message: String| InputError {
+        source_name: source.to_string(),
+        line,
+        message,
+    };
+    let shares = if input.nested {
+        if algorithm != Algorithm::FairShare {
+            return Err(fail(
+                0,
+                "nested quotas are divided by fair_share (nested weighted max-min)".into(),
+            ));
+        }
+        nested_shares(capacity, &input.rows).map_err(|(line, m)| fail(line, m))?
+    } else {
+        let demands: Vec<Demand> = input.rows.iter().filter_map(|r| r.demand).collect();
+        let mut shares = Vec::with_capacity(demands.len());
+        allocate(capacity, algorithm, &demands, &mut shares).map_err(|e| fail(0, e.to_string()))?;
+        shares
+    };
     let mut out = String::from("client,share\n");
-    for (name, share) in names.iter().zip(&shares) {
-        out.push_str(name);
+    for (row, share) in input.rows.iter().zip(&shares) {
+        out.push_str(&row.name);
         out.push(',');
         out.push_str(&decimal(*share));
         out.push('\n');
     }
-    Ok((out, shares.iter().sum()))
+    let total = input
+        .rows
+        .iter()
+        .zip(&shares)
+        .filter(|(r, _)| r.parent.is_none())
+        .map(|(_, s)| s)
+        .sum();
+    Ok((out, total))
+}
+
+/// Every row's share of `capacity` by nested max-min: a client's its own, a group's the sum of
+/// its rows'. Errors: (line, message).
+fn nested_shares(capacity: f64, rows: &[Row]) -> Result<Vec<f64>, (usize, String)> {
+    let index: HashMap<&str, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.name.as_str(), i))
+        .collect();
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); rows.len()];
+    let mut top = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        let Some(p) = &r.parent else {
+            top.push(i);
+            continue;
+        };
+        let &pi = index
+            .get(p.as_str())
+            .ok_or_else(|| (r.line, format!("parent {p:?} is not a row of this input")))?;
+        if rows[pi].demand.is_some() {
+            return Err((
+                r.line,
+                format!("parent {p:?} is a client (it has wants): only groups, rows with a capacity, have rows under them"),
+            ));
+        }
+        if let (Some(c), Some(pc)) = (r.capacity, rows[pi].capacity) {
+            if c > pc {
+                return Err((
+                    r.line,
+                    format!("capacity {c} is more than its parent {p:?} has ({pc})"),
+                ));
+            }
+        }
+        children[pi].push(i);
+    }
+    // A row every path up from which never reaches the top is in a cycle.
+    let mut reaches = vec![false; rows.len()];
+    let mut stack = top.clone();
+    while let Some(i) = stack.pop() {
+        reaches[i] = true;
+        stack.extend(&children[i]);
+    }
+    if let Some(i) = (0..rows.len()).find(|&i| !reaches[i]) {
+        let mut names = vec![rows[i].name.as_str()];
+        let mut at = i;
+        while let Some(p) = rows[at].parent.as_deref() {
+            names.push(p);
+            at = index[p];
+            if at == i {
+                break;
+            }
+        }
+        return Err((
+            rows[i].line,
+            format!("a cycle of parents: {}", names.join(" → ")),
+        ));
+    }
+    fn node(i: usize, rows: &[Row], children: &[Vec<usize>], order: &mut Vec<usize>) -> Node {
+        order.push(i);
+        match rows[i].demand {
+            Some(d) => Node::Leaf(d),
+            None => Node::Group {
+                capacity: rows[i].capacity.unwrap_or(f64::INFINITY),
+                weight: rows[i].weight,
+                children: children[i]
+                    .iter()
+                    .map(|&c| node(c, rows, children, order))
+                    .collect(),
+            },
+        }
+    }
+    let mut order = Vec::new();
+    let root = Node::group(
+        capacity,
+        top.iter()
+            .map(|&i| node(i, rows, &children, &mut order))
+            .collect(),
+    );
+    let tree = Tree::new(&root).map_err(|e| (0, e.to_string()))?;
+    let leaf_shares = tree.allocate();
+    let mut shares = vec![0.0; rows.len()];
+    let mut leaf = leaf_shares.into_iter();
+    for &i in &order {
+        if rows[i].demand.is_some() {
+            shares[i] = leaf.next().unwrap_or(0.0);
+        }
+    }
+    // Groups: what their rows get, deepest first (children come after their parent).
+    for &i in order.iter().rev() {
+        if rows[i].demand.is_none() {
+            shares[i] = children[i].iter().map(|&c| shares[c]).sum();
+        }
+    }
+    Ok(shares)
 }
 
 /// Reads a `weir simulate quota` scenario: `t_ms,client,demand` per line (an optional header,

@@ -64,6 +64,86 @@ fn allocate_refuses_bad_input_with_the_line_and_prints_nothing() {
 }
 
 #[test]
+fn allocate_divides_nested_quotas_by_a_parent_column() {
+    // docs/quota.md: an org of 1 000/s over team-a (400/s, users of at most 50/s), team-b
+    // (400/s) and team-c (no cap).
+    let mut input =
+        String::from("client,parent,capacity,wants\nteam-a,,400,\nteam-b,,400,\nteam-c,,none,\n");
+    for u in 0..10 {
+        input.push_str(&format!("user-{u},team-a,50,\nhost-{u},user-{u},,100\n"));
+    }
+    input.push_str("b1,team-b,,30\nb2,team-b,50,\nb2-host,b2,,500\nc1,team-c,,900\n");
+    let (code, out, err) = weir(&["quota", "allocate", "--capacity", "1000"], &input);
+    assert_eq!(code, 0, "{err}");
+    let shares: std::collections::HashMap<&str, &str> = out
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(','))
+        .collect();
+    for (name, share) in [
+        ("team-a", "400"),
+        ("user-3", "40"),
+        ("host-3", "40"),
+        ("team-b", "80"),
+        ("b1", "30"),
+        ("b2-host", "50"),
+        ("team-c", "520"),
+        ("c1", "520"),
+    ] {
+        assert_eq!(shares[name], share, "{name} in\n{out}");
+    }
+    assert!(
+        err.contains("total 1000 of capacity 1000 (13 clients, nested fair_share)"),
+        "{err}"
+    );
+    // Each mistake names its line; nothing on stdout.
+    for (input, message) in [
+        (
+            "client,parent,capacity,wants\na,nowhere,,1\n",
+            "stdin:2: parent \"nowhere\" is not a row of this input",
+        ),
+        (
+            "client,parent,capacity,wants\ng,,5,\nh,g,9,\n",
+            "stdin:3: capacity 9 is more than its parent \"g\" has (5)",
+        ),
+        (
+            "client,parent,capacity,wants\na,,,1\nb,a,,1\n",
+            "stdin:3: parent \"a\" is a client (it has wants)",
+        ),
+        (
+            "client,parent,capacity,wants\nx,y,5,\ny,x,5,\n",
+            "stdin:2: a cycle of parents: x → y → x",
+        ),
+        (
+            "client,parent,capacity,wants\nx,,5,1\n",
+            "stdin:2: give wants (a client) or capacity (a group), not both",
+        ),
+        ("client,boss,wants\n", "stdin:1: unknown column \"boss\""),
+    ] {
+        let (code, out, err) = weir(&["quota", "allocate", "--capacity", "10"], input);
+        assert_eq!(code, 2, "{input}");
+        assert!(out.is_empty(), "partial output: {out}");
+        assert!(err.contains(message), "{message} in {err}");
+    }
+    let (code, _, err) = weir(
+        &[
+            "quota",
+            "allocate",
+            "--capacity",
+            "10",
+            "--algorithm",
+            "static",
+        ],
+        "client,parent,capacity,wants\ng,,5,\na,g,,1\n",
+    );
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("stdin: nested quotas are divided by fair_share"),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_server_down_figures_of_docs_quota_md_are_what_the_command_prints() {
     let doc = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/quota.md"),

@@ -23,20 +23,28 @@ pub(crate) fn run_allocate(args: AllocateArgs) -> ExitCode {
             Err(e) => return fail(format_args!("{}: {e}", p.display())),
         },
     };
-    let (names, demands) = match read {
+    let input = match read {
         Ok(d) => d,
         Err(e) => return fail(e),
     };
-    match quota::answer(args.capacity, args.algorithm, &names, &demands) {
+    let source = match &args.input {
+        Some(p) if p.as_os_str() != "-" => p.display().to_string(),
+        _ => "stdin".to_string(),
+    };
+    match quota::answer(args.capacity, args.algorithm, &input, &source) {
         Ok((out, total)) => {
             print!("{out}");
             let _ = io::stdout().flush();
+            let clients = input.rows.iter().filter(|r| r.demand.is_some()).count();
             eprintln!(
-                "total {} of capacity {} ({} clients, {})",
+                "total {} of capacity {} ({clients} clients, {})",
                 quota::decimal(total),
                 quota::decimal(args.capacity),
-                names.len(),
-                args.algorithm.as_str()
+                if input.nested {
+                    "nested fair_share"
+                } else {
+                    args.algorithm.as_str()
+                }
             );
             ExitCode::SUCCESS
         }
