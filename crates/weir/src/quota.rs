@@ -132,11 +132,12 @@ fn row(
 ) -> Result<Row, String> {
     if fields.len() > columns.len() || fields.len() < 2 {
         let names: Vec<&str> = columns.iter().map(|&c| COLUMNS[c]).collect();
-        return Err(format!(
-            "expected {} (at least 2 fields), got {} fields",
-            names.join(","),
-            fields.len()
-        ));
+        let expected = if columns == [0, 1, 2, 3] {
+            "client,wants[,weight[,priority]]".to_string()
+        } else {
+            names.join(",")
+        };
+        return Err(format!("expected {expected}, got {} fields", fields.len()));
     }
     let field = |column: usize| -> Option<&str> {
         columns
@@ -479,9 +480,8 @@ mod tests {
 
     #[test]
     fn the_seed_example_prints_2_2_6_2_7_2_7() {
-        let (names, demands) =
-            read_demands("client,wants\na,2\nb,2.6\nc,4\nd,5\n".as_bytes(), "t").unwrap();
-        let (out, total) = answer(10.0, Algorithm::FairShare, &names, &demands).unwrap();
+        let input = read_demands("client,wants\na,2\nb,2.6\nc,4\nd,5\n".as_bytes(), "t").unwrap();
+        let (out, total) = answer(10.0, Algorithm::FairShare, &input, "t").unwrap();
         assert_eq!(out, "client,share\na,2\nb,2.6\nc,2.7\nd,2.7\n");
         assert!((total - 10.0).abs() < 1e-9);
     }
@@ -529,14 +529,14 @@ mod tests {
             e("x,a,1\n"),
             "s.csv:1: t_ms \"x\" is not a whole number of ms"
         );
-        assert_eq!(e("# nothing\n"), "s.csv:0: no rows");
+        assert_eq!(e("# nothing\n"), "s.csv: no rows");
     }
 
     #[test]
     fn weights_priorities_comments_and_decimals() {
         let text = "# demands\nclient,wants,weight,priority\nx,10,1,SHEDDABLE\n\ny,10,3\nz,6,,critical_plus\n";
-        let (names, demands) = read_demands(text.as_bytes(), "t").unwrap();
-        let (out, _) = answer(10.0, Algorithm::FairShare, &names, &demands).unwrap();
+        let input = read_demands(text.as_bytes(), "t").unwrap();
+        let (out, _) = answer(10.0, Algorithm::FairShare, &input, "t").unwrap();
         assert_eq!(out, "client,share\nx,0\ny,4\nz,6\n");
         assert_eq!(decimal(1.0 / 3.0), "0.333333333");
         assert_eq!(decimal(5.4 / 2.0 + f64::EPSILON), "2.7");
