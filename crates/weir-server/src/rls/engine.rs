@@ -604,7 +604,10 @@ impl Engine {
             .flat_map(|m| m.rule.limit.replaces.iter().map(String::as_str))
             .collect();
         let mut statuses = Vec::with_capacity(request.descriptors.len());
-        for (d, m) in request.descriptors.iter().zip(&matched) {
+        // Descriptors admitted under rules that charge nothing for a refused hit: given back
+        // if the request as a whole is refused (at most MAX_DESCRIPTORS = 64 bits).
+        let mut admitted: u64 = 0;
+        for (i, (d, m)) in request.descriptors.iter().zip(&matched).enumerate() {
             let hits = d
                 .hits_addend
                 .unwrap_or(u64::from(request.hits_addend.max(1)));
@@ -664,6 +667,9 @@ impl Engine {
                             false,
                         );
                         let decision = counter.acquire(&key, hits, now).await;
+                        if decision.allowed() && !counter.spec().count_denied {
+                            admitted |= 1 << i;
+                        }
                         let fixed = r.limit.algorithm == RateAlgorithm::FixedWindow;
                         let mut status = status_of(
                             &decision,
@@ -698,6 +704,9 @@ impl Engine {
         let quota: Vec<&Status> = statuses.iter().filter(|s| s.quota_mode).collect();
         let over_limit = statuses.iter().filter(|s| !s.quota_mode).any(|s| over(&s))
             || (!quota.is_empty() && quota.iter().all(over));
+        if over_limit && admitted != 0 {
+            self.give_back(request, &matched, admitted, now).await;
+        }
         let metadata = self
             .options
             .response_metadata
@@ -707,6 +716,30 @@ impl Engine {
             statuses,
             metadata,
         })
+    }
+
+    /// A refused request charges none of its descriptors (a team's counter is not charged
+    /// when its user's refuses): the hits of the descriptors in `admitted` (a bit per index)
+    /// are given back. Rules counting refused hits (Lyft's fixed window) are never in it.
+    #[cold]
+    async fn give_back(
+        &self,
+        request: &Request,
+        matched: &[Option<Matched<'_>>],
+        admitted: u64,
+        now: weir_core::Nanos,
+    ) {
+        for (i, (d, m)) in request.descriptors.iter().zip(matched).enumerate() {
+            if admitted & (1 << i) == 0 {
+                continue;
+            }
+            if let Some(m) = m {
+                let hits = d
+                    .hits_addend
+                    .unwrap_or(u64::from(request.hits_addend.max(1)));
+                self.settle(m, d, hits, true, now).await;
+            }
+        }
     }
 
     /// A settlement on the counter `m` matched: `hits` charged whatever the limit, or given
@@ -1245,6 +1278,54 @@ descriptors:
         // unknown domain / descriptor: no limit
         let r = e.decide(&req("nope", &[("k", "v")])).await.unwrap();
         assert!(!r.over_limit && r.statuses[0].limit.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_request_its_user_refuses_charges_no_org_with_weirs_algorithms_only() {
+        // One request names the org and the org's user: two descriptors. With GCRA (or a
+        // domain with count_denied: false) a request the user's limit refuses is charged to
+        // nobody; Lyft's counting fixed window charges every descriptor, as Lyft does.
+        let yaml = |algorithm: &str| {
+            format!(
+                "domain: d
+descriptors:
+  - key: org
+    rate_limit: {{unit: minute, requests_per_unit: 5{algorithm}}}
+    descriptors:
+      - key: user
+        rate_limit: {{unit: minute, requests_per_unit: 2{algorithm}}}
+"
+            )
+        };
+        let both = |user: &str| Request {
+            descriptors: vec![
+                req("d", &[("org", "acme")]).descriptors.remove(0),
+                req("d", &[("org", "acme"), ("user", user)]).descriptors.remove(0),
+            ],
+            ..req("d", &[])
+        };
+        for (algorithm, org_left) in [(", algorithm: gcra", 3), ("", 0)] {
+            let e = engine(&yaml(algorithm));
+            // bob: 2 pass, 3 refused by his own limit.
+            let passed: Vec<bool> = futures_passed(&e, &both("bob"), 5).await;
+            assert_eq!(passed, [true, true, false, false, false], "{algorithm:?}");
+            // What the org has left for amy: 5 − bob's 2 when refusals cost nothing; Lyft's
+            // window counted all 5 of bob's.
+            let amy = futures_passed(&e, &both("amy"), 5).await;
+            let amy_passed = amy.iter().filter(|p| **p).count();
+            assert_eq!(amy_passed, org_left.min(2), "{algorithm:?}: {amy:?}");
+            // The org's own counter: with GCRA one more request fits (amy's 2 + bob's 2 = 4).
+            let org = e.decide(&req("d", &[("org", "acme")])).await.unwrap();
+            assert_eq!(!org.over_limit, org_left > 2, "{algorithm:?}");
+        }
+    }
+
+    async fn futures_passed(e: &Engine, r: &Request, n: usize) -> Vec<bool> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(pass(e, r).await);
+        }
+        out
     }
 
     #[tokio::test]
