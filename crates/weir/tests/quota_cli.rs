@@ -625,6 +625,95 @@ async fn a_lease_client_enforces_its_grant_then_its_safe_capacity_when_the_serve
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[tokio::test]
+async fn lease_clients_of_nested_resources_get_grants_that_fit_every_group_above() {
+    use weir_quota::net::LeaseClient;
+    use weir_quota::Source;
+    // An org of 30/s over teams of 20/s over users of 15/s: team-a's two users want much
+    // more than their team can give; team-b's one user is capped by its own 15/s. Nested
+    // max-min: team-b 15, team-a 15 (7.5 per user).
+    let yaml = "resources:\n  - {name: org, capacity: 30/s}\n  - {name: 'team-*', parent: org, capacity: 20/s}\n  - {name: 'user-*', parent: 'org/team-*', capacity: 15/s, lease: 2s, refresh: 1s}\n";
+    let (server, dir) = tokio::task::spawn_blocking(move || serve_quota_text("nested", yaml))
+        .await
+        .unwrap();
+    let url = format!("http://127.0.0.1:{}", server.1);
+    let leaves = [
+        "org/team-a/user-1",
+        "org/team-a/user-2",
+        "org/team-b/user-1",
+    ];
+    let clients: Vec<LeaseClient> = leaves
+        .iter()
+        .enumerate()
+        .map(|(i, leaf)| {
+            LeaseClient::builder(&url, &format!("host-{i}"))
+                .resource(leaf, 1.0)
+                .start()
+                .unwrap()
+        })
+        .collect();
+    // 100/s of demand each for up to 12 s (the server learns for its first 2 s).
+    let started = std::time::Instant::now();
+    let want = [7.5, 7.5, 15.0];
+    let converged = |clients: &[LeaseClient]| {
+        leaves
+            .iter()
+            .zip(&clients[..])
+            .zip(want)
+            .all(|((leaf, c), w)| {
+                let (rate, source) = c.resource(leaf).unwrap().rate();
+                source == Source::Granted && (rate - w).abs() < 0.01
+            })
+    };
+    while started.elapsed() < std::time::Duration::from_secs(12) && !converged(&clients) {
+        for (leaf, c) in leaves.iter().zip(&clients) {
+            let _ = c.acquire(leaf, 1);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let rates: Vec<(f64, Source)> = leaves
+        .iter()
+        .zip(&clients)
+        .map(|(leaf, c)| c.resource(leaf).unwrap().rate())
+        .collect();
+    assert!(
+        converged(&clients),
+        "{rates:?} after {:?}",
+        started.elapsed()
+    );
+    // The server's own account: the org's grants sum to its capacity, no more.
+    let (_, body) = http(server.1, "GET", "/quota/v1/allocations", "");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let total: f64 = v["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["granted"].as_f64().unwrap())
+        .sum();
+    assert!((total - 30.0).abs() < 0.01, "{body}");
+    // A group, and a name outside the tree, are refused by name.
+    let (code, body) = http(
+        server.1,
+        "POST",
+        "/quota/v1/refresh",
+        r#"{"client": "x", "resources": [{"resource": "org/team-a", "wants": 1}, {"resource": "org/team-a/user-1/more", "wants": 1}]}"#,
+    );
+    assert_eq!(code, 200);
+    assert!(
+        body.contains(r#"is a group of nested resources: lease one under it (org/team-a/…)"#),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#"unknown resource \"org/team-a/user-1/more\""#),
+        "{body}"
+    );
+    for c in clients {
+        c.shutdown().await;
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn a_proxy_with_a_cluster_rule_admits_its_leased_share() {
     let dir = std::env::temp_dir().join(format!("weir-quota-proxy-{}", std::process::id()));

@@ -1300,7 +1300,9 @@ descriptors:
         let both = |user: &str| Request {
             descriptors: vec![
                 req("d", &[("org", "acme")]).descriptors.remove(0),
-                req("d", &[("org", "acme"), ("user", user)]).descriptors.remove(0),
+                req("d", &[("org", "acme"), ("user", user)])
+                    .descriptors
+                    .remove(0),
             ],
             ..req("d", &[])
         };
