@@ -121,6 +121,17 @@ fn drive(
     rate: f64,
     until: Instant,
 ) -> std::thread::JoinHandle<()> {
+    drive_as(port, tag, vec![("x-user", user)], rate, until)
+}
+
+/// The same with the request headers `headers`.
+fn drive_as(
+    port: u16,
+    tag: &'static str,
+    headers: Vec<(&'static str, &'static str)>,
+    rate: f64,
+    until: Instant,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let start = Instant::now();
         let mut k = 0u32;
@@ -129,7 +140,7 @@ fn drive(
             if let Some(d) = at.checked_duration_since(Instant::now()) {
                 std::thread::sleep(d);
             }
-            let _ = get(port, &format!("/{tag}"), &[("x-user", user)]);
+            let _ = get(port, &format!("/{tag}"), &headers);
             k += 1;
         }
     })
@@ -455,6 +466,61 @@ fn quick_start_quota() -> String {
         .expect("its quota file");
     assert!(block.contains("# quota.yaml"), "{block}");
     block.to_string()
+}
+
+#[test]
+fn an_orgs_capacity_is_shared_by_its_users_each_under_its_own() {
+    // The quick start's nested resources: each org 30/s, each of its users at most 20/s.
+    let (dir, quota, log, upstream) = setup("weir-rlqs-org");
+    std::fs::write(&quota, quick_start_quota()).unwrap();
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let _server = weir(&quota, http, grpc);
+    let (_envoy, port) = envoy(&dir, "envoy-1", upstream, grpc);
+    std::thread::sleep(Duration::from_secs(1));
+    // bob and amy of acme at 30/s each: the org's 30/s split, 15/s each; zoe of another org
+    // alone: her own 20/s.
+    let t0 = Instant::now();
+    let until = t0 + Duration::from_secs(20);
+    let load = [
+        drive_as(
+            port,
+            "acme/bob",
+            vec![("x-org", "acme"), ("x-user", "bob")],
+            30.0,
+            until,
+        ),
+        drive_as(
+            port,
+            "acme/amy",
+            vec![("x-org", "acme"), ("x-user", "amy")],
+            30.0,
+            until,
+        ),
+        drive_as(
+            port,
+            "globex/zoe",
+            vec![("x-org", "globex"), ("x-user", "zoe")],
+            30.0,
+            until,
+        ),
+    ];
+    for h in load {
+        h.join().unwrap();
+    }
+    let from = t0 + Duration::from_secs(8);
+    let (bob, amy, zoe) = (
+        rate(&log, "/acme/bob", from, until),
+        rate(&log, "/acme/amy", from, until),
+        rate(&log, "/globex/zoe", from, until),
+    );
+    eprintln!("acme (30/s): bob {bob:.2}/s, amy {amy:.2}/s, together {:.2}/s; globex's zoe {zoe:.2}/s of her 20/s", bob + amy);
+    assert!((27.0..=31.5).contains(&(bob + amy)), "acme: {bob} + {amy}");
+    assert!(
+        (12.0..=17.0).contains(&bob) && (12.0..=17.0).contains(&amy),
+        "{bob} {amy}"
+    );
+    assert!((18.0..=21.0).contains(&zoe), "zoe: {zoe}");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Upstream requests/s on `path` over `[from + skip, to)`.
