@@ -229,6 +229,7 @@ impl ResourceClient {
             weight: self.config.weight,
             priority: self.config.priority,
             lease_id: c.lease_id,
+            holds: None,
         }
     }
 

@@ -331,6 +331,7 @@ impl Snapshot {
                             )));
                         }
                         Ok(Holder {
+                            keeps: 0.0,
                             client: h.client,
                             needs: needs.min(h.wants),
                             demand: Demand {
@@ -491,6 +492,7 @@ mod tests {
             resource: "r".into(),
             learning_for: 2 * S,
             holders: vec![Holder {
+                keeps: 0.0,
                 client: "c".into(),
                 needs: 2.5,
                 demand: Demand {

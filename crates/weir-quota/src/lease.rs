@@ -99,6 +99,11 @@ pub struct Ask {
     /// presents the current id may shrink or release the grant at once; one that does not is
     /// served as a new holder, the old grant counting until it would have expired.
     pub lease_id: u64,
+    /// A lease server below (a tree of servers): what it has granted its own clients when it
+    /// sent this ask — it grants nothing more until the answer. A grant shrinking below it
+    /// keeps counting that much (never more than it counted before) until the holder's next
+    /// refresh, while the clients below shrink; `None` for a client.
+    pub holds: Option<f64>,
 }
 
 impl Ask {
@@ -112,6 +117,7 @@ impl Ask {
             weight: 1.0,
             priority: Criticality::Critical,
             lease_id: 0,
+            holds: None,
         }
     }
 }
@@ -151,6 +157,16 @@ pub struct Holder {
     pub expires_at: Nanos,
     /// The lease's id, known only to the holder (and the snapshot).
     pub lease_id: u64,
+    /// A lease server below ([`Ask::holds`]): what it still has granted below beyond
+    /// `granted`, counted against the capacity until its next refresh (0 for a client).
+    pub keeps: f64,
+}
+
+impl Holder {
+    /// What the row counts against the capacity: its grant and what it keeps.
+    pub fn counted(&self) -> f64 {
+        self.granted + self.keeps
+    }
 }
 
 /// A grant given back, or replaced, by a caller that did not prove it held it: it may still
@@ -207,6 +223,12 @@ pub struct LeaseTable {
     clients_seen: usize,
     /// Holding: no grant grows, no lease outlives this time.
     hold: Option<Nanos>,
+    /// No lease outlives this time: the server's own lease from its parent ends then (a tree
+    /// of lease servers).
+    expires_by: Option<Nanos>,
+    /// Between [`Self::enter`] and [`Self::grant`]: what the refreshing holder counted before,
+    /// if it proved its lease (0 otherwise).
+    proven: f64,
     /// Shares set from outside ([`Self::set_shares`]): a nested resource, divided with its
     /// whole family by the server. `Some(large)`: the family holds more than [`EXACT_UP_TO`]
     /// leases (a newcomer starts from an even split until the next division).
@@ -273,6 +295,8 @@ impl LeaseTable {
             extra: Vec::new(),
             shares_at: None,
             hold: None,
+            expires_by: None,
+            proven: 0.0,
             external: None,
             refreshes: 0,
             expirations: 0,
@@ -309,6 +333,12 @@ impl LeaseTable {
     /// `cap`; `None` grants normally again.
     pub fn hold(&mut self, cap: Option<Nanos>) {
         self.hold = cap;
+    }
+
+    /// No lease given from now on outlives `by` (`None`: the lease length alone) — a server
+    /// whose capacity is leased from a parent until then.
+    pub fn expire_by(&mut self, by: Option<Nanos>) {
+        self.expires_by = by;
     }
 
     /// Refreshes answered since the table was made.
@@ -388,7 +418,7 @@ impl LeaseTable {
 
     /// Sums the outstanding grants and finds the next expiry again.
     fn resum(&mut self) {
-        let held = self.holders.iter().map(|h| (h.granted, h.expires_at));
+        let held = self.holders.iter().map(|h| (h.counted(), h.expires_at));
         let released = self.released.iter().map(|r| (r.granted, r.expires_at));
         let (mut sum, mut next) = (0.0, Nanos::MAX);
         for (g, at) in held.chain(released) {
@@ -439,11 +469,11 @@ impl LeaseTable {
             self.index.insert(moved.client.clone(), i);
         }
         let proven = lease_id != 0 && lease_id == h.lease_id;
-        self.outstanding -= h.granted;
+        self.outstanding -= h.counted();
         if !proven {
             // Counted on as a released grant.
             self.retire(Released {
-                granted: h.granted,
+                granted: h.counted(),
                 expires_at: h.expires_at,
             });
         }
@@ -596,6 +626,7 @@ impl LeaseTable {
             granted,
             expires_at: 0,
             lease_id: self.ids.make(),
+            keeps: 0.0,
         });
         self.index
             .insert(client.to_string(), self.holders.len() - 1);
@@ -675,6 +706,14 @@ impl LeaseTable {
             self.expire(now);
         }
         let learning = self.learning(now);
+        // What a holder proving its lease counted before this refresh (what a server below
+        // may keep counted: never a newcomer's claim).
+        self.proven = self
+            .index
+            .get(client)
+            .map(|&i| &self.holders[i])
+            .filter(|h| ask.lease_id != 0 && ask.lease_id == h.lease_id)
+            .map_or(0.0, Holder::counted);
         let i = self.row(client, ask, demand, needs, learning)?;
         self.holders[i].demand = demand;
         self.holders[i].needs = needs;
@@ -685,7 +724,7 @@ impl LeaseTable {
     /// capacity, and `above` (what the groups above a nested resource leave it).
     pub(crate) fn grant(&mut self, i: usize, ask: &Ask, now: Nanos, above: f64) -> Lease {
         let learning = self.learning(now);
-        let held = self.holders[i].granted;
+        let (granted_before, held) = (self.holders[i].granted, self.holders[i].counted());
         let room = (self.config.capacity - (self.outstanding - held))
             .min(above)
             .max(0.0);
@@ -702,19 +741,29 @@ impl LeaseTable {
         let mut expires_at = now.saturating_add(nanos(self.config.lease));
         if let Some(cap) = self.hold {
             // Holding: what the client held at most, for no longer than the cap.
-            granted = granted.min(held);
+            granted = granted.min(granted_before);
             expires_at = expires_at.min(cap);
+        }
+        if let Some(by) = self.expires_by {
+            expires_at = expires_at.min(by);
         }
         // -0.0 (from a `wants` of -0.0) is reported as 0.
         if granted == 0.0 {
             granted = 0.0;
         }
+        // A server below keeps counting what it still has out (at most what it counted),
+        // until its clients shrink to the new grant.
+        let keeps = ask
+            .holds
+            .filter(|h| h.is_finite())
+            .map_or(0.0, |h| (h.min(self.proven) - granted).max(0.0));
         let learning = learning || self.hold.is_some();
         self.refreshes += 1;
-        self.outstanding += granted - held;
+        self.outstanding += granted + keeps - held;
         self.next_expiry = self.next_expiry.min(expires_at);
         let h = &mut self.holders[i];
         h.granted = granted;
+        h.keeps = keeps;
         h.expires_at = expires_at;
         let lease_id = h.lease_id;
         self.clients_seen = self.holders.len();

@@ -44,6 +44,7 @@ pub mod proto;
 pub mod rlqs;
 pub mod server;
 pub mod sim;
+pub mod upstream;
 
 pub use allocate::{allocate, Algorithm, Demand, QuotaError};
 pub use client::{ClientConfig, ResourceClient, Source};

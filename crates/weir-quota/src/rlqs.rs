@@ -534,6 +534,7 @@ fn assign(
                 weight: 1.0,
                 priority: Criticality::Critical,
                 lease_id: b.lease_id,
+                holds: None,
             };
             let lease = match server
                 .refresh(&b.client, &[(resource.clone(), ask)], now)

@@ -78,6 +78,23 @@ pub struct Allocation {
     pub clients: Vec<(String, f64, f64, Nanos)>,
 }
 
+/// One resource's demand in sum, for a server leasing it from a parent
+/// ([`crate::upstream`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Totals {
+    /// The resource.
+    pub resource: String,
+    /// The sum of its holders' demands.
+    pub wants: f64,
+    /// The sum of what they need.
+    pub needs: f64,
+    /// Its unexpired grants (released ones included).
+    pub outstanding: f64,
+}
+
+/// A capacity leased from a parent and the time no lease given may outlive.
+type Leased = (f64, Option<Nanos>);
+
 /// One table's state in a snapshot: its leases with `expires_at` relative to the snapshot's
 /// time (so it can be resumed on another clock).
 #[derive(Debug, Clone, PartialEq)]
@@ -175,6 +192,9 @@ pub struct LeaseServer {
     leases: std::sync::atomic::AtomicUsize,
     /// When every table was last swept because the bound was reached.
     swept_at: Mutex<Nanos>,
+    /// Under a parent (a tree of servers): per resource, the capacity leased from it and the
+    /// time no lease may outlive; `None`: capacities are the file's.
+    leased: Mutex<Option<HashMap<String, Leased>>>,
 }
 
 /// Most lease rows (client × resource) one server keeps, all resources together: a newcomer
@@ -204,7 +224,89 @@ impl LeaseServer {
             hold: Mutex::new(None),
             leases: std::sync::atomic::AtomicUsize::new(0),
             swept_at: Mutex::new(0),
+            leased: Mutex::new(None),
         }
+    }
+
+    /// Takes every capacity from a parent from now on ([`crate::upstream`]): a resource has
+    /// what [`Self::lease_from_parent`] last gave it, at most its capacity in the file — 0
+    /// before that.
+    pub fn under_parent(&self) {
+        let mut leased = self.leased.lock();
+        if leased.is_none() {
+            *leased = Some(HashMap::new());
+        }
+        drop(leased);
+        let mut tables = self.tables.lock();
+        let config = self.config.lock().clone();
+        for (name, t) in tables.iter_mut() {
+            if let Some(c) = config.resource(name) {
+                let (c, by) = self.in_force(name, c);
+                t.reconfigure(c);
+                t.expire_by(by);
+            }
+        }
+    }
+
+    /// `resource` has `capacity` (at most its capacity in the file), leased from the parent
+    /// until `by` (`None`: on its safe capacity): no lease given outlives `by`.
+    pub fn lease_from_parent(&self, resource: &str, capacity: f64, by: Option<Nanos>) {
+        let mut leased = self.leased.lock();
+        let Some(map) = leased.as_mut() else {
+            return;
+        };
+        map.insert(resource.to_string(), (capacity, by));
+        drop(leased);
+        let mut tables = self.tables.lock();
+        if let Some(t) = tables.get_mut(resource) {
+            let mut c = *t.config();
+            if let Some(file) = self.config.lock().resource(resource) {
+                c.capacity = file.capacity.min(capacity);
+            }
+            t.reconfigure(c);
+            t.expire_by(by);
+        }
+    }
+
+    /// `c` (the file's parameters of `name`) as in force: under a parent, with the capacity
+    /// leased from it (0 before any) and the time no lease may outlive.
+    fn in_force(
+        &self,
+        name: &str,
+        mut c: crate::lease::ResourceConfig,
+    ) -> (crate::lease::ResourceConfig, Option<Nanos>) {
+        match self.leased.lock().as_ref() {
+            None => (c, None),
+            Some(map) => {
+                let (capacity, by) = map.get(name).copied().unwrap_or((0.0, None));
+                c.capacity = c.capacity.min(capacity);
+                (c, by)
+            }
+        }
+    }
+
+    /// Every resource in use at `now`: the sums of its demands and grants.
+    pub fn totals(&self, now: Nanos) -> Vec<Totals> {
+        let mut tables = self.tables.lock();
+        let out = tables
+            .iter_mut()
+            .map(|(name, t)| {
+                t.expire(now);
+                let (wants, needs) = t
+                    .holders()
+                    .iter()
+                    .fold((0.0, 0.0), |(w, n), h| (w + h.demand.wants, n + h.needs));
+                Totals {
+                    resource: name.clone(),
+                    wants,
+                    needs,
+                    outstanding: t.outstanding(),
+                }
+            })
+            .collect();
+        self.recount(&tables);
+        self.regroup(&tables);
+        out
     }
 
     /// Counts the rows of every table again (after a change that dropped tables or rows).
@@ -287,6 +389,9 @@ impl LeaseServer {
                         .iter()
                         .map(|h| Holder {
                             expires_at: h.expires_at.saturating_sub(now),
+                            // What a server below keeps counted stays counted.
+                            granted: h.counted(),
+                            keeps: 0.0,
                             ..h.clone()
                         })
                         .collect(),
@@ -324,6 +429,7 @@ impl LeaseServer {
             let Some(c) = config.resource(&s.resource) else {
                 continue;
             };
+            let (c, by) = self.in_force(&s.resource, c);
             if !config.is_named(&s.resource) {
                 // A template instance from the snapshot: counted, its creator unknown.
                 instances.insert(&s.resource, "");
@@ -360,6 +466,7 @@ impl LeaseServer {
             if s.resource.contains('/') {
                 t.set_external(false);
             }
+            t.expire_by(by);
             tables.insert(s.resource, t);
         }
         self.recount(&tables);
@@ -434,7 +541,7 @@ impl LeaseServer {
         let mut instances = self.instances.lock();
         tables.retain(|name, t| match config.resource(name) {
             Some(c) => {
-                t.reconfigure(c);
+                t.reconfigure(self.in_force(name, c).0);
                 // A template instance the file now names is a configured resource.
                 if config.is_named(name) {
                     instances.remove(name);
@@ -508,6 +615,7 @@ impl LeaseServer {
                     }
                     // A table created in the first lease length after the start learns for
                     // what is left of it; later ones start empty (nothing was handed out).
+                    let (c, by) = self.in_force(resource, c);
                     let mut t = match *self.started_at.lock() {
                         Some(start) => LeaseTable::new(c, start),
                         None => LeaseTable::resume(c, Vec::new()),
@@ -515,6 +623,7 @@ impl LeaseServer {
                     if !t.learning(now) {
                         t = LeaseTable::resume(c, Vec::new());
                     }
+                    t.expire_by(by);
                     t.hold(self.hold.lock().map(|h| h.saturating_add(lease_nanos(&c))));
                     if let Some(levels) = levels {
                         t.set_external(false);
@@ -627,6 +736,16 @@ impl LeaseServer {
             .get(resource)
             .and_then(|t| t.holder(client))
             .map_or(0, |h| h.lease_id)
+    }
+
+    /// What `resource`'s table counts for `client` against the capacity: its grant and what
+    /// a server below keeps counted ([`crate::lease::Holder::counted`]); 0 without a row.
+    pub fn counted_for(&self, client: &str, resource: &str) -> f64 {
+        self.tables
+            .lock()
+            .get(resource)
+            .and_then(|t| t.holder(client))
+            .map_or(0.0, crate::lease::Holder::counted)
     }
 
     /// The `rlqs` section in force, if any.

@@ -406,6 +406,7 @@ pub(crate) fn client_ask(
         weight,
         priority,
         lease_id,
+        holds: None,
     };
     (resource.to_string(), ask)
 }

@@ -1,0 +1,218 @@
+//! A lease server's own leases from its parent — a tree of lease servers (regional servers
+//! leasing from a global one), without I/O.
+//!
+//! A server under a parent is the parent's client for every resource its clients use: it asks
+//! for the sum of their demands (needs and wants apart) and says what it has granted below
+//! ([`Ask::holds`]); what it is granted becomes the capacity it divides
+//! ([`LeaseServer::lease_from_parent`](crate::server::LeaseServer::lease_from_parent)). Its
+//! clients never see the parent. Safe by construction:
+//!
+//! - **Nothing more while asking**: from the moment an ask is sent until its answer, the
+//!   capacity is frozen at the smaller of the grant and what was granted below when the ask
+//!   left — so what the parent keeps counting for this server (at least that, see
+//!   [`Ask::holds`]) covers every grant below, whatever the answer says and however late it
+//!   comes. An ask that fails leaves the capacity frozen until an answer comes.
+//! - **A grant lasts from the send**: its expiry is counted on this server's clock from when
+//!   the ask was sent, less 1 % for clocks that run at different rates — never after the
+//!   parent's own expiry of it, however long the answer took — and no lease below outlives it.
+//! - **The parent out of reach**: the grant holds until it expires, then the safe capacity the
+//!   parent last advertised (before any answer: the quota file's `safe_capacity`, else 0) —
+//!   the same rule as a client's, one level up.
+//!
+//! Shares move at each level within the refresh intervals of that level: an ask is due at the
+//! refresh time the parent set (a fifth of its interval while below its share), or sooner
+//! when the demand below moved by a tenth.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use weir_core::{Criticality, Nanos};
+
+use crate::lease::{Ask, Lease};
+use crate::server::Totals;
+
+/// A grant's expiry is shortened by this fraction of its length (clock rate differences).
+const DRIFT: f64 = 0.01;
+
+/// The leases of one server from its parent.
+#[derive(Debug, Default)]
+pub struct Upstream {
+    grants: HashMap<String, Grant>,
+}
+
+#[derive(Debug, Clone)]
+struct Grant {
+    granted: f64,
+    /// On this server's clock; 0: no grant yet.
+    expires_at: Nanos,
+    /// What to use once the grant has expired.
+    safe: f64,
+    lease_id: u64,
+    /// The next ask is due then.
+    due_at: Nanos,
+    /// Asked for this much last time.
+    asked_wants: f64,
+    /// Frozen at this capacity: an ask in flight, or failed since the last answer.
+    frozen: Option<f64>,
+    /// An ask is in flight: no other is sent before its answer or failure (a second one
+    /// would not present the lease id the first may bring).
+    in_flight: bool,
+}
+
+/// One ask for the parent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Asked {
+    /// The resource.
+    pub resource: String,
+    /// The ask (wants, needs, has, safe, holds, lease id).
+    pub ask: Ask,
+    /// Sent at (this server's clock).
+    pub sent_at: Nanos,
+}
+
+impl Upstream {
+    /// No grants yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The asks due at `now` for the resources in use (`totals`, from
+    /// [`LeaseServer::totals`](crate::server::LeaseServer::totals)), and one asking nothing for
+    /// each resource granted but no longer in use; `safe(resource)` is the safe capacity before
+    /// the parent first answers. Each ask freezes its resource's capacity until
+    /// [`Self::answered`] or after [`Self::failed`].
+    pub fn asks(
+        &mut self,
+        totals: &[Totals],
+        safe: impl Fn(&str) -> f64,
+        now: Nanos,
+    ) -> Vec<Asked> {
+        let mut out = Vec::new();
+        for t in totals {
+            let g = self
+                .grants
+                .entry(t.resource.clone())
+                .or_insert_with(|| Grant {
+                    granted: 0.0,
+                    expires_at: 0,
+                    safe: safe(&t.resource),
+                    lease_id: 0,
+                    due_at: 0,
+                    asked_wants: f64::NAN,
+                    frozen: None,
+                    in_flight: false,
+                });
+            // NaN (never asked) counts as moved.
+            let moved = (t.wants - g.asked_wants)
+                .abs()
+                .partial_cmp(&(0.1 * g.asked_wants.max(1.0)))
+                != Some(std::cmp::Ordering::Less);
+            if g.in_flight || (now < g.due_at && !moved) {
+                continue;
+            }
+            out.push(Self::ask(
+                g,
+                &t.resource,
+                t.wants,
+                t.needs,
+                t.outstanding,
+                now,
+            ));
+        }
+        let in_use: std::collections::HashSet<&str> =
+            totals.iter().map(|t| t.resource.as_str()).collect();
+        for (name, g) in &mut self.grants {
+            if !in_use.contains(name.as_str()) && g.granted > 0.0 && !g.in_flight && now >= g.due_at
+            {
+                out.push(Self::ask(g, name, 0.0, 0.0, 0.0, now));
+            }
+        }
+        out
+    }
+
+    fn ask(g: &mut Grant, resource: &str, wants: f64, needs: f64, holds: f64, now: Nanos) -> Asked {
+        let has = if g.expires_at > now { g.granted } else { 0.0 };
+        let capacity = Self::in_force(g, now);
+        g.frozen = Some(capacity.min(holds));
+        g.asked_wants = wants;
+        g.in_flight = true;
+        Asked {
+            resource: resource.to_string(),
+            ask: Ask {
+                wants,
+                needs: Some(needs.min(wants)),
+                has,
+                safe: g.safe,
+                weight: 1.0,
+                priority: Criticality::Critical,
+                lease_id: g.lease_id,
+                holds: Some(holds),
+            },
+            sent_at: now,
+        }
+    }
+
+    /// The parent's answer to an ask sent at `sent_at`, read at `now`: `expires_in` is the
+    /// lease's length as the parent stated it (relative).
+    pub fn answered(
+        &mut self,
+        resource: &str,
+        lease: &Lease,
+        expires_in: Duration,
+        sent_at: Nanos,
+        now: Nanos,
+    ) {
+        let Some(g) = self.grants.get_mut(resource) else {
+            return;
+        };
+        let length = (expires_in.as_nanos() as f64 * (1.0 - DRIFT)) as Nanos;
+        g.granted = lease.granted;
+        g.expires_at = sent_at.saturating_add(length);
+        g.safe = lease.safe_capacity;
+        g.lease_id = lease.lease_id;
+        g.frozen = None;
+        g.in_flight = false;
+        g.due_at =
+            now.saturating_add(Nanos::try_from(lease.refresh.as_nanos()).unwrap_or(Nanos::MAX));
+        if lease.granted == 0.0 && g.asked_wants == 0.0 {
+            // Given back: forgotten until used again.
+            self.grants.remove(resource);
+        }
+    }
+
+    /// The ask for `resource` got no answer (the parent out of reach, or refused it): the
+    /// capacity stays frozen; asked again after `retry`.
+    pub fn failed(&mut self, resource: &str, retry: Duration, now: Nanos) {
+        if let Some(g) = self.grants.get_mut(resource) {
+            g.in_flight = false;
+            g.due_at = now.saturating_add(Nanos::try_from(retry.as_nanos()).unwrap_or(Nanos::MAX));
+        }
+    }
+
+    fn in_force(g: &Grant, now: Nanos) -> f64 {
+        if g.expires_at > now {
+            g.granted.min(g.frozen.unwrap_or(f64::INFINITY))
+        } else {
+            g.safe
+        }
+    }
+
+    /// The capacity `resource` has at `now` and the time no lease below may outlive (`None`:
+    /// on the safe capacity, no grant to outlive); `None` for a resource never asked for.
+    pub fn capacity(&self, resource: &str, now: Nanos) -> Option<(f64, Option<Nanos>)> {
+        let g = self.grants.get(resource)?;
+        let by = (g.expires_at > now).then_some(g.expires_at);
+        Some((Self::in_force(g, now), by))
+    }
+
+    /// Every resource asked for, with its capacity at `now` (see [`Self::capacity`]).
+    pub fn capacities(&self, now: Nanos) -> Vec<(String, f64, Option<Nanos>)> {
+        self.grants
+            .iter()
+            .map(|(name, g)| {
+                let by = (g.expires_at > now).then_some(g.expires_at);
+                (name.clone(), Self::in_force(g, now), by)
+            })
+            .collect()
+    }
+}
