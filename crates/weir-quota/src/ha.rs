@@ -332,6 +332,7 @@ impl Snapshot {
                         }
                         Ok(Holder {
                             keeps: 0.0,
+                            parts: Vec::new(),
                             client: h.client,
                             needs: needs.min(h.wants),
                             demand: Demand {
@@ -493,6 +494,7 @@ mod tests {
             learning_for: 2 * S,
             holders: vec![Holder {
                 keeps: 0.0,
+                parts: Vec::new(),
                 client: "c".into(),
                 needs: 2.5,
                 demand: Demand {

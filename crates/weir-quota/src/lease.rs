@@ -122,6 +122,25 @@ impl Ask {
     }
 }
 
+/// Most [`Part`]s one ask may carry.
+pub const MAX_PARTS: usize = 64;
+
+/// One part of a lease server's demand on its parent (a tree of servers): a group of its
+/// clients alike in band and in demand per weight, so the parent divides its capacity among
+/// the clients of all its children nearly as if they were its own (exactly, when each part's
+/// clients are on one side of the parent's water level).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Part {
+    /// What the group wants, in all.
+    pub wants: f64,
+    /// What it needs, in all (at most `wants`).
+    pub needs: f64,
+    /// The sum of its clients' weights (> 0).
+    pub weight: f64,
+    /// Its clients' band.
+    pub priority: Criticality,
+}
+
 /// The answer to a refresh.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Lease {
@@ -160,6 +179,9 @@ pub struct Holder {
     /// A lease server below ([`Ask::holds`]): what it still has granted below beyond
     /// `granted`, counted against the capacity until its next refresh (0 for a client).
     pub keeps: f64,
+    /// A lease server below: its demand in [`Part`]s, divided as if they were clients (empty:
+    /// `demand` and `needs` alone).
+    pub parts: Vec<Part>,
 }
 
 impl Holder {
@@ -218,6 +240,11 @@ pub struct LeaseTable {
     swept_at: Nanos,
     /// The second pass (headroom from what nobody needs).
     extra: Vec<f64>,
+    /// Per demand divided: the holder it is part of, what it wants (the headroom pass) and
+    /// its share.
+    owners: Vec<usize>,
+    wants: Vec<f64>,
+    part_shares: Vec<f64>,
     shares_at: Option<Nanos>,
     /// Clients seen at the last refresh (for the default safe capacity).
     clients_seen: usize,
@@ -293,6 +320,9 @@ impl LeaseTable {
             provisional: Vec::new(),
             swept_at: 0,
             extra: Vec::new(),
+            owners: Vec::new(),
+            wants: Vec::new(),
+            part_shares: Vec::new(),
             shares_at: None,
             hold: None,
             expires_by: None,
@@ -627,6 +657,7 @@ impl LeaseTable {
             expires_at: 0,
             lease_id: self.ids.make(),
             keeps: 0.0,
+            parts: Vec::new(),
         });
         self.index
             .insert(client.to_string(), self.holders.len() - 1);
@@ -651,30 +682,59 @@ impl LeaseTable {
         if !self.shares_due(now) || self.external.is_some() {
             return Ok(());
         }
+        // Each holder one demand, or its parts: needs first.
         self.demands.clear();
-        self.demands.extend(self.holders.iter().map(|h| Demand {
-            wants: h.needs,
-            ..h.demand
-        }));
+        self.owners.clear();
+        self.wants.clear();
+        for (i, h) in self.holders.iter().enumerate() {
+            if h.parts.is_empty() {
+                self.demands.push(Demand {
+                    wants: h.needs,
+                    ..h.demand
+                });
+                self.wants.push(h.demand.wants);
+                self.owners.push(i);
+            } else {
+                for p in &h.parts {
+                    self.demands.push(Demand {
+                        wants: p.needs,
+                        weight: p.weight,
+                        priority: p.priority,
+                    });
+                    self.wants.push(p.wants);
+                    self.owners.push(i);
+                }
+            }
+        }
         allocate(
             self.config.capacity,
             self.config.algorithm,
             &self.demands,
-            &mut self.shares,
+            &mut self.part_shares,
         )?;
-        let left = self.config.capacity - self.shares.iter().sum::<f64>();
-        if left > 1e-9 && self.holders.iter().any(|h| h.demand.wants > h.needs) {
-            for (d, (h, s)) in self
+        let left = self.config.capacity - self.part_shares.iter().sum::<f64>();
+        let headroom = self
+            .wants
+            .iter()
+            .zip(&self.demands)
+            .any(|(w, d)| *w > d.wants);
+        if left > 1e-9 && headroom {
+            for (d, (w, s)) in self
                 .demands
                 .iter_mut()
-                .zip(self.holders.iter().zip(&self.shares))
+                .zip(self.wants.iter().zip(&self.part_shares))
             {
-                d.wants = (h.demand.wants - s).max(0.0);
+                d.wants = (w - s).max(0.0);
             }
             allocate(left, self.config.algorithm, &self.demands, &mut self.extra)?;
-            for (s, e) in self.shares.iter_mut().zip(&self.extra) {
+            for (s, e) in self.part_shares.iter_mut().zip(&self.extra) {
                 *s += e;
             }
+        }
+        self.shares.clear();
+        self.shares.resize(self.holders.len(), 0.0);
+        for (&i, s) in self.owners.iter().zip(&self.part_shares) {
+            self.shares[i] += s;
         }
         self.provisional.clear();
         self.provisional.resize(self.holders.len(), false);
@@ -684,9 +744,62 @@ impl LeaseTable {
 
     /// `client` refreshes at `now` with `ask`: its new lease.
     pub fn refresh(&mut self, client: &str, ask: Ask, now: Nanos) -> Result<Lease, QuotaError> {
+        self.refresh_parts(client, ask, &[], now)
+    }
+
+    /// A refresh from a lease server below whose demand comes in `parts` (at most
+    /// [`MAX_PARTS`]; `ask.wants` and `ask.needs` should be their sums): its share is what its
+    /// parts get as if each were a client.
+    pub fn refresh_parts(
+        &mut self,
+        client: &str,
+        ask: Ask,
+        parts: &[Part],
+        now: Nanos,
+    ) -> Result<Lease, QuotaError> {
         let i = self.enter(client, &ask, now)?;
+        self.set_parts(i, parts)?;
         self.shares(now)?;
         Ok(self.grant(i, &ask, now, f64::INFINITY))
+    }
+
+    /// Checks `parts` and records them in row `i`; a change of parts makes the shares due.
+    pub(crate) fn set_parts(&mut self, i: usize, parts: &[Part]) -> Result<(), QuotaError> {
+        if parts.len() > MAX_PARTS {
+            return Err(QuotaError::Wants {
+                client: i,
+                value: parts.len() as f64,
+            });
+        }
+        for p in parts {
+            for v in [p.wants, p.needs] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(QuotaError::Wants {
+                        client: i,
+                        value: v,
+                    });
+                }
+            }
+            if !(p.weight.is_finite() && p.weight > 0.0) {
+                return Err(QuotaError::Weight {
+                    client: i,
+                    value: p.weight,
+                });
+            }
+        }
+        let h = &mut self.holders[i];
+        if h.parts.as_slice() != parts {
+            h.parts.clear();
+            h.parts.extend(parts.iter().map(|p| Part {
+                needs: p.needs.min(p.wants),
+                ..*p
+            }));
+            // Parts weigh in the division as a whole: not an even-split newcomer.
+            if !self.incremental() {
+                self.shares_at = None;
+            }
+        }
+        Ok(())
     }
 
     /// The first half of a refresh: checks `ask`, sweeps lapsed leases, and records the

@@ -13,6 +13,7 @@ use crate::clients::{admit, ClientRule, Denied};
 use crate::config::QuotaConfig;
 use crate::lease::{Ask, Holder, Lease, LeaseTable, Released};
 use crate::nested::Groups;
+use crate::upstream::Totals;
 
 /// Why one resource of a refresh got no lease.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -76,20 +77,6 @@ pub struct Allocation {
     pub expirations: u64,
     /// (client, wants, granted, expires_at) per client.
     pub clients: Vec<(String, f64, f64, Nanos)>,
-}
-
-/// One resource's demand in sum, for a server leasing it from a parent
-/// ([`crate::upstream`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Totals {
-    /// The resource.
-    pub resource: String,
-    /// The sum of its holders' demands.
-    pub wants: f64,
-    /// The sum of what they need.
-    pub needs: f64,
-    /// Its unexpired grants (released ones included).
-    pub outstanding: f64,
 }
 
 /// A capacity leased from a parent and the time no lease given may outlive.
@@ -292,16 +279,7 @@ impl LeaseServer {
             .iter_mut()
             .map(|(name, t)| {
                 t.expire(now);
-                let (wants, needs) = t
-                    .holders()
-                    .iter()
-                    .fold((0.0, 0.0), |(w, n), h| (w + h.demand.wants, n + h.needs));
-                Totals {
-                    resource: name.clone(),
-                    wants,
-                    needs,
-                    outstanding: t.outstanding(),
-                }
+                Totals::of(name, t.holders(), t.outstanding())
             })
             .collect();
         self.recount(&tables);
@@ -565,9 +543,23 @@ impl LeaseServer {
         asks: &[(String, Ask)],
         now: Nanos,
     ) -> Vec<Result<Lease, Refusal>> {
+        self.refresh_parts(client, asks, &[], now)
+    }
+
+    /// [`Self::refresh`] by a lease server below: `parts[i]` is the demand of `asks[i]` in
+    /// [`Part`](crate::lease::Part)s (missing or empty: the ask's alone).
+    pub fn refresh_parts(
+        &self,
+        client: &str,
+        asks: &[(String, Ask)],
+        parts: &[Vec<crate::lease::Part>],
+        now: Nanos,
+    ) -> Vec<Result<Lease, Refusal>> {
         let mut tables = self.tables.lock();
         asks.iter()
-            .map(|(resource, ask)| {
+            .enumerate()
+            .map(|(k, (resource, ask))| {
+                let parts = parts.get(k).map_or(&[][..], Vec::as_slice);
                 if resource.len() > MAX_RESOURCE_NAME {
                     return Err(Refusal::BadAsk {
                         resource: format!("{}…", truncated(resource, 64)),
@@ -667,7 +659,7 @@ impl LeaseServer {
                 let answer = if resource.contains('/') {
                     self.refresh_nested(&mut tables, resource, client, ask, now)
                 } else {
-                    table.refresh(client, *ask, now)
+                    table.refresh_parts(client, *ask, parts, now)
                 };
                 let after = tables.get(resource).map_or(before, |t| t.holders().len());
                 self.counted(before, after);

@@ -28,8 +28,104 @@ use std::time::Duration;
 
 use weir_core::{Criticality, Nanos};
 
-use crate::lease::{Ask, Lease};
-use crate::server::Totals;
+use crate::lease::{Ask, Holder, Lease, Part, MAX_PARTS};
+
+/// One resource's demand below, as a server under a parent asks for it
+/// ([`LeaseServer::totals`](crate::server::LeaseServer::totals)).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Totals {
+    /// The resource.
+    pub resource: String,
+    /// The sum of its holders' demands.
+    pub wants: f64,
+    /// The sum of what they need.
+    pub needs: f64,
+    /// Its unexpired grants (released ones included).
+    pub outstanding: f64,
+    /// The demand in at most [`PARTS`] parts (see [`parts`]).
+    pub parts: Vec<Part>,
+}
+
+impl Totals {
+    /// The totals of `resource`'s `holders`, `outstanding` granted.
+    pub fn of(resource: &str, holders: &[Holder], outstanding: f64) -> Self {
+        let (wants, needs) = holders
+            .iter()
+            .fold((0.0, 0.0), |(w, n), h| (w + h.demand.wants, n + h.needs));
+        Totals {
+            resource: resource.to_string(),
+            wants,
+            needs,
+            outstanding,
+            parts: parts(holders, PARTS),
+        }
+    }
+}
+
+/// Parts a server sends its parent per resource (at most [`MAX_PARTS`]).
+pub const PARTS: usize = 32;
+
+/// The demand of `holders` in at most `max` [`Part`]s: their own parts or demands (each a
+/// unit), per band sorted by what they need per unit of weight, cut into runs of about equal
+/// length — the bands sharing `max` by their number of units, each at least one part. A part
+/// is exact at the parent as long as the parent's water level does not fall inside its run.
+pub fn parts(holders: &[Holder], max: usize) -> Vec<Part> {
+    let max = max.clamp(1, MAX_PARTS);
+    let mut units: Vec<Part> = Vec::new();
+    for h in holders {
+        if h.parts.is_empty() {
+            units.push(Part {
+                wants: h.demand.wants,
+                needs: h.needs,
+                weight: h.demand.weight,
+                priority: h.demand.priority,
+            });
+        } else {
+            units.extend_from_slice(&h.parts);
+        }
+    }
+    if units.len() <= max {
+        return units;
+    }
+    units.sort_by(|a, b| {
+        b.priority
+            .rank()
+            .cmp(&a.priority.rank())
+            .then((a.needs / a.weight).total_cmp(&(b.needs / b.weight)))
+    });
+    let mut out = Vec::with_capacity(max);
+    let n = units.len();
+    let mut start = 0;
+    while start < n {
+        let band = units[start].priority;
+        let end = start
+            + units[start..]
+                .iter()
+                .take_while(|u| u.priority == band)
+                .count();
+        // This band's share of the parts, at least one.
+        let k = ((end - start) * max / n).max(1);
+        for r in 0..k {
+            let (a, b) = (
+                start + (end - start) * r / k,
+                start + (end - start) * (r + 1) / k,
+            );
+            if a == b {
+                continue;
+            }
+            let run = &units[a..b];
+            out.push(Part {
+                wants: run.iter().map(|u| u.wants).sum(),
+                needs: run.iter().map(|u| u.needs).sum(),
+                weight: run.iter().map(|u| u.weight).sum(),
+                priority: band,
+            });
+        }
+        start = end;
+    }
+    out.truncate(MAX_PARTS);
+    out
+}
 
 /// A grant's expiry is shortened by this fraction of its length (clock rate differences).
 const DRIFT: f64 = 0.01;
@@ -66,6 +162,8 @@ pub struct Asked {
     pub resource: String,
     /// The ask (wants, needs, has, safe, holds, lease id).
     pub ask: Ask,
+    /// Its demand in parts.
+    pub parts: Vec<Part>,
     /// Sent at (this server's clock).
     pub sent_at: Nanos,
 }
@@ -110,14 +208,9 @@ impl Upstream {
             if g.in_flight || (now < g.due_at && !moved) {
                 continue;
             }
-            out.push(Self::ask(
-                g,
-                &t.resource,
-                t.wants,
-                t.needs,
-                t.outstanding,
-                now,
-            ));
+            let mut a = Self::ask(g, &t.resource, t.wants, t.needs, t.outstanding, now);
+            a.parts.clone_from(&t.parts);
+            out.push(a);
         }
         let in_use: std::collections::HashSet<&str> =
             totals.iter().map(|t| t.resource.as_str()).collect();
@@ -148,6 +241,7 @@ impl Upstream {
                 lease_id: g.lease_id,
                 holds: Some(holds),
             },
+            parts: Vec::new(),
             sent_at: now,
         }
     }

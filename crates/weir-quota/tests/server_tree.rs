@@ -1,0 +1,320 @@
+//! A tree of lease servers on a simulated network: a root, regional servers leasing from it
+//! (`weir_quota::upstream`), clients of each region — every region's clock skewed (rate and
+//! offset), every message delayed, some answers lost, demands changing at random. At every
+//! instant: what each region has granted below is at most what the root counts for it, so the
+//! grants of all the clients sum to at most the root's capacity; and with steady demands the
+//! clients' grants converge to the nested max-min shares of the whole tree within a bounded
+//! number of refresh intervals.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::path::Path;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use weir_core::Nanos;
+use weir_quota::config::QuotaConfig;
+use weir_quota::lease::Lease;
+use weir_quota::server::LeaseServer;
+use weir_quota::upstream::{Asked, Upstream};
+use weir_quota::Ask;
+
+const MS: Nanos = 1_000_000;
+const S: Nanos = 1_000 * MS;
+const REGIONS: usize = 3;
+const CLIENTS: usize = 4;
+
+fn file(capacity: u32) -> QuotaConfig {
+    let yaml =
+        format!("resources:\n  - {{name: r, capacity: {capacity}, lease: 10s, refresh: 2s}}\n");
+    QuotaConfig::from_yaml(Path::new("q.yaml"), &yaml).unwrap()
+}
+
+/// A region: its server, its leases from the root, its clock.
+struct Region {
+    server: LeaseServer,
+    upstream: Upstream,
+    /// Its clock: `t × rate + offset`.
+    rate: f64,
+    offset: Nanos,
+    /// Its clients' last leases: (granted, lease id, expiry on the region's clock).
+    clients: Vec<(f64, u64, Nanos)>,
+    demand: Vec<f64>,
+}
+
+impl Region {
+    fn now(&self, t: Nanos) -> Nanos {
+        (t as f64 * self.rate) as Nanos + self.offset
+    }
+}
+
+#[derive(Debug)]
+enum Event {
+    /// Client `c` of region `k` refreshes.
+    Client { k: usize, c: usize },
+    /// Region `k` asks the root what is due.
+    Tick { k: usize },
+    /// Region `k`'s asks reach the root.
+    AtRoot { k: usize, asks: Vec<Asked> },
+    /// The root's answers reach region `k` (`None`: lost).
+    Answer {
+        k: usize,
+        answers: Option<Vec<(Asked, Lease, Duration)>>,
+    },
+    /// Client `c` of region `k` changes its demand.
+    Demand { k: usize, c: usize, to: f64 },
+}
+
+/// Deterministic pseudo-randomness from the case's seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+struct World {
+    root: LeaseServer,
+    capacity: f64,
+    regions: Vec<Region>,
+    queue: BinaryHeap<Reverse<(Nanos, u64, usize)>>,
+    events: Vec<Option<Event>>,
+    rng: Rng,
+    lose: u64,
+}
+
+impl World {
+    fn new(seed: u64, capacity: u32, lose: u64) -> Self {
+        let mut rng = Rng(seed | 1);
+        let root = LeaseServer::new(file(capacity), 0);
+        root.restore(Vec::new(), 0);
+        let regions = (0..REGIONS)
+            .map(|_| {
+                let server = LeaseServer::new(file(capacity), 0);
+                server.restore(Vec::new(), 0);
+                server.under_parent();
+                // Rates within ±0.3 %, offsets up to an hour.
+                let rate = 1.0 + (rng.below(61) as f64 - 30.0) / 10_000.0;
+                Region {
+                    server,
+                    upstream: Upstream::new(),
+                    rate,
+                    offset: rng.below(3_600) * S,
+                    clients: vec![(0.0, 0, 0); CLIENTS],
+                    demand: (0..CLIENTS).map(|_| rng.below(60) as f64).collect(),
+                }
+            })
+            .collect();
+        let mut w = World {
+            root,
+            capacity: f64::from(capacity),
+            regions,
+            queue: BinaryHeap::new(),
+            events: Vec::new(),
+            rng,
+            lose,
+        };
+        for k in 0..REGIONS {
+            let t = w.rng_below(500) * MS;
+            w.at(t, Event::Tick { k });
+            for c in 0..CLIENTS {
+                let t = w.rng_below(2_000) * MS;
+                w.at(t, Event::Client { k, c });
+            }
+        }
+        w
+    }
+
+    fn rng_below(&mut self, n: u64) -> u64 {
+        self.rng.below(n)
+    }
+
+    fn at(&mut self, t: Nanos, e: Event) {
+        self.events.push(Some(e));
+        let id = self.events.len() - 1;
+        self.queue.push(Reverse((t, id as u64, id)));
+    }
+
+    /// Gives every region's server the capacity its leases from the root give it now.
+    fn apply(&mut self, k: usize, t: Nanos) {
+        let r = &self.regions[k];
+        let now = r.now(t);
+        for (name, capacity, by) in r.upstream.capacities(now) {
+            r.server.lease_from_parent(&name, capacity, by);
+        }
+    }
+
+    /// Runs until `until`; after each event checks the invariant.
+    fn run(&mut self, until: Nanos, demand_changes: bool) -> Result<(), TestCaseError> {
+        while let Some(Reverse((t, _, id))) = self.queue.pop() {
+            if t > until {
+                break;
+            }
+            let Some(e) = self.events[id].take() else {
+                continue;
+            };
+            self.step(t, e, demand_changes);
+            self.check(t)?;
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, t: Nanos, e: Event, demand_changes: bool) {
+        match e {
+            Event::Client { k, c } => {
+                self.apply(k, t);
+                let r = &mut self.regions[k];
+                let now = r.now(t);
+                let (held, id, exp) = r.clients[c];
+                let ask = Ask {
+                    has: if exp > now { held } else { 0.0 },
+                    lease_id: id,
+                    ..Ask::wants(r.demand[c])
+                };
+                let lease = r
+                    .server
+                    .refresh(&format!("c{c}"), &[("r".into(), ask)], now)
+                    .pop()
+                    .unwrap()
+                    .unwrap();
+                r.clients[c] = (lease.granted, lease.lease_id, lease.expires_at);
+                let next = lease.refresh.as_nanos() as Nanos;
+                self.at(t + next, Event::Client { k, c });
+            }
+            Event::Tick { k } => {
+                self.apply(k, t);
+                let r = &mut self.regions[k];
+                let now = r.now(t);
+                let totals = r.server.totals(now);
+                let asks = r.upstream.asks(&totals, |_| 0.0, now);
+                self.apply(k, t);
+                if !asks.is_empty() {
+                    let delay = self.rng_below(300) * MS;
+                    self.at(t + delay, Event::AtRoot { k, asks });
+                }
+                self.at(t + 100 * MS, Event::Tick { k });
+                if demand_changes && self.rng_below(20) == 0 {
+                    let c = self.rng_below(CLIENTS as u64) as usize;
+                    let to = self.rng_below(80) as f64;
+                    self.at(t, Event::Demand { k, c, to });
+                }
+            }
+            Event::AtRoot { k, asks } => {
+                let pairs: Vec<(String, Ask)> =
+                    asks.iter().map(|a| (a.resource.clone(), a.ask)).collect();
+                let parts: Vec<_> = asks.iter().map(|a| a.parts.clone()).collect();
+                let answers = self
+                    .root
+                    .refresh_parts(&format!("region-{k}"), &pairs, &parts, t);
+                let answers = asks
+                    .into_iter()
+                    .zip(answers)
+                    .filter_map(|(a, l)| {
+                        let l = l.ok()?;
+                        let expires_in = Duration::from_nanos(l.expires_at - t);
+                        Some((a, l, expires_in))
+                    })
+                    .collect();
+                let lost = self.rng_below(100) < self.lose;
+                let delay = self.rng_below(300) * MS;
+                self.at(
+                    t + delay,
+                    Event::Answer {
+                        k,
+                        answers: (!lost).then_some(answers),
+                    },
+                );
+            }
+            Event::Answer { k, answers } => {
+                let r = &mut self.regions[k];
+                let now = r.now(t);
+                match answers {
+                    Some(answers) => {
+                        for (a, lease, expires_in) in answers {
+                            r.upstream
+                                .answered(&a.resource, &lease, expires_in, a.sent_at, now);
+                        }
+                    }
+                    None => r.upstream.failed("r", Duration::from_secs(1), now),
+                }
+                self.apply(k, t);
+            }
+            Event::Demand { k, c, to } => self.regions[k].demand[c] = to,
+        }
+    }
+
+    /// What each region has out is covered by what the root counts for it; all of it fits the
+    /// root's capacity.
+    fn check(&self, t: Nanos) -> Result<(), TestCaseError> {
+        let mut below = 0.0;
+        for (k, r) in self.regions.iter().enumerate() {
+            let out: f64 = r
+                .server
+                .totals(r.now(t))
+                .iter()
+                .map(|x| x.outstanding)
+                .sum();
+            let counted = self.root.counted_for(&format!("region-{k}"), "r");
+            prop_assert!(
+                out <= counted + 1e-6,
+                "t={t}: region {k} has {out} out, the root counts {counted}"
+            );
+            below += out;
+        }
+        prop_assert!(
+            below <= self.capacity + 1e-6,
+            "t={t}: {below} granted below > {}",
+            self.capacity
+        );
+        Ok(())
+    }
+
+    /// The clients' grants in force.
+    fn grants(&self, t: Nanos) -> Vec<f64> {
+        self.regions
+            .iter()
+            .flat_map(|r| {
+                let now = r.now(t);
+                r.clients
+                    .iter()
+                    .map(move |&(g, _, exp)| if exp > now { g } else { 0.0 })
+            })
+            .collect()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn no_region_ever_grants_more_below_than_the_root_counts_for_it(
+        seed in any::<u64>(),
+        capacity in 10u32..400,
+        lose in 0u64..30,
+    ) {
+        let mut w = World::new(seed, capacity, lose);
+        w.run(120 * S, true)?;
+    }
+
+    #[test]
+    fn steady_demands_converge_to_the_max_min_shares_of_the_whole_tree(
+        seed in any::<u64>(),
+        capacity in 10u32..400,
+    ) {
+        let mut w = World::new(seed, capacity, 0);
+        // Demands set at 0 s; the shares within 6 refresh intervals (2 s): 3 per level.
+        let demands: Vec<f64> = w.regions.iter().flat_map(|r| r.demand.clone()).collect();
+        w.run(12 * S, false)?;
+        let mut fair = Vec::new();
+        let d: Vec<weir_quota::Demand> = demands.iter().map(|&x| weir_quota::Demand::new(x)).collect();
+        weir_quota::allocate(f64::from(capacity), weir_quota::Algorithm::FairShare, &d, &mut fair).unwrap();
+        let got = w.grants(12 * S);
+        for (g, f) in got.iter().zip(&fair) {
+            prop_assert!((g - f).abs() <= 0.01 * f64::from(capacity), "{got:?} vs {fair:?}");
+        }
+    }
+}
