@@ -112,6 +112,10 @@ pub struct ResourceClient {
     limiter: RetunableGcra,
     /// The rate in force, as f64 bits; 0 while it admits nothing (a grant of 0).
     rate: AtomicU64,
+    /// The grant in force lapses then (`Nanos::MAX` on the safe capacity): a decision at or
+    /// after it switches to the safe capacity first, so a lapsed grant is never used, however
+    /// late the next poll.
+    lapses_at: AtomicU64,
     control: Mutex<Control>,
     counters: Counters,
 }
@@ -129,6 +133,7 @@ impl ResourceClient {
             demand: AtomicU64::new(0),
             limiter: RetunableGcra::new(gcra.or(placeholder).unwrap_or_else(unreachable_gcra)),
             rate: AtomicU64::new(if gcra.is_some() { safe } else { 0.0 }.to_bits()),
+            lapses_at: AtomicU64::new(Nanos::MAX),
             control: Mutex::new(Control {
                 granted: 0.0,
                 expires_at: 0,
@@ -160,6 +165,9 @@ impl ResourceClient {
     #[inline]
     pub fn acquire(&self, n: u64, now: Nanos) -> Decision {
         self.demand.fetch_add(n, Ordering::Relaxed);
+        if now >= self.lapses_at.load(Ordering::Acquire) {
+            self.lapse(now);
+        }
         if self.rate.load(Ordering::Acquire) == 0 {
             return Decision::never(0, 0, 0);
         }
@@ -209,11 +217,12 @@ impl ResourceClient {
     }
 
     /// The ask to send at `now`: the demand rate (units requested, admitted or not) over the
-    /// most recent second or two, with headroom, and what is held.
+    /// most recent second or two — needed — with headroom wanted above it, and what is held.
     pub fn ask(&self, now: Nanos) -> Ask {
         let mut c = self.control();
         self.sample(&mut c, now);
-        let wants = self.measured(&c, now) * self.config.headroom + self.config.min_wants;
+        let measured = self.measured(&c, now);
+        let wants = measured * self.config.headroom + self.config.min_wants;
         c.last_wants = wants;
         c.last_ask_at = Some(now);
         let has = if c.source == Source::Granted && now < c.expires_at {
@@ -222,7 +231,8 @@ impl ResourceClient {
             0.0
         };
         Ask {
-            needs: None,
+            // The headroom above the measured rate comes only from capacity nobody needs.
+            needs: Some(measured.min(wants)),
             wants,
             has,
             safe: c.safe,
@@ -282,6 +292,7 @@ impl ResourceClient {
         c.safe = lease.safe_capacity;
         c.source = Source::Granted;
         c.failures = 0;
+        self.lapses_at.store(lease.expires_at, Ordering::Release);
         // The first asks go out before a second of demand was measured: ask again after one.
         let measured_span = now.saturating_sub(c.samples[0].0);
         let refresh = if measured_span < 2_000_000_000 {
@@ -328,14 +339,25 @@ impl ResourceClient {
             }
         }
         if c.source == Source::Granted && now >= c.expires_at {
-            c.source = Source::Safe;
-            let safe = c.safe;
             drop(c);
-            self.enforce(safe);
-            self.counters.expirations.fetch_add(1, Ordering::Relaxed);
+            self.lapse(now);
             return Source::Safe;
         }
         c.source
+    }
+
+    /// The grant lapsed at `now` (if it still is in force): the safe capacity from now on.
+    #[cold]
+    fn lapse(&self, now: Nanos) {
+        let mut c = self.control();
+        if c.source == Source::Granted && now >= c.expires_at {
+            c.source = Source::Safe;
+            let safe = c.safe;
+            self.lapses_at.store(Nanos::MAX, Ordering::Release);
+            drop(c);
+            self.enforce(safe);
+            self.counters.expirations.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn enforce(&self, rate: f64) {

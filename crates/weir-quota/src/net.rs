@@ -39,6 +39,9 @@ use weir_core::{Clock, Decision, MonotonicClock, Nanos};
 use crate::client::{ClientConfig, ResourceClient, Source};
 use crate::lease::Lease;
 
+mod parent;
+pub use parent::ParentLink;
+
 /// Why a lease client cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -87,16 +90,7 @@ impl Builder {
 
     /// Starts the refresh task on the current tokio runtime.
     pub fn start(self) -> Result<LeaseClient, NetError> {
-        let targets = self
-            .endpoint
-            .split(',')
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-            .map(Target::parse)
-            .collect::<Result<Vec<_>, _>>()?;
-        if targets.is_empty() {
-            return Err(NetError::Endpoint(self.endpoint));
-        }
+        let link = Transport::new(&self.endpoint, &self.client_id, self.token.clone())?;
         if self.resources.is_empty() {
             return Err(NetError::NoResource);
         }
@@ -127,23 +121,8 @@ impl Builder {
             })
             .collect();
         let table = Table::new(resources);
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
         let inner = Arc::new(Inner {
-            client_id: self.client_id,
-            authorization: self
-                .token
-                .and_then(|t| http::HeaderValue::try_from(format!("Bearer {t}")).ok())
-                .map(|mut v| {
-                    v.set_sensitive(true);
-                    v
-                }),
-            targets,
-            current: parking_lot::Mutex::new(Current::Listed(0)),
-            http: Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(90))
-                .build(connector),
+            link,
             clock,
             table: arc_swap::ArcSwap::from_pointee(table),
             seed,
@@ -218,13 +197,62 @@ impl Table {
 /// Most resources one client leases (the server takes at most this many per call).
 pub const MAX_RESOURCES: usize = 1_000;
 
-struct Inner {
-    client_id: String,
+/// The servers called and how: the client id, its token, the list and the one called first.
+pub(crate) struct Transport {
+    pub(crate) client_id: String,
     /// `Bearer TOKEN`, when the server asks for one.
     authorization: Option<http::HeaderValue>,
     targets: Vec<Target>,
     current: parking_lot::Mutex<Current>,
     http: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Transport {
+    /// A transport to `endpoint` (`http://HOST:PORT[,…]`) as `client_id`, sending `token`.
+    pub(crate) fn new(
+        endpoint: &str,
+        client_id: &str,
+        token: Option<String>,
+    ) -> Result<Self, NetError> {
+        let targets = endpoint
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(Target::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        if targets.is_empty() {
+            return Err(NetError::Endpoint(endpoint.to_string()));
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        Ok(Self {
+            client_id: client_id.to_string(),
+            authorization: token
+                .and_then(|t| http::HeaderValue::try_from(format!("Bearer {t}")).ok())
+                .map(|mut v| {
+                    v.set_sensitive(true);
+                    v
+                }),
+            targets,
+            current: parking_lot::Mutex::new(Current::Listed(0)),
+            http: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(90))
+                .build(connector),
+        })
+    }
+
+    /// The server called first now (for a release).
+    fn current_target(&self) -> Target {
+        match self.current.lock().clone() {
+            Current::Listed(i) => self.targets[i].clone(),
+            Current::Leader(t) => t,
+        }
+    }
+}
+
+struct Inner {
+    link: Transport,
     clock: MonotonicClock,
     table: arc_swap::ArcSwap<Table>,
     /// For resources added later.
@@ -309,12 +337,12 @@ impl LeaseClient {
             Arc::new(Table::new(resources))
         });
         if added {
-            tracing::info!(client = %self.inner.client_id, resource = name, "lease client: new resource");
+            tracing::info!(client = %self.inner.link.client_id, resource = name, "lease client: new resource");
             self.inner.wake.notify_one();
         } else if self.inner.table.load().resources.len() >= MAX_RESOURCES
             && !self.inner.table.load().index.contains_key(name)
         {
-            tracing::warn!(client = %self.inner.client_id, resource = name, "lease client: at most {MAX_RESOURCES} resources; this one keeps its safe capacity");
+            tracing::warn!(client = %self.inner.link.client_id, resource = name, "lease client: at most {MAX_RESOURCES} resources; this one keeps its safe capacity");
         }
         added
     }
@@ -334,15 +362,12 @@ impl LeaseClient {
             .map(|r| lease_id_text(r.lease_id()))
             .collect();
         let body = serde_json::json!({
-            "client": self.inner.client_id, "resources": names, "leaseIds": ids,
+            "client": self.inner.link.client_id, "resources": names, "leaseIds": ids,
         });
-        let target = match self.inner.current.lock().clone() {
-            Current::Listed(i) => self.inner.targets[i].clone(),
-            Current::Leader(t) => t,
-        };
+        let target = self.inner.link.current_target();
         let _ = tokio::time::timeout(
             Duration::from_secs(2),
-            post(&self.inner, &target.release, body.to_string()),
+            post(&self.inner.link, &target.release, body.to_string()),
         )
         .await;
     }
@@ -374,7 +399,11 @@ pub fn parse_lease_id(text: &str) -> Option<u64> {
     }
 }
 
-async fn post(inner: &Inner, uri: &http::Uri, body: String) -> Result<(u16, Bytes), String> {
+pub(crate) async fn post(
+    inner: &Transport,
+    uri: &http::Uri,
+    body: String,
+) -> Result<(u16, Bytes), String> {
     let mut req = http::Request::post(uri.clone())
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
@@ -405,14 +434,14 @@ async fn refresh_all(
         .map(|r| {
             let a = r.ask(now);
             serde_json::json!({
-                "resource": r.name(), "wants": a.wants, "has": a.has, "safe": a.safe,
+                "resource": r.name(), "wants": a.wants, "needs": a.needs, "has": a.has, "safe": a.safe,
                 "weight": a.weight, "priority": a.priority.as_str(),
                 "leaseId": lease_id_text(a.lease_id),
             })
         })
         .collect();
-    let body = serde_json::json!({"client": inner.client_id, "resources": asks}).to_string();
-    let v = call_leader(inner, body).await?;
+    let body = serde_json::json!({"client": inner.link.client_id, "resources": asks}).to_string();
+    let v = call_leader(&inner.link, body).await?;
     let leases = v["leases"].as_array().ok_or("no leases in the answer")?;
     let ms = |v: &serde_json::Value| Duration::from_millis(v.as_u64().unwrap_or(0));
     Ok(leases
@@ -433,7 +462,10 @@ async fn refresh_all(
 /// Sends a refresh to the server called first, following a follower's `421` to the leader
 /// it names and moving on to the next listed server when one cannot answer: at most every
 /// listed server and two redirects per refresh.
-async fn call_leader(inner: &Inner, body: String) -> Result<serde_json::Value, String> {
+pub(crate) async fn call_leader(
+    inner: &Transport,
+    body: String,
+) -> Result<serde_json::Value, String> {
     let first = inner.current.lock().clone();
     let n = inner.targets.len();
     let (mut at, mut next_listed) = match &first {
@@ -508,7 +540,7 @@ async fn refresh_loop(inner: Arc<Inner>) {
             match refresh_all(&inner, &table, now).await {
                 Ok(leases) => {
                     if reachable != Some(true) {
-                        tracing::info!(client = %inner.client_id, "lease server reached");
+                        tracing::info!(client = %inner.link.client_id, "lease server reached");
                     }
                     reachable = Some(true);
                     let now = inner.clock.now();
@@ -521,7 +553,7 @@ async fn refresh_loop(inner: Arc<Inner>) {
                 }
                 Err(e) => {
                     if reachable != Some(false) {
-                        tracing::warn!(client = %inner.client_id, error = %e, "lease server unreachable; leases kept until they expire");
+                        tracing::warn!(client = %inner.link.client_id, error = %e, "lease server unreachable; leases kept until they expire");
                     }
                     reachable = Some(false);
                     let now = inner.clock.now();

@@ -745,6 +745,14 @@ impl LeaseServer {
         self.config.lock().rlqs.clone()
     }
 
+    /// The configured safe capacity of `resource` (units/s), if the file sets one.
+    pub fn safe_capacity(&self, resource: &str) -> Option<f64> {
+        self.config
+            .lock()
+            .resource(resource)
+            .and_then(|c| c.safe_capacity)
+    }
+
     /// The configured capacity of `resource` (units/s), if configured.
     pub fn capacity(&self, resource: &str) -> Option<f64> {
         self.config.lock().resource(resource).map(|c| c.capacity)

@@ -174,6 +174,7 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
     let mut shift_times: Vec<Nanos> = Vec::new();
     let mut restarted_at: Option<Nanos> = None;
     let mut demands = Vec::new();
+    let mut wants: Vec<f64> = Vec::new();
     let mut shares = Vec::new();
     let mut now: Nanos = 0;
     while now < end {
@@ -244,12 +245,13 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
             // The second that just ended.
             table.expire(now);
             demands.clear();
+            wants.clear();
             let mut granted_of = Vec::new();
             for c in clients.iter().filter(|c| c.demand.is_some()) {
                 let d = c.demand.unwrap_or(0.0);
-                demands.push(Demand::new(
-                    d * settings.client.headroom + settings.client.min_wants,
-                ));
+                // Clients need their rate and want headroom above it.
+                demands.push(Demand::new(d));
+                wants.push(d * settings.client.headroom + settings.client.min_wants);
                 granted_of.push(
                     table
                         .holders()
@@ -258,8 +260,22 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
                         .map_or(0.0, |h| h.granted),
                 );
             }
-            // The reference is exact max-min whatever the algorithm under test.
+            // The reference is exact max-min whatever the algorithm under test: needs first,
+            // then the headroom from what nobody needs.
             let _ = allocate(capacity, Algorithm::FairShare, &demands, &mut shares);
+            let left = capacity - shares.iter().sum::<f64>();
+            if left > 1e-9 {
+                let rest: Vec<Demand> = wants
+                    .iter()
+                    .zip(&shares)
+                    .map(|(w, s)| Demand::new((w - s).max(0.0)))
+                    .collect();
+                let mut extra = Vec::new();
+                let _ = allocate(left, Algorithm::FairShare, &rest, &mut extra);
+                for (s, e) in shares.iter_mut().zip(extra) {
+                    *s += e;
+                }
+            }
             let fairness_error = granted_of
                 .iter()
                 .zip(&shares)

@@ -73,6 +73,19 @@ pub struct QuotaApi {
     watcher: parking_lot::Mutex<Option<weir_rules::watch::Watcher>>,
     /// Changes of the quota file seen.
     reloads: Arc<crate::reload::Reloads>,
+    /// Capacities leased from a parent lease server (a tree of servers), while it runs.
+    parent: parking_lot::Mutex<Option<weir_quota::net::ParentLink>>,
+}
+
+/// A parent lease server: this one leases its capacities from it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parent {
+    /// `http://HOST:PORT` of its HTTP API (several sharing a quota: comma-separated).
+    pub endpoint: String,
+    /// This server's client id there (stable across restarts).
+    pub client_id: String,
+    /// The bearer token to present, if its quota file asks for one.
+    pub token: Option<String>,
 }
 
 /// Builds a [`QuotaApi`]: [`QuotaApi::builder`].
@@ -80,6 +93,7 @@ pub struct Builder {
     path: PathBuf,
     failover: Option<crate::quota::ha::Ha>,
     watch: Option<Duration>,
+    parent: Option<Parent>,
 }
 
 impl Builder {
@@ -96,10 +110,32 @@ impl Builder {
         self
     }
 
-    /// Loads the file, starts the lease server (learning for one lease length), its watcher
-    /// and its failover. Errors are the file's, one per line.
+    /// Leases every capacity from `parent` instead of taking the file's (at most the file's):
+    /// a regional server of a tree of lease servers ([`weir_quota::upstream`]). Only the
+    /// leader of a failover group leases.
+    pub fn parent(mut self, parent: Parent) -> Self {
+        self.parent = Some(parent);
+        self
+    }
+
+    /// Loads the file, starts the lease server (learning for one lease length), its watcher,
+    /// its failover and its leases from a parent. Errors are the file's (one per line) or the
+    /// parent's address. Must run inside a tokio runtime when a parent is given.
     pub fn build(self) -> Result<Arc<QuotaApi>, String> {
         let api = QuotaApi::open(self.path, self.failover)?;
+        if let Some(p) = self.parent {
+            let ha = api.ha.clone();
+            let link = weir_quota::net::ParentLink::start(
+                api.server.clone(),
+                api.clock.clone(),
+                &p.endpoint,
+                &p.client_id,
+                p.token,
+                move |now| crate::quota::ha::elsewhere(ha.as_deref(), now).is_none(),
+            )
+            .map_err(|e| format!("--parent: {e}"))?;
+            *api.parent.lock() = Some(link);
+        }
         if let Some(interval) = self.watch {
             api.watch(interval);
         }
@@ -115,6 +151,7 @@ impl QuotaApi {
             path,
             failover: None,
             watch: None,
+            parent: None,
         }
     }
 
@@ -143,6 +180,7 @@ impl QuotaApi {
             rlqs: std::sync::OnceLock::new(),
             reloads: Arc::default(),
             watcher: parking_lot::Mutex::new(None),
+            parent: parking_lot::Mutex::new(None),
         }))
     }
 
@@ -256,6 +294,21 @@ impl QuotaApi {
         asks: &mut [(String, Ask)],
         now: weir_core::Nanos,
     ) -> Result<Vec<Result<weir_quota::Lease, weir_quota::server::Refusal>>, CallError> {
+        self.refresh_parts(client, bearer, count, asks, Vec::new(), now)
+    }
+
+    /// [`Self::refresh`] with the demand of each ask in parts (a lease server below; honoured
+    /// only for a caller whose `clients` entry lets it choose its own weights and priorities,
+    /// `own_values: true` — otherwise each ask counts as one client).
+    pub(crate) fn refresh_parts(
+        &self,
+        client: &str,
+        bearer: Option<&str>,
+        count: usize,
+        asks: &mut [(String, Ask)],
+        mut parts: Vec<Vec<weir_quota::lease::Part>>,
+        now: weir_core::Nanos,
+    ) -> Result<Vec<Result<weir_quota::Lease, weir_quota::server::Refusal>>, CallError> {
         check_client(client)?;
         self.not_an_envoy(client)?;
         let rule = self.server.admit(client, bearer)?;
@@ -267,7 +320,10 @@ impl QuotaApi {
         for (_, ask) in asks.iter_mut() {
             rule.apply(ask);
         }
-        Ok(self.server.refresh(client, asks, now))
+        if !rule.own_values {
+            parts.clear();
+        }
+        Ok(self.server.refresh_parts(client, asks, &parts, now))
     }
 
     /// Gives `client`'s leases on `resources` (each with the lease id the caller holds) back.
@@ -387,8 +443,8 @@ impl QuotaApi {
     }
 }
 
-/// A client's ask for `resource` as the front ends read it from the wire (HTTP/JSON or gRPC);
-/// what it needs is the lease server's to say, not the client's.
+/// A client's ask for `resource` as the front ends read it from the wire (HTTP/JSON or gRPC),
+/// all of `wants` needed (the HTTP/JSON API reads a `needs` too).
 pub(crate) fn client_ask(
     resource: &str,
     wants: f64,
@@ -460,6 +516,82 @@ struct ResourceAsk {
     weight: f64,
     #[serde(default)]
     priority: Option<String>,
+    /// Of `wants`, what is needed now (a lease server below sends it; default: all).
+    #[serde(default)]
+    needs: Option<f64>,
+    /// A lease server below: what it has granted its clients (see `Ask::holds`).
+    #[serde(default)]
+    holds: Option<f64>,
+    /// A lease server below: its demand in parts (honoured for callers whose `clients` entry
+    /// has `own_values: true`).
+    #[serde(default)]
+    parts: Vec<RawPart>,
+}
+
+/// One part of a server-below's demand, as the JSON API reads it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPart {
+    wants: f64,
+    #[serde(default)]
+    needs: Option<f64>,
+    #[serde(default = "one")]
+    weight: f64,
+    #[serde(default)]
+    priority: Option<String>,
+}
+
+/// Reads the `needs`, `holds` and `parts` of `r` (the `i`-th ask) into `ask`; answers the parts.
+fn server_fields(
+    i: usize,
+    r: &ResourceAsk,
+    ask: &mut Ask,
+) -> Result<Vec<weir_quota::lease::Part>, String> {
+    let number = |field: &str, v: f64| {
+        if v.is_finite() && v >= 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("resources[{i}].{field}: {v}: a finite number ≥ 0"))
+        }
+    };
+    if let Some(n) = r.needs {
+        ask.needs = Some(number("needs", n)?);
+    }
+    if let Some(h) = r.holds {
+        ask.holds = Some(number("holds", h)?);
+    }
+    if r.parts.len() > weir_quota::lease::MAX_PARTS {
+        return Err(format!(
+            "resources[{i}].parts: at most {}",
+            weir_quota::lease::MAX_PARTS
+        ));
+    }
+    r.parts
+        .iter()
+        .enumerate()
+        .map(|(j, p)| {
+            let at = |field: &str| format!("resources[{i}].parts[{j}].{field}");
+            let priority = match &p.priority {
+                None => Criticality::Critical,
+                Some(x) => x.parse().map_err(|e| format!("{}: {e}", at("priority")))?,
+            };
+            if !(p.weight.is_finite() && p.weight > 0.0) {
+                return Err(format!(
+                    "{}: {}: a finite number > 0",
+                    at("weight"),
+                    p.weight
+                ));
+            }
+            let wants = number(&format!("parts[{j}].wants"), p.wants)?;
+            let needs = number(&format!("parts[{j}].needs"), p.needs.unwrap_or(wants))?;
+            Ok(weir_quota::lease::Part {
+                wants,
+                needs: needs.min(wants),
+                weight: p.weight,
+                priority,
+            })
+        })
+        .collect()
 }
 
 /// A lease id as the JSON API writes it (16 hex digits); `field` names it in the error.
@@ -558,7 +690,7 @@ async fn refresh(
                 .map_err(|e| format!("resources[{i}].priority: {e}"))?,
         };
         let lease_id = lease_id(r.lease_id.as_deref(), &format!("resources[{i}].leaseId"))?;
-        Ok(client_ask(
+        let mut ask = client_ask(
             &r.resource,
             r.wants,
             r.has,
@@ -566,7 +698,9 @@ async fn refresh(
             r.weight,
             priority,
             lease_id,
-        ))
+        );
+        server_fields(i, r, &mut ask.1)?;
+        Ok(ask)
     });
     let mut asks = match asks {
         Ok(a) => a,
@@ -577,7 +711,15 @@ async fn refresh(
         return r;
     }
     let count = b.resources.len();
-    let answers = match api.refresh(&b.client, token.as_deref(), count, &mut asks, now) {
+    let parts: Vec<Vec<weir_quota::lease::Part>> = b
+        .resources
+        .iter()
+        .zip(asks.iter_mut())
+        .enumerate()
+        .map(|(i, (r, (_, ask)))| server_fields(i, r, ask).unwrap_or_default())
+        .collect();
+    let answers = match api.refresh_parts(&b.client, token.as_deref(), count, &mut asks, parts, now)
+    {
         Ok(a) => a,
         Err(e) => return refused(e),
     };

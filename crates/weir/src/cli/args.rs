@@ -215,6 +215,18 @@ pub(crate) struct ServeArgs {
     /// (default: --grpc-addr when it is a specific address and port).
     #[arg(long, value_name = "HOST:PORT")]
     pub(crate) quota_advertise_grpc: Option<String>,
+    /// With --quota: lease every capacity from this parent lease server (http://HOST:PORT of
+    /// its HTTP API; several sharing a quota comma-separated) and divide what it grants — a
+    /// regional server of a tree of lease servers (docs/quota.md).
+    #[arg(long, value_name = "URL[,URL…]")]
+    pub(crate) parent: Option<String>,
+    /// With --parent: this server's client id at the parent (default: weir-serve-<--http-addr>;
+    /// keep it stable across restarts, and the same for the servers of one failover group).
+    #[arg(long, value_name = "ID")]
+    pub(crate) parent_client_id: Option<String>,
+    /// With --parent: a file holding the bearer token to present to the parent.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) parent_token_file: Option<PathBuf>,
     /// With failover: the leader key's time to live; renewed every fifth of it. A dead
     /// leader is replaced within about 1.2 × this.
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "5s")]

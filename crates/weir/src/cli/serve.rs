@@ -36,6 +36,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Err(code) => return code,
     };
     let quota = match &args.quota {
+        None if args.parent.is_some() => return fail("--parent needs --quota"),
         None => None,
         Some(path) => match lease_server(&args, path.clone()) {
             Ok(q) => Some(q),
@@ -152,6 +153,38 @@ fn lease_server(args: &ServeArgs, path: std::path::PathBuf) -> Result<Arc<QuotaA
     let mut builder = QuotaApi::builder(path).watch(RELOAD_INTERVAL);
     if on_redis(args) {
         builder = builder.failover(failover(args)?);
+    }
+    if let Some(endpoint) = &args.parent {
+        let token = match &args.parent_token_file {
+            None => None,
+            Some(f) => match std::fs::read_to_string(f) {
+                Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+                Ok(_) => {
+                    return Err(fail(format_args!(
+                        "--parent-token-file {}: empty",
+                        f.display()
+                    )))
+                }
+                Err(e) => {
+                    return Err(fail(format_args!(
+                        "--parent-token-file {}: {e}",
+                        f.display()
+                    )))
+                }
+            },
+        };
+        builder = builder.parent(weir_server::quota::api::Parent {
+            endpoint: endpoint.clone(),
+            client_id: args
+                .parent_client_id
+                .clone()
+                .unwrap_or_else(|| format!("weir-serve-{}", args.http_addr)),
+            token,
+        });
+    } else if args.parent_client_id.is_some() || args.parent_token_file.is_some() {
+        return Err(fail(
+            "--parent-client-id and --parent-token-file need --parent",
+        ));
     }
     builder.build().map_err(|errors| {
         for e in errors.lines() {

@@ -1,0 +1,180 @@
+//! A lease server's leases from its parent over the network (a tree of lease servers): the
+//! [`Upstream`] logic of [`crate::upstream`] driven by a task that asks the parent's HTTP/JSON
+//! API (`weir serve --quota FILE --parent URL`) and gives the [`LeaseServer`] the capacities
+//! it is granted.
+//!
+//! Every 100 ms the task reads what the server's clients want ([`LeaseServer::totals`]), sends
+//! the asks that are due in one call (the parent's refresh times; sooner when the demand
+//! below moves by a tenth), and applies the capacities in force — the grant while its lease
+//! lasts, frozen while an ask is in flight, the safe capacity after it lapses. A parent that
+//! cannot be reached, or answers something that is not a lease, counts as unreachable for
+//! that call (logged once per transition): asks are retried after 1 s, then backing off to
+//! 30 s.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use weir_core::{Clock, Nanos};
+
+use super::{call_leader, lease_id_text, parse_lease_id, NetError, Transport};
+use crate::lease::Lease;
+use crate::server::LeaseServer;
+use crate::upstream::{Asked, Upstream};
+
+/// The task leasing a server's capacities from its parent; stops when dropped.
+pub struct ParentLink {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ParentLink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ParentLink {
+    /// Leases every resource `server` serves from the parent at `endpoint` (`http://HOST:PORT`,
+    /// several sharing a quota as a comma-separated list) as `client_id`, sending `token` if
+    /// any; `active(now)` false (a follower of a failover group) pauses it. `server` takes its
+    /// capacities from the parent from now on ([`LeaseServer::under_parent`]); `clock` must be
+    /// the one its refreshes are answered on.
+    pub fn start<C: Clock + Send + Sync + 'static>(
+        server: Arc<LeaseServer>,
+        clock: C,
+        endpoint: &str,
+        client_id: &str,
+        token: Option<String>,
+        active: impl Fn(Nanos) -> bool + Send + Sync + 'static,
+    ) -> Result<Self, NetError> {
+        let link = Transport::new(endpoint, client_id, token)?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| NetError::NoRuntime)?;
+        server.under_parent();
+        let task = runtime.spawn(run(server, clock, link, active));
+        Ok(Self { task })
+    }
+}
+
+/// What a lease answer says, or `None` for anything else.
+fn lease_of(v: &serde_json::Value, now: Nanos) -> Option<(Lease, Duration)> {
+    let ms = |f: &str| v[f].as_u64().map(Duration::from_millis);
+    let expires_in = ms("expiresInMs")?;
+    let granted = v["granted"]
+        .as_f64()
+        .filter(|g| g.is_finite() && *g >= 0.0)?;
+    let safe = v["safeCapacity"]
+        .as_f64()
+        .filter(|g| g.is_finite() && *g >= 0.0)?;
+    Some((
+        Lease {
+            granted,
+            expires_at: now.saturating_add(Nanos::try_from(expires_in.as_nanos()).ok()?),
+            refresh: ms("refreshInMs")?,
+            safe_capacity: safe,
+            learning: v["learning"].as_bool().unwrap_or(false),
+            lease_id: v["leaseId"].as_str().and_then(parse_lease_id)?,
+        },
+        expires_in,
+    ))
+}
+
+/// The body of one call asking for `asks`.
+fn body(client: &str, asks: &[Asked]) -> String {
+    let resources: Vec<serde_json::Value> = asks
+        .iter()
+        .map(|a| {
+            let parts: Vec<serde_json::Value> = a
+                .parts
+                .iter()
+                .map(|p| {
+                    serde_json::json!({"wants": p.wants, "needs": p.needs, "weight": p.weight,
+                        "priority": p.priority.as_str()})
+                })
+                .collect();
+            serde_json::json!({
+                "resource": a.resource, "wants": a.ask.wants, "needs": a.ask.needs,
+                "has": a.ask.has, "safe": a.ask.safe, "holds": a.ask.holds,
+                "leaseId": lease_id_text(a.ask.lease_id), "parts": parts,
+            })
+        })
+        .collect();
+    serde_json::json!({"client": client, "resources": resources}).to_string()
+}
+
+fn apply(server: &LeaseServer, upstream: &Upstream, now: Nanos) {
+    for (name, capacity, by) in upstream.capacities(now) {
+        server.lease_from_parent(&name, capacity, by);
+    }
+}
+
+async fn run<C: Clock>(
+    server: Arc<LeaseServer>,
+    clock: C,
+    link: Transport,
+    active: impl Fn(Nanos) -> bool,
+) {
+    let mut upstream = Upstream::new();
+    let mut reachable: Option<bool> = None;
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = clock.now();
+        if !active(now) {
+            continue;
+        }
+        let totals = server.totals(now);
+        // Before the parent first answers: the file's safe capacity, else nothing.
+        let asks = upstream.asks(&totals, |r| server.safe_capacity(r).unwrap_or(0.0), now);
+        apply(&server, &upstream, now);
+        if asks.is_empty() {
+            continue;
+        }
+        for chunk in asks.chunks(super::MAX_RESOURCES) {
+            let answer = call_leader(&link, body(&link.client_id, chunk)).await;
+            let at = clock.now();
+            let leases = answer.as_ref().ok().and_then(|v| v["leases"].as_array());
+            match leases {
+                Some(leases) if leases.len() == chunk.len() => {
+                    if reachable != Some(true) {
+                        tracing::info!(client = %link.client_id, "parent lease server reached");
+                    }
+                    reachable = Some(true);
+                    backoff = Duration::from_secs(1);
+                    for (a, v) in chunk.iter().zip(leases) {
+                        match lease_of(v, at) {
+                            Some((lease, expires_in)) => {
+                                upstream.answered(&a.resource, &lease, expires_in, a.sent_at, at);
+                            }
+                            None => {
+                                tracing::warn!(resource = %a.resource, answer = %v, "parent lease server refused a resource; its grant holds until it lapses");
+                                upstream.failed(&a.resource, Duration::from_secs(5), at);
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    if reachable != Some(false) {
+                        let why = match &answer {
+                            Err(e) => e.clone(),
+                            Ok(v) => format!("not a lease answer: {}", truncated(&v.to_string())),
+                        };
+                        tracing::warn!(client = %link.client_id, error = %why, "parent lease server unreachable; grants held until they lapse, then the safe capacity");
+                    }
+                    reachable = Some(false);
+                    for a in chunk {
+                        upstream.failed(&a.resource, backoff, at);
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+        apply(&server, &upstream, clock.now());
+    }
+}
+
+fn truncated(s: &str) -> &str {
+    let mut end = s.len().min(200);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

@@ -1,0 +1,241 @@
+//! A tree of lease servers as real processes on loopback: a root `weir serve --quota`, three
+//! regional ones leasing from it (`--parent`), thirty lease clients of skewed demand spread
+//! over the regions. Counted per second at the clients: the global rate within 2 % of the
+//! capacity and every client within 2 % of the capacity of its max-min share once converged;
+//! the root killed (`kill -9`): regions hold their grants, then their safe capacity, never
+//! above the capacity; the root back: the same fair shares again; a region killed: its
+//! clients hold their leases, then their safe capacity (at most what they had), and the other
+//! regions take the rest.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_quota::net::LeaseClient;
+
+/// Units per second of the one resource.
+const CAPACITY: f64 = 300.0;
+const CLIENTS: usize = 30;
+
+const QUOTA: &str = "resources:
+  - {name: api, capacity: 300/s, lease: 4s, refresh: 1s}
+clients:
+  - {id: 'region-*', own_values: true}
+  - {id: '*'}
+";
+
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(quota: &std::path::Path, http: u16, parent: Option<(u16, &str)>) -> Proc {
+    let (h, g) = (
+        format!("127.0.0.1:{http}"),
+        format!("127.0.0.1:{}", common::free_port()),
+    );
+    let mut args = vec![
+        "serve",
+        "--quota",
+        quota.to_str().unwrap(),
+        "--http-addr",
+        &h,
+        "--grpc-addr",
+        &g,
+    ];
+    let url;
+    if let Some((port, id)) = parent {
+        url = format!("http://127.0.0.1:{port}");
+        args.extend(["--parent", &url, "--parent-client-id", id]);
+    }
+    let (child, line) = common::start(&args);
+    assert!(line.contains("HTTP on"), "{line}");
+    Proc(child)
+}
+
+/// What client `i` offers per second: 5 to 92.
+fn demand(i: usize) -> f64 {
+    5.0 + 3.0 * i as f64
+}
+
+/// The max-min shares of the demands in `clients` of `capacity`.
+fn fair(clients: &[usize], capacity: f64) -> Vec<f64> {
+    let d: Vec<weir_quota::Demand> = clients
+        .iter()
+        .map(|&i| weir_quota::Demand::new(demand(i)))
+        .collect();
+    let mut out = Vec::new();
+    weir_quota::allocate(capacity, weir_quota::Algorithm::FairShare, &d, &mut out).unwrap();
+    out
+}
+
+/// Admitted units per client per whole second since the start.
+struct Meter {
+    start: Instant,
+    /// [second][client]
+    admitted: Vec<Vec<AtomicU64>>,
+}
+
+impl Meter {
+    fn rate(&self, second: usize, clients: impl Iterator<Item = usize>) -> f64 {
+        clients
+            .map(|c| self.admitted[second][c].load(Ordering::Relaxed) as f64)
+            .sum()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_three_regions_and_thirty_clients_hold_the_global_rate() {
+    let dir = common::tempdir("quota-tree");
+    let quota = dir.join("quota.yaml");
+    std::fs::write(&quota, QUOTA).unwrap();
+    let root_port = common::free_port();
+    let q = quota.clone();
+    let root = tokio::task::spawn_blocking(move || serve(&q, root_port, None))
+        .await
+        .unwrap();
+    let mut regions = Vec::new();
+    let mut region_ports = Vec::new();
+    for k in 0..3 {
+        let port = common::free_port();
+        let q = quota.clone();
+        let id = format!("region-{k}");
+        regions.push(Some(
+            tokio::task::spawn_blocking(move || serve(&q, port, Some((root_port, &id))))
+                .await
+                .unwrap(),
+        ));
+        region_ports.push(port);
+    }
+    const SECONDS: usize = 75;
+    let meter = Arc::new(Meter {
+        start: Instant::now(),
+        admitted: (0..SECONDS)
+            .map(|_| (0..CLIENTS).map(|_| AtomicU64::new(0)).collect())
+            .collect(),
+    });
+    // Client i talks to region i % 3; its safe capacity is 2/s.
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        let url = format!("http://127.0.0.1:{}", region_ports[i % 3]);
+        let client = LeaseClient::builder(&url, &format!("client-{i}"))
+            .resource("api", 2.0)
+            .start()
+            .unwrap();
+        let meter = meter.clone();
+        tasks.push(tokio::spawn(async move {
+            let every = Duration::from_secs_f64(1.0 / demand(i));
+            let mut next = tokio::time::Instant::now();
+            loop {
+                let second = meter.start.elapsed().as_secs() as usize;
+                if second >= SECONDS {
+                    break;
+                }
+                if client.acquire("api", 1).is_some_and(|d| d.allowed()) {
+                    meter.admitted[second][i].fetch_add(1, Ordering::Relaxed);
+                }
+                next += every;
+                tokio::time::sleep_until(next).await;
+            }
+            client.shutdown().await;
+        }));
+    }
+    let all = || 0..CLIENTS;
+    let sleep_to = |s: u64| {
+        let at = meter.start + Duration::from_secs(s);
+        tokio::time::sleep_until(tokio::time::Instant::from_std(at))
+    };
+    let global =
+        |from: usize, to: usize| -> Vec<f64> { (from..to).map(|s| meter.rate(s, all())).collect() };
+    // The largest distance of a client's mean rate over [from, to) from its fair share.
+    let fairness = |from: usize, to: usize| -> f64 {
+        let f = fair(&(0..CLIENTS).collect::<Vec<_>>(), CAPACITY);
+        (0..CLIENTS)
+            .map(|i| {
+                let got = (from..to)
+                    .map(|s| meter.admitted[s][i].load(Ordering::Relaxed) as f64)
+                    .sum::<f64>()
+                    / (to - from) as f64;
+                (got - f[i]).abs()
+            })
+            .fold(0.0, f64::max)
+    };
+    // Phase 1, 0–25 s: everyone up; converged from 15 s (the servers learn for a lease length).
+    sleep_to(25).await;
+    // Phase 2, 25–40 s: the root killed: the regions hold their grants (4 s), then their safe
+    // capacity (the root's capacity ÷ the regions it saw).
+    drop(root);
+    sleep_to(40).await;
+    // Phase 3, 40–60 s: the root back (it learns for a lease length, granting no region more
+    // than it uses on its own), then fair shares again.
+    let q = quota.clone();
+    let root = tokio::task::spawn_blocking(move || serve(&q, root_port, None))
+        .await
+        .unwrap();
+    sleep_to(60).await;
+    // Phase 4, 60–75 s: region 0 killed: its clients hold their leases (4 s), then their safe
+    // capacity (region 0's capacity ÷ its clients); the root gives region 0's share to the
+    // others once region 0's lease lapses.
+    drop(regions[0].take());
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (steady, dead_root, back) = (global(15, 25), global(25, 40), global(52, 60));
+    let region0 = |s| meter.rate(s, (0..CLIENTS).filter(|c| c % 3 == 0));
+    let others = |s| meter.rate(s, (0..CLIENTS).filter(|c| c % 3 != 0));
+    let dead_region: Vec<(f64, f64)> = (60..75).map(|s| (region0(s), others(s))).collect();
+    let (fair_steady, fair_back) = (fairness(15, 25), fairness(52, 60));
+    eprintln!("global rate per second, all up (15–25 s): {steady:?}; largest distance from a fair share {fair_steady:.2}/s");
+    eprintln!("root killed at 25 s — global per second: {dead_root:?}");
+    for k in 0..3 {
+        let per: Vec<f64> = (24..36)
+            .map(|s| meter.rate(s, (0..CLIENTS).filter(|c| c % 3 == k)))
+            .collect();
+        eprintln!("  region {k} per second 24–36 s: {per:?}");
+    }
+    eprintln!("root back at 40 s — global per second 52–60 s: {back:?}; largest distance from a fair share {fair_back:.2}/s");
+    eprintln!("region 0 killed at 60 s — (its clients, the others) per second: {dead_region:?}");
+    for (s, r) in steady.iter().chain(&back).enumerate() {
+        assert!(
+            (r - CAPACITY).abs() <= 0.02 * CAPACITY,
+            "second {s} of the converged ones: {r} (of {CAPACITY})"
+        );
+    }
+    assert!(
+        fair_steady <= 0.02 * CAPACITY && fair_back <= 0.02 * CAPACITY,
+        "{fair_steady} {fair_back}"
+    );
+    for (s, r) in dead_root.iter().enumerate() {
+        assert!(
+            *r <= CAPACITY * 1.02,
+            "second {}: {r} without the root",
+            25 + s
+        );
+    }
+    // With region 0 gone, the others get the rest within a few seconds of its lease lapsing;
+    // region 0's clients keep at most what they had (their safe capacity is its share ÷ 10).
+    let before: f64 = (55..60).map(region0).sum::<f64>() / 5.0;
+    for (s, (dead, rest)) in dead_region.iter().enumerate() {
+        assert!(
+            *dead <= before * 1.1,
+            "second {}: region 0's clients {dead} > {before}",
+            60 + s
+        );
+        if s >= 10 {
+            assert!(
+                *rest >= 0.95 * (CAPACITY - before),
+                "second {}: the others {rest}",
+                60 + s
+            );
+        }
+    }
+    drop(root);
+    drop(regions);
+    let _ = std::fs::remove_dir_all(dir);
+}
