@@ -354,6 +354,12 @@ impl LeaseTable {
         t
     }
 
+    /// Learns until `until` (see the module documentation), as a table that just started:
+    /// no grant past what a client holds or uses on its own.
+    pub fn learn_until(&mut self, until: Nanos) {
+        self.learning_until = self.learning_until.max(until);
+    }
+
     /// When learning ends (0 or a past time: not learning).
     pub fn learning_until(&self) -> Nanos {
         self.learning_until

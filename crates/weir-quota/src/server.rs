@@ -242,7 +242,7 @@ impl LeaseServer {
         let Some(map) = leased.as_mut() else {
             return;
         };
-        map.insert(resource.to_string(), (capacity, by));
+        let before = map.insert(resource.to_string(), (capacity, by));
         drop(leased);
         let mut tables = self.tables.lock();
         if let Some(t) = tables.get_mut(resource) {
@@ -252,6 +252,13 @@ impl LeaseServer {
             }
             t.reconfigure(c);
             t.expire_by(by);
+            if let (Some((_, Some(lapsed))), None) = (before, by) {
+                // The grant from the parent lapsed, and every lease given under it with it:
+                // the clients are on their safe capacities until they refresh. For one lease
+                // length grant none more than that (learning), or the clients refreshing first
+                // would take the whole safe capacity beside those still on theirs.
+                t.learn_until(lapsed.saturating_add(lease_nanos(&c)));
+            }
         }
     }
 

@@ -267,8 +267,7 @@ impl World {
         let mut below = 0.0;
         let mut cut_off = false;
         for (k, r) in self.regions.iter().enumerate() {
-            if r
-                .upstream
+            if r.upstream
                 .capacity("r", r.now(t))
                 .is_some_and(|(capacity, by)| by.is_none() && capacity > 0.0)
             {
@@ -361,5 +360,3 @@ fn a_region_cut_off_leaves_its_share_to_the_others_once_its_lease_lapses() {
     assert!((before - 300.0).abs() < 1.0, "{before}");
     assert!(others >= 0.99 * 300.0, "{others}");
 }
-
-

@@ -664,7 +664,7 @@ async fn lease_clients_of_nested_resources_get_grants_that_fit_every_group_above
     let converged = |clients: &[LeaseClient]| {
         leaves
             .iter()
-            .zip(&clients[..])
+            .zip(clients)
             .zip(want)
             .all(|((leaf, c), w)| {
                 let (rate, source) = c.resource(leaf).unwrap().rate();

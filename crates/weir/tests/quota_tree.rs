@@ -170,7 +170,9 @@ async fn a_root_three_regions_and_thirty_clients_hold_the_global_rate() {
     sleep_to(25).await;
     // Phase 2, 25–40 s: the root killed: the regions hold their grants (4 s), then their safe
     // capacity (the root's capacity ÷ the regions it saw).
-    drop(root);
+    tokio::task::spawn_blocking(move || drop(root))
+        .await
+        .unwrap();
     sleep_to(40).await;
     // Phase 3, 40–60 s: the root back (it learns for a lease length, granting no region more
     // than it uses on its own), then fair shares again.
@@ -182,7 +184,10 @@ async fn a_root_three_regions_and_thirty_clients_hold_the_global_rate() {
     // Phase 4, 60–75 s: region 0 killed: its clients hold their leases (4 s), then their safe
     // capacity (region 0's capacity ÷ its clients); the root gives region 0's share to the
     // others once region 0's lease lapses.
-    drop(regions[0].take());
+    let killed = regions[0].take();
+    tokio::task::spawn_blocking(move || drop(killed))
+        .await
+        .unwrap();
     for t in tasks {
         t.await.unwrap();
     }

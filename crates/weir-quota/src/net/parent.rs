@@ -8,8 +8,10 @@
 //! below moves by a tenth), and applies the capacities in force — the grant while its lease
 //! lasts, frozen while an ask is in flight, the safe capacity after it lapses. A parent that
 //! cannot be reached, or answers something that is not a lease, counts as unreachable for
-//! that call (logged once per transition): asks are retried after 1 s, then backing off to
-//! 30 s.
+//! that call (logged once per transition): asks are retried every second — a parent has few
+//! children, and a parent back from a restart must hear from all of them while it learns (one
+//! lease length), or a child still on its safe capacity would count beside the grants it
+//! hands out once learning ends.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,7 +116,7 @@ async fn run<C: Clock>(
 ) {
     let mut upstream = Upstream::new();
     let mut reachable: Option<bool> = None;
-    let mut backoff = Duration::from_secs(1);
+    let retry = Duration::from_secs(1);
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = clock.now();
@@ -138,7 +140,6 @@ async fn run<C: Clock>(
                         tracing::info!(client = %link.client_id, "parent lease server reached");
                     }
                     reachable = Some(true);
-                    backoff = Duration::from_secs(1);
                     for (a, v) in chunk.iter().zip(leases) {
                         match lease_of(v, at) {
                             Some((lease, expires_in)) => {
@@ -161,9 +162,8 @@ async fn run<C: Clock>(
                     }
                     reachable = Some(false);
                     for a in chunk {
-                        upstream.failed(&a.resource, backoff, at);
+                        upstream.failed(&a.resource, retry, at);
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
                 }
             }
         }
