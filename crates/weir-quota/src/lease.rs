@@ -248,6 +248,10 @@ pub struct LeaseTable {
     shares_at: Option<Nanos>,
     /// Clients seen at the last refresh (for the default safe capacity).
     clients_seen: usize,
+    /// Since when `clients_seen` has not grown: it shrinks to the holders left only a lease
+    /// length later, so leases lapsing together (a pause of the server, a parent's grant
+    /// lapsing) never make the even split advertised to the first refresher the whole capacity.
+    seen_since: Nanos,
     /// Holding: no grant grows, no lease outlives this time.
     hold: Option<Nanos>,
     /// No lease outlives this time: the server's own lease from its parent ends then (a tree
@@ -310,6 +314,7 @@ impl LeaseTable {
             config,
             learning_until: 0,
             clients_seen: holders.len(),
+            seen_since: 0,
             holders,
             index: HashMap::new(),
             released: Vec::new(),
@@ -842,7 +847,9 @@ impl LeaseTable {
     /// The second half of a refresh: row `i`'s grant, at most its share, what is left of the
     /// capacity, and `above` (what the groups above a nested resource leave it).
     pub(crate) fn grant(&mut self, i: usize, ask: &Ask, now: Nanos, above: f64) -> Lease {
-        let learning = self.learning(now);
+        // Past the parent's grant (its next capacity not applied yet): nothing beyond what a
+        // client uses on its own, as while learning.
+        let learning = self.learning(now) || self.expires_by.is_some_and(|by| now >= by);
         let (granted_before, held) = (self.holders[i].granted, self.holders[i].counted());
         let room = (self.config.capacity - (self.outstanding - held))
             .min(above)
@@ -885,7 +892,12 @@ impl LeaseTable {
         h.keeps = keeps;
         h.expires_at = expires_at;
         let lease_id = h.lease_id;
-        self.clients_seen = self.holders.len();
+        let n = self.holders.len();
+        if n >= self.clients_seen || now.saturating_sub(self.seen_since) >= nanos(self.config.lease)
+        {
+            self.clients_seen = n;
+            self.seen_since = now;
+        }
         // Held below its fair share (waiting for others to shrink): come back sooner, so the
         // room they free is taken within a fraction of the interval.
         let refresh = if (granted + 1e-9 < fair || self.provisional.get(i).copied().unwrap_or(true))

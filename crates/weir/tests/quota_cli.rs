@@ -662,14 +662,10 @@ async fn lease_clients_of_nested_resources_get_grants_that_fit_every_group_above
     let started = std::time::Instant::now();
     let want = [7.5, 7.5, 15.0];
     let converged = |clients: &[LeaseClient]| {
-        leaves
-            .iter()
-            .zip(clients)
-            .zip(want)
-            .all(|((leaf, c), w)| {
-                let (rate, source) = c.resource(leaf).unwrap().rate();
-                source == Source::Granted && (rate - w).abs() < 0.01
-            })
+        leaves.iter().zip(clients).zip(want).all(|((leaf, c), w)| {
+            let (rate, source) = c.resource(leaf).unwrap().rate();
+            source == Source::Granted && (rate - w).abs() < 0.01
+        })
     };
     while started.elapsed() < std::time::Duration::from_secs(12) && !converged(&clients) {
         for (leaf, c) in leaves.iter().zip(&clients) {
