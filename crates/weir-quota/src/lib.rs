@@ -27,8 +27,11 @@
 //!   shares sent as token buckets).
 //! - [`proto`]: the gRPC lease API's messages (`proto/weir/quota/v1/quota.proto`).
 //! - [`net`]: the lease client over the network (HTTP/JSON), refreshing every resource of a
-//!   process in one call.
+//!   process in one call, and [`net::ParentLink`], a server's leases from its parent.
+//! - [`upstream`]: a lease server's own leases from its parent (a tree of lease servers):
+//!   asks frozen while in flight, grants dated from the send, demand sent in parts.
 //! - [`sim`]: all of it on virtual time, with the measures of `weir simulate quota`.
+//! - [`sim_tree`]: a tree of lease servers on virtual time (`weir simulate quota --tree`).
 
 pub mod allocate;
 pub mod client;
@@ -44,6 +47,7 @@ pub mod proto;
 pub mod rlqs;
 pub mod server;
 pub mod sim;
+pub mod sim_tree;
 pub mod upstream;
 
 pub use allocate::{allocate, Algorithm, Demand, QuotaError};

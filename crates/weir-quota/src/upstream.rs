@@ -153,6 +153,9 @@ struct Grant {
     /// An ask is in flight: no other is sent before its answer or failure (a second one
     /// would not present the lease id the first may bring).
     in_flight: bool,
+    /// The resource is no longer served here (its table is gone): once the parent granted
+    /// nothing, the grant is forgotten.
+    idle: bool,
 }
 
 /// One ask for the parent.
@@ -199,7 +202,9 @@ impl Upstream {
                     asked_wants: f64::NAN,
                     frozen: None,
                     in_flight: false,
+                    idle: false,
                 });
+            g.idle = false;
             // NaN (never asked) counts as moved.
             let moved = (t.wants - g.asked_wants)
                 .abs()
@@ -217,6 +222,7 @@ impl Upstream {
         for (name, g) in &mut self.grants {
             if !in_use.contains(name.as_str()) && g.granted > 0.0 && !g.in_flight && now >= g.due_at
             {
+                g.idle = true;
                 out.push(Self::ask(g, name, 0.0, 0.0, 0.0, now));
             }
         }
@@ -268,7 +274,7 @@ impl Upstream {
         g.in_flight = false;
         g.due_at =
             now.saturating_add(Nanos::try_from(lease.refresh.as_nanos()).unwrap_or(Nanos::MAX));
-        if lease.granted == 0.0 && g.asked_wants == 0.0 {
+        if lease.granted == 0.0 && g.idle {
             // Given back: forgotten until used again.
             self.grants.remove(resource);
         }

@@ -410,6 +410,48 @@ pub fn read_scenario(
     Ok(out)
 }
 
+/// A tree simulation's report as one JSON object.
+pub fn tree_json(r: &weir_quota::sim_tree::TreeReport, capacity: f64) -> String {
+    let opt = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:.4}"));
+    format!(
+        "{{\"utilisation\":{:.4},\"peak_ratio\":{:.4},\"max_fairness_error\":{:.3},\"fairness_error_ratio\":{:.5},\"misplaced_ratio\":{:.5},\"converge_ms\":{:?},\"converge_ms_max\":{},\"reconverge_ms\":{},\"bound_ms\":{},\"cut_peak_ratio\":{},\"cut_mean_ratio\":{}}}",
+        r.utilisation,
+        r.peak_ratio,
+        r.max_fairness_error,
+        r.max_fairness_error / capacity,
+        r.max_misplaced_ratio,
+        r.converge_ms,
+        r.converge_ms_max,
+        r.reconverge_ms.map_or("null".to_string(), |m| m.to_string()),
+        r.bound_ms,
+        opt(r.cut_peak_ratio),
+        opt(r.cut_mean_ratio),
+    )
+}
+
+/// A tree simulation's report for people.
+pub fn tree_text(r: &weir_quota::sim_tree::TreeReport, capacity: f64) -> String {
+    let mut out = format!(
+        "utilisation under excess demand {:.1} %\npeak {:.1} % of capacity\nfairness error at most {:.1} units/s ({:.2} % of capacity) against one flat server; capacity misplaced at most {:.2} %\nconvergence after each demand change: {:?} ms (bound {} ms: 3 refresh intervals per level)\n",
+        100.0 * r.utilisation,
+        100.0 * r.peak_ratio,
+        r.max_fairness_error,
+        100.0 * r.max_fairness_error / capacity,
+        100.0 * r.max_misplaced_ratio,
+        r.converge_ms,
+        r.bound_ms
+    );
+    if let (Some(p), Some(m)) = (r.cut_peak_ratio, r.cut_mean_ratio) {
+        out.push_str(&format!(
+            "region cut off: peak {:.1} %, mean {:.1} % of capacity; back to the shares {} ms after it ends\n",
+            100.0 * p,
+            100.0 * m,
+            r.reconverge_ms.unwrap_or(0)
+        ));
+    }
+    out
+}
+
 /// The report as one JSON object.
 pub fn sim_json(r: &weir_quota::sim::Report) -> String {
     let opt = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:.4}"));

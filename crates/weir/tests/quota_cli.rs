@@ -144,6 +144,79 @@ fn allocate_divides_nested_quotas_by_a_parent_column() {
 }
 
 #[test]
+fn simulate_quota_tree_meets_its_goals_and_refuses_bad_shapes() {
+    let (code, out, err) = weir(
+        &[
+            "simulate",
+            "quota",
+            "--tree",
+            "1x3x9",
+            "--clients",
+            "900",
+            "--capacity",
+            "10000",
+            "--refresh",
+            "2s",
+            "--lease",
+            "10s",
+            "--duration",
+            "150s",
+            "--json",
+        ],
+        "",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(common::json_number(&out, "utilisation") >= 0.98, "{out}");
+    assert!(common::json_number(&out, "peak_ratio") <= 1.01, "{out}");
+    assert!(
+        common::json_number(&out, "fairness_error_ratio") <= 0.01,
+        "{out}"
+    );
+    assert!(
+        common::json_number(&out, "misplaced_ratio") <= 0.01,
+        "{out}"
+    );
+    assert!(
+        common::json_number(&out, "converge_ms_max") <= common::json_number(&out, "bound_ms"),
+        "{out}"
+    );
+    for (shape, message) in [
+        ("1x3x10", "whole multiple"),
+        ("10", "2 to 6 levels"),
+        ("1xax2", "like 1x10x100"),
+    ] {
+        let (code, _, err) = weir(
+            &[
+                "simulate",
+                "quota",
+                "--tree",
+                shape,
+                "--capacity",
+                "10",
+                "--clients",
+                "100",
+            ],
+            "",
+        );
+        assert_eq!(code, 2, "{shape}");
+        assert!(err.contains(message), "{shape}: {err}");
+    }
+    let (code, _, err) = weir(
+        &[
+            "simulate",
+            "quota",
+            "--capacity",
+            "10",
+            "--cut-region",
+            "1s..2s",
+        ],
+        "",
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("--cut-region needs --tree"), "{err}");
+}
+
+#[test]
 fn the_server_down_figures_of_docs_quota_md_are_what_the_command_prints() {
     let doc = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/quota.md"),

@@ -321,7 +321,11 @@ impl QuotaApi {
             rule.apply(ask);
         }
         if !rule.own_values {
+            // A server's statements about its clients count only from a trusted server.
             parts.clear();
+            for (_, ask) in asks.iter_mut() {
+                ask.holds = None;
+            }
         }
         Ok(self.server.refresh_parts(client, asks, &parts, now))
     }
@@ -522,8 +526,8 @@ struct ResourceAsk {
     /// A lease server below: what it has granted its clients (see `Ask::holds`).
     #[serde(default)]
     holds: Option<f64>,
-    /// A lease server below: its demand in parts (honoured for callers whose `clients` entry
-    /// has `own_values: true`).
+    /// A lease server below: its demand in parts (this and `holds` honoured for callers whose
+    /// `clients` entry has `own_values: true`).
     #[serde(default)]
     parts: Vec<RawPart>,
 }

@@ -369,6 +369,13 @@ pub(crate) struct QuotaSimArgs {
     /// The server is unreachable FROM..TO (e.g. 100s..200s) and restarts without its table.
     #[arg(long, value_name = "FROM..TO")]
     pub(crate) server_down: Option<String>,
+    /// A tree of lease servers instead of one: servers per level, the root's first (e.g.
+    /// 1x10x100); --clients are spread over the last level's servers.
+    #[arg(long, value_name = "SHAPE")]
+    pub(crate) tree: Option<String>,
+    /// With --tree: the first server of the second level cannot reach the root FROM..TO.
+    #[arg(long, value_name = "FROM..TO")]
+    pub(crate) cut_region: Option<String>,
     /// Random seed (same seed, same result).
     #[arg(long, value_name = "S", default_value_t = 1)]
     pub(crate) seed: u64,

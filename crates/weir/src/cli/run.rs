@@ -159,6 +159,68 @@ pub(crate) fn run_overload(args: OverloadArgs) -> ExitCode {
 }
 
 /// `weir simulate quota`: the lease protocol on virtual time, with its measures.
+/// `FROM..TO` of a flag (`None` when absent); a bad one is a usage error.
+fn span(
+    flag: &str,
+    text: Option<&str>,
+) -> Result<Option<(std::time::Duration, std::time::Duration)>, ExitCode> {
+    let Some(s) = text else {
+        return Ok(None);
+    };
+    let parsed = s.split_once("..").and_then(|(a, b)| {
+        Some((
+            duration::parse_duration(a).ok()?,
+            duration::parse_duration(b).ok()?,
+        ))
+    });
+    match parsed {
+        Some((a, b)) if a < b => Ok(Some((a, b))),
+        _ => Err(fail(format_args!(
+            "{flag} {s:?}: expected FROM..TO, e.g. 100s..200s"
+        ))),
+    }
+}
+
+/// `weir simulate quota --tree SHAPE`: a tree of lease servers on virtual time.
+fn run_tree_sim(args: &QuotaSimArgs, shape: &str) -> ExitCode {
+    let shape = match weir_quota::sim_tree::parse_shape(shape) {
+        Ok(s) => s,
+        Err(e) => return fail(format_args!("--tree {e}")),
+    };
+    let cut = match span("--cut-region", args.cut_region.as_deref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let leaves = shape.last().copied().unwrap_or(1);
+    if args.clients < leaves || args.clients > 1_000_000 {
+        return fail(format_args!(
+            "--clients {}: at least one per server of the last level ({leaves}), at most 1000000",
+            args.clients
+        ));
+    }
+    let settings = weir_quota::sim_tree::TreeSettings {
+        shape,
+        clients: args.clients,
+        capacity: args.capacity,
+        lease: args.lease,
+        refresh: args.refresh,
+        duration: args.duration,
+        cut,
+        seed: args.seed,
+    };
+    match weir_quota::sim_tree::run(&settings) {
+        Ok(r) => {
+            if args.json {
+                println!("{}", quota::tree_json(&r, args.capacity));
+            } else {
+                print!("{}", quota::tree_text(&r, args.capacity));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
 pub(crate) fn run_quota_sim(args: QuotaSimArgs) -> ExitCode {
     if !(args.capacity.is_finite() && args.capacity > 0.0) {
         return fail(format_args!(
@@ -169,25 +231,16 @@ pub(crate) fn run_quota_sim(args: QuotaSimArgs) -> ExitCode {
     if args.refresh.is_zero() || args.lease < args.refresh {
         return fail("--lease must be at least --refresh, and --refresh > 0");
     }
-    let server_down = match args.server_down.as_deref() {
-        None => None,
-        Some(s) => {
-            let parsed = s.split_once("..").and_then(|(a, b)| {
-                Some((
-                    duration::parse_duration(a).ok()?,
-                    duration::parse_duration(b).ok()?,
-                ))
-            });
-            match parsed {
-                Some((a, b)) if a < b => Some((a, b)),
-                _ => {
-                    return fail(format_args!(
-                        "--server-down {s:?}: expected FROM..TO, e.g. 100s..200s"
-                    ))
-                }
-            }
-        }
+    let server_down = match span("--server-down", args.server_down.as_deref()) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
+    if let Some(shape) = &args.tree {
+        return run_tree_sim(&args, shape);
+    }
+    if args.cut_region.is_some() {
+        return fail("--cut-region needs --tree");
+    }
     let scenario = match &args.scenario {
         None => weir_quota::sim::default_scenario(args.clients, args.capacity, args.duration),
         Some(p) => match File::open(p) {
