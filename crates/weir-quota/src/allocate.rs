@@ -109,6 +109,31 @@ impl Demand {
     }
 }
 
+/// Exact max-min of `capacity` among clients of weight 1 that need `needs[i]` and want
+/// `wants[i]` (≥ the need): the needs first, then what nobody needs among the headroom above
+/// them — the division a lease table makes, as the simulators' reference. Bad numbers count
+/// as 0.
+pub fn needs_first(capacity: f64, needs: &[f64], wants: &[f64]) -> Vec<f64> {
+    let clean = |v: f64| if v.is_finite() && v >= 0.0 { v } else { 0.0 };
+    let d: Vec<Demand> = needs.iter().map(|&n| Demand::new(clean(n))).collect();
+    let mut shares = Vec::new();
+    let _ = allocate(clean(capacity), Algorithm::FairShare, &d, &mut shares);
+    let left = clean(capacity) - shares.iter().sum::<f64>();
+    if left > 1e-9 {
+        let rest: Vec<Demand> = wants
+            .iter()
+            .zip(&shares)
+            .map(|(&w, s)| Demand::new((clean(w) - s).max(0.0)))
+            .collect();
+        let mut extra = Vec::new();
+        let _ = allocate(left, Algorithm::FairShare, &rest, &mut extra);
+        for (s, e) in shares.iter_mut().zip(extra) {
+            *s += e;
+        }
+    }
+    shares
+}
+
 /// Divides `capacity` among `demands` with `algorithm`: `shares[i]` for `demands[i]`.
 /// `shares` is cleared and refilled (reuse it to allocate without allocating).
 pub fn allocate(

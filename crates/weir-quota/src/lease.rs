@@ -101,9 +101,8 @@ pub struct Ask {
     pub lease_id: u64,
     /// A lease server below (a tree of servers): what it has granted its own clients when it
     /// sent this ask — it grants nothing more until the answer. A grant shrinking below it
-    /// keeps counting that much (never more than it counted before — or, for a holder new to
-    /// the table, than its `safe`) until the holder's next refresh, while the clients below
-    /// shrink; `None` for a client.
+    /// keeps counting that much (never more than it counted before) until the holder's next
+    /// refresh, while the clients below shrink; `None` for a client.
     pub holds: Option<f64>,
 }
 
@@ -878,18 +877,12 @@ impl LeaseTable {
         if granted == 0.0 {
             granted = 0.0;
         }
-        // A server below keeps counting what it still has out — at most what it counted, or,
-        // new to this table (back after its lease here lapsed), at most what it may use on its
-        // own — until its clients shrink to the new grant.
-        let limit = if self.proven > 0.0 {
-            self.proven
-        } else {
-            ask.safe.min(self.config.capacity)
-        };
+        // A server below keeps counting what it still has out (at most what it counted), until
+        // its clients shrink to the new grant.
         let keeps = ask
             .holds
             .filter(|h| h.is_finite())
-            .map_or(0.0, |h| (h.min(limit) - granted).max(0.0));
+            .map_or(0.0, |h| (h.min(self.proven) - granted).max(0.0));
         let learning = learning || self.hold.is_some();
         self.refreshes += 1;
         self.outstanding += granted + keeps - held;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use weir_core::Nanos;
 
-use crate::allocate::{allocate, Algorithm, Demand};
+use crate::allocate::needs_first;
 use crate::client::{ClientConfig, ResourceClient};
 use crate::lease::{LeaseTable, ResourceConfig};
 
@@ -173,9 +173,8 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
     let mut admitted_this_second = 0.0;
     let mut shift_times: Vec<Nanos> = Vec::new();
     let mut restarted_at: Option<Nanos> = None;
-    let mut demands = Vec::new();
+    let mut needs: Vec<f64> = Vec::new();
     let mut wants: Vec<f64> = Vec::new();
-    let mut shares = Vec::new();
     let mut now: Nanos = 0;
     while now < end {
         let is_down = down.is_some_and(|(a, b)| now >= a && now < b);
@@ -244,13 +243,13 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
         if now % S == 0 {
             // The second that just ended.
             table.expire(now);
-            demands.clear();
+            needs.clear();
             wants.clear();
             let mut granted_of = Vec::new();
             for c in clients.iter().filter(|c| c.demand.is_some()) {
                 let d = c.demand.unwrap_or(0.0);
                 // Clients need their rate and want headroom above it.
-                demands.push(Demand::new(d));
+                needs.push(d);
                 wants.push(d * settings.client.headroom + settings.client.min_wants);
                 granted_of.push(
                     table
@@ -260,22 +259,8 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
                         .map_or(0.0, |h| h.granted),
                 );
             }
-            // The reference is exact max-min whatever the algorithm under test: needs first,
-            // then the headroom from what nobody needs.
-            let _ = allocate(capacity, Algorithm::FairShare, &demands, &mut shares);
-            let left = capacity - shares.iter().sum::<f64>();
-            if left > 1e-9 {
-                let rest: Vec<Demand> = wants
-                    .iter()
-                    .zip(&shares)
-                    .map(|(w, s)| Demand::new((w - s).max(0.0)))
-                    .collect();
-                let mut extra = Vec::new();
-                let _ = allocate(left, Algorithm::FairShare, &rest, &mut extra);
-                for (s, e) in shares.iter_mut().zip(extra) {
-                    *s += e;
-                }
-            }
+            // The reference is exact max-min whatever the algorithm under test.
+            let shares = needs_first(capacity, &needs, &wants);
             let fairness_error = granted_of
                 .iter()
                 .zip(&shares)
@@ -404,6 +389,7 @@ fn summarise(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::allocate::Algorithm;
 
     fn settings() -> Settings {
         Settings {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use weir_core::Nanos;
 
-use crate::allocate::{allocate, Algorithm, Demand};
+use crate::allocate::needs_first;
 use crate::config::QuotaConfig;
 use crate::lease::{Ask, Part};
 use crate::server::LeaseServer;
@@ -135,27 +135,6 @@ impl Rng {
 
 fn nanos(d: Duration) -> Nanos {
     Nanos::try_from(d.as_nanos()).unwrap_or(Nanos::MAX)
-}
-
-/// Flat two-pass max-min (needs, then the headroom from what nobody needs) of `capacity`.
-fn flat(capacity: f64, needs: &[f64], wants: &[f64]) -> Vec<f64> {
-    let d: Vec<Demand> = needs.iter().map(|&n| Demand::new(n)).collect();
-    let mut shares = Vec::new();
-    let _ = allocate(capacity, Algorithm::FairShare, &d, &mut shares);
-    let left = capacity - shares.iter().sum::<f64>();
-    if left > 1e-9 {
-        let rest: Vec<Demand> = wants
-            .iter()
-            .zip(&shares)
-            .map(|(w, s)| Demand::new((w - s).max(0.0)))
-            .collect();
-        let mut extra = Vec::new();
-        let _ = allocate(left, Algorithm::FairShare, &rest, &mut extra);
-        for (s, e) in shares.iter_mut().zip(extra) {
-            *s += e;
-        }
-    }
-    shares
 }
 
 /// Runs the tree and measures it.
@@ -321,7 +300,7 @@ pub fn run(s: &TreeSettings) -> Result<TreeReport, String> {
         if now % S == 0 {
             let needs: Vec<f64> = clients.iter().map(|c| c.demand).collect();
             let wants: Vec<f64> = needs.iter().map(|d| d * 1.2 + 1.0).collect();
-            let shares = flat(s.capacity, &needs, &wants);
+            let shares = needs_first(s.capacity, &needs, &wants);
             let (mut error, mut misplaced) = (0.0f64, 0.0);
             for (c, share) in clients.iter().zip(&shares) {
                 let g = if c.expires_at > now { c.granted } else { 0.0 };
