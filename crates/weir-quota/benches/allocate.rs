@@ -1,6 +1,7 @@
 //! Allocation of one resource among 10 000 clients (goal: < 1 ms), all in one band and spread
-//! over the four bands; and a lease client's local decision next to weir-core's plain GCRA
-//! (goal ≤ 1.2 ×). `cargo bench -p weir-quota --bench allocate`.
+//! over the four bands, and in a 3-level hierarchy (org ⊃ 10 teams ⊃ 100 users each ⊃ 10
+//! clients each); and a lease client's local decision next to weir-core's plain GCRA (goal
+//! ≤ 1.2 ×). `cargo bench -p weir-quota --bench allocate`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use weir_core::Criticality;
@@ -31,6 +32,34 @@ fn bench(c: &mut Criterion) {
             b.iter(|| allocate(total * 0.6, Algorithm::FairShare, &d, &mut out).unwrap())
         });
     }
+    // org 60 % of demand ⊃ 10 teams (each capped at an eighth of the org) ⊃ 100 users (each
+    // capped at a fiftieth of its team) ⊃ 10 clients each.
+    let d = demands(10_000, true);
+    let total: f64 = d.iter().map(|x| x.wants).sum();
+    let org = total * 0.6;
+    let teams: Vec<weir_quota::hierarchy::Node> = d
+        .chunks(1_000)
+        .map(|team| {
+            let users = team
+                .chunks(10)
+                .map(|user| {
+                    weir_quota::hierarchy::Node::group(
+                        org / 8.0 / 50.0,
+                        user.iter()
+                            .map(|x| weir_quota::hierarchy::Node::Leaf(*x))
+                            .collect(),
+                    )
+                })
+                .collect();
+            weir_quota::hierarchy::Node::group(org / 8.0, users)
+        })
+        .collect();
+    let root = weir_quota::hierarchy::Node::group(org, teams);
+    let tree = weir_quota::hierarchy::Tree::new(&root).unwrap();
+    g.bench_function("three_levels", |b| b.iter(|| tree.allocate()));
+    g.bench_function("three_levels_with_checks", |b| {
+        b.iter(|| weir_quota::hierarchy::allocate_tree(&root).unwrap())
+    });
     g.finish();
 
     // Local decisions: both at 1e6 units/s so nearly every call is admitted, the same `now`

@@ -253,3 +253,83 @@ async fn a_root_three_regions_and_thirty_clients_hold_the_global_rate() {
     drop(regions);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn a_parent_answering_garbage_counts_as_unreachable_and_is_logged_once() {
+    // The "parent" answers every call 200 with something that is no lease answer.
+    let parent = common::http1_upstream(|_, _| "{\"leases\": \"nope\"}".to_string());
+    let dir = common::tempdir("quota-garbage-parent");
+    let quota = dir.join("quota.yaml");
+    std::fs::write(
+        &quota,
+        "resources:\n  - {name: api, capacity: 300/s, lease: 2s, refresh: 1s, safe_capacity: 6/s}\n",
+    )
+    .unwrap();
+    let log = dir.join("stderr.log");
+    let http = common::free_port();
+    let (q, l) = (quota.clone(), log.clone());
+    let region = tokio::task::spawn_blocking(move || {
+        let grpc = format!("127.0.0.1:{}", common::free_port());
+        let (h, p) = (
+            format!("127.0.0.1:{http}"),
+            format!("http://127.0.0.1:{parent}"),
+        );
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args([
+                "serve",
+                "--quota",
+                q.to_str().unwrap(),
+                "--http-addr",
+                &h,
+                "--grpc-addr",
+                &grpc,
+            ])
+            .args(["--parent", &p, "--parent-client-id", "region-x"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&l).unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert!(line.contains("HTTP on"), "{line}");
+        Proc(child)
+    })
+    .await
+    .unwrap();
+    let client = LeaseClient::builder(&format!("http://127.0.0.1:{http}"), "c")
+        .resource("api", 1.0)
+        .start()
+        .unwrap();
+    // 50/s offered for 7 s: the region never gets a grant, so it divides its safe capacity
+    // (6/s, from the file) once it has learned (2 s).
+    let start = Instant::now();
+    let mut late = 0u32;
+    while start.elapsed() < Duration::from_secs(7) {
+        if client.acquire("api", 1).is_some_and(|d| d.allowed())
+            && start.elapsed() >= Duration::from_secs(5)
+        {
+            late += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client.shutdown().await;
+    drop(region);
+    let text = std::fs::read_to_string(&log).unwrap();
+    eprintln!("admitted in the last 2 s: {late}; stderr:\n{text}");
+    assert!(
+        late <= 2 * 6 + 3,
+        "{late} admitted in 2 s on a safe capacity of 6/s"
+    );
+    assert!(late >= 2 * 6 / 2, "{late}: the safe capacity is used");
+    assert_eq!(
+        text.matches("parent lease server unreachable").count(),
+        1,
+        "logged once: {text}"
+    );
+    assert!(text.contains("not a lease answer"), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
