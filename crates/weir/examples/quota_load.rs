@@ -1,10 +1,11 @@
 //! A load generator for the cluster-quota lease API of `weir serve --quota`.
 //!
-//! `cargo run --release -p weir --example quota_load -- ADDR CONNECTIONS RESOURCES CLIENTS MILLIS`
+//! `cargo run --release -p weir --example quota_load -- ADDR CONNECTIONS RESOURCES CLIENTS MILLIS [SPREAD]`
 //!
 //! CONNECTIONS keep-alive HTTP/1.1 connections each send refresh calls back to back for MILLIS
 //! ms; a call refreshes RESOURCES resources (`r0` … `rN`, which the quota file must cover,
-//! e.g. a template `r*`) as one of CLIENTS client ids (round robin), each asking a random
+//! e.g. a template `r*`; with SPREAD, client `c` leases `r((c + k) mod SPREAD)` instead, so
+//! CLIENTS clients spread over SPREAD resources) as one of CLIENTS client ids (round robin), each asking a random
 //! demand and presenting the lease id it holds (as a real client does). Prints one JSON line: calls/s, resource-refreshes/s, p50/p99/max latency in µs,
 //! failed calls. A call fails unless it answers 200 with one lease per resource.
 
@@ -17,8 +18,8 @@ use hyper_util::rt::TokioIo;
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 6 {
-        eprintln!("usage: quota_load ADDR CONNECTIONS RESOURCES CLIENTS MILLIS");
+    if args.len() != 6 && args.len() != 7 {
+        eprintln!("usage: quota_load ADDR CONNECTIONS RESOURCES CLIENTS MILLIS [SPREAD]");
         std::process::exit(2);
     }
     let addr = args[1].clone();
@@ -29,6 +30,11 @@ async fn main() {
         })
     };
     let (conns, resources, clients, millis) = (num(2), num(3), num(4).max(1), num(5));
+    let spread = if args.len() == 7 {
+        Some(num(6).max(1))
+    } else {
+        None
+    };
     let deadline = Instant::now() + Duration::from_millis(millis);
     let mut tasks = Vec::new();
     for c in 0..conns {
@@ -61,11 +67,14 @@ async fn main() {
                     if r > 0 {
                         body.push(',');
                     }
+                    let name = spread.map_or(r, |n| (client + r) % n);
                     match ids.get(&(client, r)) {
                         Some(id) => body.push_str(&format!(
-                            r#"{{"resource":"r{r}","wants":{wants},"leaseId":"{id}"}}"#
+                            r#"{{"resource":"r{name}","wants":{wants},"leaseId":"{id}"}}"#
                         )),
-                        None => body.push_str(&format!(r#"{{"resource":"r{r}","wants":{wants}}}"#)),
+                        None => {
+                            body.push_str(&format!(r#"{{"resource":"r{name}","wants":{wants}}}"#))
+                        }
                     }
                 }
                 body.push_str("]}");
