@@ -274,27 +274,22 @@ async fn a_parent_answering_garbage_counts_as_unreachable_and_is_logged_once() {
             format!("127.0.0.1:{http}"),
             format!("http://127.0.0.1:{parent}"),
         );
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
-            .args([
-                "serve",
-                "--quota",
-                q.to_str().unwrap(),
-                "--http-addr",
-                &h,
-                "--grpc-addr",
-                &grpc,
-            ])
-            .args(["--parent", &p, "--parent-client-id", "region-x"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::fs::File::create(&l).unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
-            &mut line,
-        )
-        .unwrap();
+        let args = [
+            "serve",
+            "--quota",
+            q.to_str().unwrap(),
+            "--http-addr",
+            &h,
+            "--grpc-addr",
+            &grpc,
+            "--parent",
+            &p,
+            "--parent-client-id",
+            "region-x",
+        ];
+        let (child, mut lines) =
+            common::start_logged(&args, 1, std::fs::File::create(&l).unwrap().into());
+        let line = lines.pop().unwrap_or_default();
         assert!(line.contains("HTTP on"), "{line}");
         Proc(child)
     })

@@ -103,11 +103,20 @@ pub fn start(args: &[&str]) -> (std::process::Child, String) {
 
 /// [`start`], waiting for the first `n` lines it prints.
 pub fn start_lines(args: &[&str], n: usize) -> (std::process::Child, Vec<String>) {
+    start_logged(args, n, std::process::Stdio::null())
+}
+
+/// [`start_lines`] with the process's stderr going to `stderr` (a file, to read its log).
+pub fn start_logged(
+    args: &[&str],
+    n: usize,
+    stderr: std::process::Stdio,
+) -> (std::process::Child, Vec<String>) {
     use std::process::{Command, Stdio};
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("weir starts");
     let mut out = BufReader::new(child.stdout.as_mut().unwrap());
