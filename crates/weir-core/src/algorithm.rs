@@ -51,6 +51,22 @@ pub trait Algorithm: Send + Sync + 'static {
 
     /// The window the quota is measured over.
     fn window(&self) -> Duration;
+
+    /// Converts `state`, kept under `from`'s parameters, to these at `now` (a limiter retuned
+    /// by a reload or a new lease). Algorithms whose state counts units as time ahead of `now`
+    /// (GCRA, the token bucket, pacing) keep the units, spaced at the new interval: a limit
+    /// raised from a very low rate admits at the new rate at once instead of serving out the
+    /// old spacing, and one lowered keeps counting what was admitted. Others keep the state.
+    fn carry(&self, _from: &Self, _state: &mut Self::State, _now: Nanos) {}
+}
+
+/// The time state `t` (units spaced by `from` nanoseconds, ahead of `now`) with the same units
+/// spaced by `to` nanoseconds ([`Algorithm::carry`]); a time not ahead of `now` is kept.
+pub(crate) fn carry_time(t: &mut Nanos, now: Nanos, from: Nanos, to: Nanos) {
+    if *t > now && from > 0 {
+        let ahead = (u128::from(*t - now) * u128::from(to)) / u128::from(from);
+        *t = now.saturating_add(u64::try_from(ahead).unwrap_or(u64::MAX));
+    }
 }
 
 /// Algorithms whose admitted requests may wait (reservations, pacing): the state step with a

@@ -160,6 +160,10 @@ impl Algorithm for Gcra {
     fn window(&self) -> Duration {
         self.quota.window()
     }
+
+    fn carry(&self, from: &Self, tat: &mut u64, now: Nanos) {
+        crate::algorithm::carry_time(tat, now, from.interval, self.interval);
+    }
 }
 
 /// A GCRA whose rate and burst can change while it is in use (a cluster-quota client retunes
@@ -206,6 +210,12 @@ impl RetunableGcra {
     /// The parameters in force (a consistent copy, never a mix of two retunes).
     #[inline]
     pub fn gcra(&self) -> Gcra {
+        self.gcra_seq().0
+    }
+
+    /// The parameters in force and the sequence number they were read at.
+    #[inline]
+    fn gcra_seq(&self) -> (Gcra, u64) {
         loop {
             let before = self.seq.load(Ordering::Acquire);
             if before & 1 == 0 {
@@ -219,21 +229,25 @@ impl RetunableGcra {
                 fence(Ordering::Acquire);
                 if self.seq.load(Ordering::Relaxed) == before {
                     // The words were stored together from a valid `Gcra` (see `retune`).
-                    return Gcra {
+                    let g = Gcra {
                         quota: Quota::from_parts(w[0], w[1]),
                         burst: w[2],
                         interval: w[3],
                         tolerance: w[4],
                     };
+                    return (g, before);
                 }
             }
             std::hint::spin_loop();
         }
     }
 
-    /// Runs `gcra` from now on; the TAT (what was admitted) is kept.
-    pub fn retune(&self, gcra: Gcra) {
+    /// Runs `gcra` from `now` on; what was admitted is kept, counted in units at the new
+    /// interval ([`Algorithm::carry`]): a rate raised from a very low one admits at once.
+    pub fn retune_at(&self, gcra: Gcra, now: Nanos) {
+        use crate::cell::StateCell;
         let _one_writer = self.writer.lock();
+        let old = self.gcra();
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq + 1, Ordering::Relaxed);
         fence(Ordering::Release);
@@ -241,6 +255,7 @@ impl RetunableGcra {
             word.store(v, Ordering::Relaxed);
         }
         self.seq.store(seq + 2, Ordering::Release);
+        self.tat.update(|tat| gcra.carry(&old, tat, now));
     }
 
     /// Takes `n` units at `now`, as [`Limiter::acquire_at`](crate::limiter::Limiter::acquire_at)
@@ -248,9 +263,24 @@ impl RetunableGcra {
     #[inline]
     pub fn acquire_at(&self, n: u64, now: Nanos) -> Decision {
         use crate::cell::StateCell;
-        let gcra = self.gcra();
+        let (gcra, seq) = self.gcra_seq();
         let verdict = self.tat.update(|tat| gcra.step(tat, n, now));
+        if self.seq.load(Ordering::Acquire) != seq {
+            self.raced(now);
+        }
         gcra.finish(verdict, n, now)
+    }
+
+    /// A decision read the parameters before a retune and updated the TAT after it, possibly
+    /// after the retune carried it: its units may be spaced at the old interval. The TAT is
+    /// held to one burst ahead at the new parameters (at most a burst, never more, counts).
+    #[cold]
+    fn raced(&self, now: Nanos) {
+        use crate::cell::StateCell;
+        let _one_writer = self.writer.lock();
+        let g = self.gcra();
+        self.tat
+            .update(|tat| *tat = (*tat).min(now.saturating_add(g.tolerance)));
     }
 
     /// Corrects a charge of `held.estimate` units to `actual` at `now` (weir-core's `cost`
@@ -291,10 +321,58 @@ mod retunable_tests {
         // Retuned to a slower rate: what was admitted still counts.
         let r = RetunableGcra::new(gcra(10, 1));
         assert!(r.acquire_at(1, 0).allowed());
-        r.retune(gcra(1, 1));
+        r.retune_at(gcra(1, 1), 0);
         assert!(!r.acquire_at(1, 50_000_000).allowed(), "the TAT was kept");
         assert!(r.acquire_at(1, 1_000_000_000).allowed());
         assert_eq!(r.gcra(), gcra(1, 1));
+    }
+
+    #[test]
+    fn a_rate_raised_from_a_trickle_admits_at_once() {
+        // 0.02/s (one unit per 50 s) with a burst of 2: two units taken put the TAT 100 s
+        // ahead. Raised to 20/s a second later, the two units count as 0.1 s of the new rate.
+        let slow = Gcra::per_second(0.02, Duration::ZERO).unwrap();
+        let fast = Gcra::per_second(20.0, Duration::ZERO).unwrap();
+        let r = RetunableGcra::new(slow);
+        assert!(r.acquire_at(1, 0).allowed() && r.acquire_at(1, 0).allowed());
+        assert!(!r.acquire_at(1, 1_000_000_000).allowed());
+        r.retune_at(fast, 1_000_000_000);
+        // 2 units ahead of 1 s at 50 ms each (the TAT at 1.1 s), burst 2: the next unit waits
+        // until 1.05 s — not 100 s.
+        assert!(!r.acquire_at(1, 1_000_000_000).allowed());
+        let admitted = (0..20u64)
+            .filter(|k| r.acquire_at(1, 1_050_000_000 + k * 50_000_000).allowed())
+            .count();
+        assert_eq!(admitted, 20, "20/s from 1.05 s on");
+        // Lowered again: what was admitted keeps counting, at the slow interval.
+        r.retune_at(slow, 2_000_000_000);
+        assert!(!r.acquire_at(1, 3_000_000_000).allowed());
+    }
+
+    #[test]
+    fn a_keyed_limiter_and_a_reload_carry_each_state() {
+        use crate::clock::ManualClock;
+        use crate::keyed::KeyedLimiter;
+        let slow = Gcra::new(Quota::new(1, Duration::from_secs(3600)).unwrap(), 1).unwrap();
+        let fast = gcra(100, 1);
+        let clock = std::sync::Arc::new(ManualClock::new(0));
+        let keyed = KeyedLimiter::with_clock(slow, 16, clock.clone()).unwrap();
+        let single = Limiter::with_clock(slow, clock.clone());
+        assert!(keyed.acquire("a", 1).allowed() && single.acquire(1).allowed());
+        clock.advance(Duration::from_secs(1));
+        assert!(!keyed.acquire("a", 1).allowed() && !single.acquire(1).allowed());
+        // Raised from one an hour to 100/s: admitted within 10 ms, not in an hour.
+        keyed.set_algorithm(fast);
+        let single = single.retuned(fast);
+        clock.advance(Duration::from_millis(10));
+        assert!(
+            keyed.acquire("a", 1).allowed(),
+            "the keyed state was carried"
+        );
+        assert!(
+            single.acquire(1).allowed(),
+            "the limiter's state was carried"
+        );
     }
 
     #[test]
@@ -332,7 +410,7 @@ mod retunable_tests {
             std::thread::spawn(move || {
                 let mut i = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    r.retune(if i % 2 == 0 { b } else { a });
+                    r.retune_at(if i % 2 == 0 { b } else { a }, i);
                     i += 1;
                 }
             })

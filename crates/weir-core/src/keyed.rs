@@ -452,7 +452,8 @@ where
         self.shards[0].lock().config.default.clone()
     }
 
-    /// Replaces the default parameters; every key keeps its state.
+    /// Replaces the default parameters; every key keeps its state, carried to the new
+    /// parameters ([`Algorithm::carry`]).
     pub fn set_algorithm(&self, algorithm: A) {
         self.update_config(|c| c.default = algorithm.clone());
     }
@@ -484,8 +485,20 @@ where
         };
         change(&mut next);
         let next = Arc::new(next);
+        let now = self.clock.now();
         for shard in self.shards.iter() {
-            shard.lock().config = next.clone();
+            let mut shard = shard.lock();
+            // Each key's state carried from the parameters it had to those it gets: O(keys)
+            // under each shard's lock, once per change.
+            let slots = &mut shard.table.slots;
+            for i in 0..slots.size() {
+                if let Some(e) = slots.get_mut(i) {
+                    let from = current.overrides.get(&e.key).unwrap_or(&current.default);
+                    let to = next.overrides.get(&e.key).unwrap_or(&next.default);
+                    to.carry(from, &mut e.state, now);
+                }
+            }
+            shard.config = next.clone();
         }
     }
 

@@ -85,13 +85,26 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     }
 
     /// A new limiter with other parameters that keeps this one's state (counters, stored permits,
-    /// warm-up progress).
+    /// warm-up progress), carried to the new parameters ([`Algorithm::carry`]).
     pub fn reconfigured(self, algorithm: A) -> Self {
+        let mut state = self.state.snapshot();
+        algorithm.carry(&self.algorithm, &mut state, self.clock.now());
         Self {
             algorithm,
-            state: self.state,
+            state: A::Cell::new(state),
             clock: self.clock,
         }
+    }
+
+    /// A limiter with other parameters starting from a copy of this one's state, carried to
+    /// them ([`Algorithm::carry`]). Decisions made on this one afterwards are not carried.
+    pub fn retuned(&self, algorithm: A) -> Self
+    where
+        C: Clone,
+    {
+        let mut state = self.state.snapshot();
+        algorithm.carry(&self.algorithm, &mut state, self.clock.now());
+        Self::with_state(algorithm, state, self.clock.clone())
     }
 
     /// The window of the configured quota.

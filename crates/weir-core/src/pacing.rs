@@ -136,4 +136,8 @@ impl Algorithm for Pacing {
     fn window(&self) -> Duration {
         self.quota.window()
     }
+
+    fn carry(&self, from: &Self, next: &mut u64, now: Nanos) {
+        crate::algorithm::carry_time(next, now, from.interval, self.interval);
+    }
 }

@@ -424,30 +424,14 @@ impl<C: Clock + Clone> SingleRate<C> {
     /// calls racing the swap are missed).
     pub fn retuned(&self, spec: &RateSpec) -> Result<Self, ConfigError> {
         Ok(match (self, spec.build()?) {
-            (Self::Fixed(l), Built::Fixed(a)) => {
-                Self::Fixed(Limiter::with_state(a, l.state(), l.clock().clone()))
-            }
-            (Self::Window(l), Built::Window(a)) => {
-                Self::Window(Limiter::with_state(a, l.state(), l.clock().clone()))
-            }
-            (Self::Log(l), Built::Log(a)) => {
-                Self::Log(Limiter::with_state(a, l.state(), l.clock().clone()))
-            }
-            (Self::Counter(l), Built::Counter(a)) => {
-                Self::Counter(Limiter::with_state(a, l.state(), l.clock().clone()))
-            }
-            (Self::Gcra(l), Built::Gcra(a)) => {
-                Self::Gcra(Limiter::with_state(a, l.state(), l.clock().clone()))
-            }
-            (Self::Bucket(l), Built::Bucket(a)) => {
-                Self::Bucket(Limiter::with_state(a, l.state(), l.clock().clone()))
-            }
-            (Self::Pace(l), Built::Pace(a)) => {
-                Self::Pace(Limiter::with_state(a, l.state(), l.clock().clone()))
-            }
-            (Self::Warm(l), Built::Warm(a)) => {
-                Self::Warm(Limiter::with_state(a, l.state(), l.clock().clone()))
-            }
+            (Self::Fixed(l), Built::Fixed(a)) => Self::Fixed(l.retuned(a)),
+            (Self::Window(l), Built::Window(a)) => Self::Window(l.retuned(a)),
+            (Self::Log(l), Built::Log(a)) => Self::Log(l.retuned(a)),
+            (Self::Counter(l), Built::Counter(a)) => Self::Counter(l.retuned(a)),
+            (Self::Gcra(l), Built::Gcra(a)) => Self::Gcra(l.retuned(a)),
+            (Self::Bucket(l), Built::Bucket(a)) => Self::Bucket(l.retuned(a)),
+            (Self::Pace(l), Built::Pace(a)) => Self::Pace(l.retuned(a)),
+            (Self::Warm(l), Built::Warm(a)) => Self::Warm(l.retuned(a)),
             _ => return Err(other_algorithm()),
         })
     }

@@ -176,6 +176,10 @@ impl Algorithm for TokenBucket {
     fn window(&self) -> Duration {
         self.quota.window()
     }
+
+    fn carry(&self, from: &Self, full_at: &mut u64, now: Nanos) {
+        crate::algorithm::carry_time(full_at, now, from.interval, self.interval);
+    }
 }
 impl crate::cost::Settle for TokenBucket {
     fn charge(&self, full_at: &mut u64, units: u64, now: Nanos) {

@@ -85,6 +85,15 @@ pub enum QuotaError {
     /// A lease table already has its most holders ([`crate::lease::MAX_HOLDERS`]).
     #[error("more than {0} clients hold leases on this resource; nothing granted")]
     Full(usize),
+    /// A lease server below asked in an older failover term than its group's lease has seen
+    /// ([`crate::lease::Ask::term`]): a deposed leader's late ask.
+    #[error("term {got} is older than term {newer} of this client's failover group: a newer leader holds the lease")]
+    Superseded {
+        /// The term of the ask.
+        got: u64,
+        /// The newest term seen for the row.
+        newer: u64,
+    },
 }
 
 /// One client's demand.

@@ -240,6 +240,7 @@ impl ResourceClient {
             priority: self.config.priority,
             lease_id: c.lease_id,
             holds: None,
+            term: 0,
         }
     }
 
@@ -302,7 +303,7 @@ impl ResourceClient {
         };
         let wait = Self::jittered(&mut c, self.config.jitter, refresh);
         c.next_at = now.saturating_add(wait);
-        self.enforce(lease.granted);
+        self.enforce(lease.granted, now);
         self.counters.leases.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -355,19 +356,19 @@ impl ResourceClient {
             let safe = c.safe;
             self.lapses_at.store(Nanos::MAX, Ordering::Release);
             drop(c);
-            self.enforce(safe);
+            self.enforce(safe, now);
             self.counters.expirations.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    fn enforce(&self, rate: f64) {
+    fn enforce(&self, rate: f64, now: Nanos) {
         let current = f64::from_bits(self.rate.load(Ordering::Relaxed));
         if (current - rate).abs() <= f64::EPSILON * rate.abs().max(1.0) {
             return;
         }
         match Gcra::per_second(rate, self.config.burst) {
             Some(g) => {
-                self.limiter.retune(g);
+                self.limiter.retune_at(g, now);
                 self.rate.store(rate.to_bits(), Ordering::Release);
             }
             None => self.rate.store(0.0f64.to_bits(), Ordering::Release),

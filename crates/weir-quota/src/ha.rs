@@ -33,6 +33,7 @@ use weir_core::{Criticality, Nanos};
 use crate::allocate::Demand;
 use crate::lease::{Holder, Released};
 use crate::server::TableState;
+use crate::upstream::ParentGrant;
 
 /// Timing of the leader key.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -224,6 +225,24 @@ pub struct SnapshotTable {
     /// Grants released without proof, still counted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub released: Vec<SnapshotReleased>,
+    /// Under a parent (a tree of servers): the lease held from it, which a standby elected
+    /// leader takes over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<SnapshotParent>,
+}
+
+/// A lease from a parent in a [`Snapshot`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SnapshotParent {
+    /// Units per second granted.
+    pub granted: f64,
+    /// Until when, from the snapshot's time (ms).
+    pub expires_in_ms: u64,
+    /// The safe capacity the parent advertised.
+    pub safe: f64,
+    /// The lease's id at the parent.
+    pub lease_id: u64,
 }
 
 /// One client's lease in a [`Snapshot`].
@@ -249,6 +268,13 @@ pub struct SnapshotHolder {
     /// nothing and its next refresh starts a new lease).
     #[serde(default)]
     pub lease_id: u64,
+    /// The newest failover term of a lease server below (absent: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub term: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A grant released without proof in a [`Snapshot`], still counted until it expires.
@@ -290,6 +316,7 @@ impl Snapshot {
                             granted: h.granted,
                             expires_in_ms: ms(h.expires_at),
                             lease_id: h.lease_id,
+                            term: h.term,
                         })
                         .collect(),
                     released: t
@@ -300,13 +327,22 @@ impl Snapshot {
                             expires_in_ms: ms(r.expires_at),
                         })
                         .collect(),
+                    parent: t.parent.map(|p| SnapshotParent {
+                        granted: p.granted,
+                        expires_in_ms: ms(p.expires_at),
+                        safe: p.safe,
+                        lease_id: p.lease_id,
+                    }),
                 })
                 .collect(),
         }
     }
 
-    /// The tables, for [`crate::server::LeaseServer::restore`].
-    pub fn into_tables(self) -> Result<Vec<TableState>, SnapshotError> {
+    /// The tables, for [`crate::server::LeaseServer::restore`], read at `now_unix_ms`. A lease
+    /// from a parent keeps its expiry less the snapshot's age: the parent counts it only that
+    /// long (leases below, by contrast, are counted longer on restore).
+    pub fn into_tables(self, now_unix_ms: u64) -> Result<Vec<TableState>, SnapshotError> {
+        let age_ms = now_unix_ms.saturating_sub(self.written_unix_ms);
         self.tables
             .into_iter()
             .map(|t| {
@@ -343,6 +379,7 @@ impl Snapshot {
                             granted: h.granted,
                             expires_at: h.expires_in_ms.saturating_mul(1_000_000),
                             lease_id: h.lease_id,
+                            term: h.term,
                         })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
@@ -362,11 +399,31 @@ impl Snapshot {
                         })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
+                let parent = match t.parent {
+                    Some(p) if !(p.granted.is_finite() && p.granted >= 0.0) => {
+                        return Err(SnapshotError(format!(
+                            "{}: parent grant out of range",
+                            t.resource
+                        )));
+                    }
+                    Some(p) if p.expires_in_ms > age_ms => Some(ParentGrant {
+                        granted: p.granted,
+                        expires_at: (p.expires_in_ms - age_ms).saturating_mul(1_000_000),
+                        safe: if p.safe.is_finite() && p.safe >= 0.0 {
+                            p.safe
+                        } else {
+                            0.0
+                        },
+                        lease_id: p.lease_id,
+                    }),
+                    _ => None,
+                };
                 Ok(TableState {
                     resource: t.resource,
                     learning_for: t.learning_for_ms.saturating_mul(1_000_000),
                     holders,
                     released,
+                    parent,
                 })
             })
             .collect()
@@ -505,19 +562,36 @@ mod tests {
                 granted: 3.0,
                 expires_at: 7 * S,
                 lease_id: 99,
+                term: 4,
             }],
             released: vec![Released {
                 granted: 1.5,
                 expires_at: 4 * S,
             }],
+            parent: Some(ParentGrant {
+                granted: 40.0,
+                expires_at: 3 * S,
+                safe: 5.0,
+                lease_id: 77,
+            }),
         }];
         let s = Snapshot::new(9, 1000, tables.clone());
         let back = Snapshot::decode(&s.encode()).unwrap();
         assert_eq!(back.age(3000), Duration::from_secs(2));
-        assert_eq!(back.into_tables().unwrap(), tables);
+        // Read when written: as written.
+        assert_eq!(back.clone().into_tables(1000).unwrap(), tables);
+        // Two seconds later the parent's grant has a second left; three seconds later none.
+        let later = back.clone().into_tables(3000).unwrap();
+        assert_eq!(later[0].parent.unwrap().expires_at, S);
+        assert_eq!(later[0].holders, tables[0].holders);
+        assert_eq!(back.into_tables(4000).unwrap()[0].parent, None);
         let mut bad = s.clone();
         bad.tables[0].holders[0].priority = "URGENT".into();
-        assert!(bad.into_tables().unwrap_err().to_string().contains("r: c:"));
+        assert!(bad
+            .into_tables(1000)
+            .unwrap_err()
+            .to_string()
+            .contains("r: c:"));
         assert!(Snapshot::decode(b"[]").is_err());
     }
 }

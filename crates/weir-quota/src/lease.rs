@@ -104,6 +104,12 @@ pub struct Ask {
     /// keeps counting that much (never more than it counted before) until the holder's next
     /// refresh, while the clients below shrink; `None` for a client.
     pub holds: Option<f64>,
+    /// A lease server below in a failover group: its leader's term (the election's fencing
+    /// token; 0: none). A standby elected leader takes over the group's lease (its id, from
+    /// the snapshot) in a newer term; an ask in an older term than the row has seen — a
+    /// deposed leader's, however late it arrives — is refused, so only one leader of the
+    /// group moves the grant.
+    pub term: u64,
 }
 
 impl Ask {
@@ -118,6 +124,7 @@ impl Ask {
             priority: Criticality::Critical,
             lease_id: 0,
             holds: None,
+            term: 0,
         }
     }
 }
@@ -182,6 +189,8 @@ pub struct Holder {
     /// A lease server below: its demand in [`Part`]s, divided as if they were clients (empty:
     /// `demand` and `needs` alone).
     pub parts: Vec<Part>,
+    /// The newest failover term a lease server below asked in ([`Ask::term`]; 0: none).
+    pub term: u64,
 }
 
 impl Holder {
@@ -648,7 +657,15 @@ impl LeaseTable {
         learning: bool,
     ) -> Result<usize, QuotaError> {
         if let Some(&i) = self.index.get(client) {
+            let term = self.holders[i].term;
+            if ask.term != 0 && ask.term < term {
+                return Err(QuotaError::Superseded {
+                    got: ask.term,
+                    newer: term,
+                });
+            }
             if ask.lease_id != 0 && ask.lease_id == self.holders[i].lease_id {
+                self.holders[i].term = term.max(ask.term);
                 return Ok(i);
             }
             self.release(client, 0);
@@ -669,6 +686,7 @@ impl LeaseTable {
             lease_id: self.ids.make(),
             keeps: 0.0,
             parts: Vec::new(),
+            term: ask.term,
         });
         self.index
             .insert(client.to_string(), self.holders.len() - 1);

@@ -535,6 +535,7 @@ fn assign(
                 priority: Criticality::Critical,
                 lease_id: b.lease_id,
                 holds: None,
+                term: 0,
             };
             let lease = match server
                 .refresh(&b.client, &[(resource.clone(), ask)], now)

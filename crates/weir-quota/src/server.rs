@@ -13,7 +13,7 @@ use crate::clients::{admit, ClientRule, Denied};
 use crate::config::QuotaConfig;
 use crate::lease::{Ask, Holder, Lease, LeaseTable, Released};
 use crate::nested::Groups;
-use crate::upstream::Totals;
+use crate::upstream::{ParentGrant, Totals};
 
 /// Why one resource of a refresh got no lease.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -79,8 +79,9 @@ pub struct Allocation {
     pub clients: Vec<(String, f64, f64, Nanos)>,
 }
 
-/// A capacity leased from a parent and the time no lease given may outlive.
-type Leased = (f64, Option<Nanos>);
+/// A capacity leased from a parent, the time no lease given may outlive, and the lease
+/// itself (for a snapshot).
+type Leased = (f64, Option<Nanos>, Option<ParentGrant>);
 
 /// One table's state in a snapshot: its leases with `expires_at` relative to the snapshot's
 /// time (so it can be resumed on another clock).
@@ -94,6 +95,8 @@ pub struct TableState {
     pub holders: Vec<Holder>,
     /// Grants released without proof, still counted; `expires_at` counts from the snapshot.
     pub released: Vec<Released>,
+    /// Under a parent: the lease held from it; `expires_at` counts from the snapshot.
+    pub parent: Option<ParentGrant>,
 }
 
 /// Template instances (resources a template created on demand), each with the client whose
@@ -236,13 +239,20 @@ impl LeaseServer {
     }
 
     /// `resource` has `capacity` (at most its capacity in the file), leased from the parent
-    /// until `by` (`None`: on its safe capacity): no lease given outlives `by`.
-    pub fn lease_from_parent(&self, resource: &str, capacity: f64, by: Option<Nanos>) {
+    /// until `by` (`None`: on its safe capacity): no lease given outlives `by`. `grant` is the
+    /// lease from the parent itself, which snapshots carry to a standby.
+    pub fn lease_from_parent(
+        &self,
+        resource: &str,
+        capacity: f64,
+        by: Option<Nanos>,
+        grant: Option<ParentGrant>,
+    ) {
         let mut leased = self.leased.lock();
         let Some(map) = leased.as_mut() else {
             return;
         };
-        let before = map.insert(resource.to_string(), (capacity, by));
+        let before = map.insert(resource.to_string(), (capacity, by, grant));
         drop(leased);
         let mut tables = self.tables.lock();
         if let Some(t) = tables.get_mut(resource) {
@@ -252,7 +262,7 @@ impl LeaseServer {
             }
             t.reconfigure(c);
             t.expire_by(by);
-            if let (Some((_, Some(lapsed))), None) = (before, by) {
+            if let (Some((_, Some(lapsed), _)), None) = (before, by) {
                 // The grant from the parent lapsed, and every lease given under it with it:
                 // the clients are on their safe capacities until they refresh. For one lease
                 // length grant none more than that (learning), or the clients refreshing first
@@ -272,11 +282,24 @@ impl LeaseServer {
         match self.leased.lock().as_ref() {
             None => (c, None),
             Some(map) => {
-                let (capacity, by) = map.get(name).copied().unwrap_or((0.0, None));
+                let (capacity, by, _) = map.get(name).copied().unwrap_or((0.0, None, None));
                 c.capacity = c.capacity.min(capacity);
                 (c, by)
             }
         }
+    }
+
+    /// The leases held from the parent (restored from a snapshot, or recorded by
+    /// [`Self::lease_from_parent`]) in force at `now`: what a leader of a failover group takes
+    /// over ([`crate::upstream::Upstream::adopt`]).
+    pub fn parent_grants(&self, now: Nanos) -> Vec<(String, ParentGrant)> {
+        self.leased.lock().as_ref().map_or_else(Vec::new, |map| {
+            map.iter()
+                .filter_map(|(name, (_, _, g))| {
+                    g.filter(|g| g.expires_at > now).map(|g| (name.clone(), g))
+                })
+                .collect()
+        })
     }
 
     /// Every resource in use at `now`: the sums of its demands and grants.
@@ -361,6 +384,7 @@ impl LeaseServer {
 
     /// The state of every table at `now`, to resume from elsewhere ([`Self::restore`]).
     pub fn snapshot(&self, now: Nanos) -> Vec<TableState> {
+        let parent: HashMap<String, ParentGrant> = self.parent_grants(now).into_iter().collect();
         let mut tables = self.tables.lock();
         let mut out: Vec<TableState> = tables
             .iter_mut()
@@ -388,6 +412,10 @@ impl LeaseServer {
                             ..*r
                         })
                         .collect(),
+                    parent: parent.get(name).map(|g| ParentGrant {
+                        expires_at: g.expires_at.saturating_sub(now),
+                        ..*g
+                    }),
                 }
             })
             .collect();
@@ -410,6 +438,20 @@ impl LeaseServer {
         let config = self.config.lock();
         tables.clear();
         instances.clear();
+        if let Some(map) = self.leased.lock().as_mut() {
+            // Under a parent: what the writer held from it, until it lapses — and nothing
+            // else (this server held nothing from the parent as a follower).
+            map.clear();
+            for s in &states {
+                if let Some(g) = s.parent {
+                    let g = ParentGrant {
+                        expires_at: now.saturating_add(g.expires_at),
+                        ..g
+                    };
+                    map.insert(s.resource.clone(), (g.granted, Some(g.expires_at), Some(g)));
+                }
+            }
+        }
         for s in states.into_iter().take(MAX_RESOURCES) {
             let Some(c) = config.resource(&s.resource) else {
                 continue;

@@ -130,10 +130,27 @@ pub fn parts(holders: &[Holder], max: usize) -> Vec<Part> {
 /// A grant's expiry is shortened by this fraction of its length (clock rate differences).
 const DRIFT: f64 = 0.01;
 
+/// A lease held from the parent, as a snapshot carries it to a standby of the same failover
+/// group ([`Upstream::adopt`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ParentGrant {
+    /// Units per second granted.
+    pub granted: f64,
+    /// When it lapses (this server's clock; relative to the snapshot's time in a
+    /// [`TableState`](crate::server::TableState)).
+    pub expires_at: Nanos,
+    /// The safe capacity the parent advertised.
+    pub safe: f64,
+    /// The lease's id at the parent.
+    pub lease_id: u64,
+}
+
 /// The leases of one server from its parent.
 #[derive(Debug, Default)]
 pub struct Upstream {
     grants: HashMap<String, Grant>,
+    /// The failover term asks are sent in ([`Ask::term`]).
+    term: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -177,6 +194,50 @@ impl Upstream {
         Self::default()
     }
 
+    /// Sends asks in failover term `term` from now on ([`Ask::term`]; 0: no failover group).
+    pub fn set_term(&mut self, term: u64) {
+        self.term = term;
+    }
+
+    /// Takes over `grant` of `resource` (a leader of the same failover group held it, see
+    /// [`ParentGrant`]): in force until it lapses, its lease id presented at the next ask —
+    /// due at once. A grant already held is kept if it lapses later.
+    pub fn adopt(&mut self, resource: &str, grant: ParentGrant) {
+        if self
+            .grants
+            .get(resource)
+            .is_some_and(|g| g.expires_at >= grant.expires_at)
+        {
+            return;
+        }
+        self.grants.insert(
+            resource.to_string(),
+            Grant {
+                granted: grant.granted,
+                expires_at: grant.expires_at,
+                safe: grant.safe,
+                lease_id: grant.lease_id,
+                due_at: 0,
+                asked_wants: f64::NAN,
+                frozen: None,
+                in_flight: false,
+                idle: false,
+            },
+        );
+    }
+
+    /// The lease held from the parent for `resource` (for a snapshot), if any is in force at
+    /// `now`.
+    pub fn grant(&self, resource: &str, now: Nanos) -> Option<ParentGrant> {
+        let g = self.grants.get(resource)?;
+        (g.lease_id != 0 && g.expires_at > now).then_some(ParentGrant {
+            granted: g.granted,
+            expires_at: g.expires_at,
+            safe: g.safe,
+            lease_id: g.lease_id,
+        })
+    }
+
     /// The asks due at `now` for the resources in use (`totals`, from
     /// [`LeaseServer::totals`](crate::server::LeaseServer::totals)), and one asking nothing for
     /// each resource granted but no longer in use; `safe(resource)` is the safe capacity before
@@ -215,6 +276,7 @@ impl Upstream {
             }
             let mut a = Self::ask(g, &t.resource, t.wants, t.needs, t.outstanding, now);
             a.parts.clone_from(&t.parts);
+            a.ask.term = self.term;
             out.push(a);
         }
         let in_use: std::collections::HashSet<&str> =
@@ -223,7 +285,9 @@ impl Upstream {
             if !in_use.contains(name.as_str()) && g.granted > 0.0 && !g.in_flight && now >= g.due_at
             {
                 g.idle = true;
-                out.push(Self::ask(g, name, 0.0, 0.0, 0.0, now));
+                let mut a = Self::ask(g, name, 0.0, 0.0, 0.0, now);
+                a.ask.term = self.term;
+                out.push(a);
             }
         }
         out
@@ -246,6 +310,7 @@ impl Upstream {
                 priority: Criticality::Critical,
                 lease_id: g.lease_id,
                 holds: Some(holds),
+                term: 0,
             },
             parts: Vec::new(),
             sent_at: now,

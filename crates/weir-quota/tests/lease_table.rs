@@ -154,7 +154,7 @@ proptest! {
                     let has = held * f64::from(has_factor);
                     // What it uses on its own: unbounded (an Envoy bucket), a rate, or unknown.
                     let safe = match client % 3 { 0 => f64::INFINITY, 1 => f64::from(wants) / 20.0, _ => 0.0 };
-                    let ask = Ask { needs: None, wants: f64::from(wants) / 10.0, has, safe, weight: 1.0 + (client % 3) as f64, priority: Criticality::ALL[client % 4], lease_id, holds: None };
+                    let ask = Ask { needs: None, wants: f64::from(wants) / 10.0, has, safe, weight: 1.0 + (client % 3) as f64, priority: Criticality::ALL[client % 4], lease_id, holds: None, term: 0 };
                     let name = format!("c{client}");
                     let lease = t.refresh(&name, ask, now).unwrap();
                     prop_assert!(lease.granted <= ask.wants + 1e-9);
@@ -188,8 +188,18 @@ proptest! {
                         // Says it is a server with clients below: it never keeps more counted
                         // than it had.
                         holds: (weight % 2 == 0).then(|| f64::from(has) / 5.0),
+                        // Claims to be a server in a failover group, in some term: an older
+                        // term than the row has seen is refused and changes nothing.
+                        term: u64::from(has % 3),
                     };
-                    let lease = t.refresh(&name, ask, now).unwrap();
+                    let lease = match t.refresh(&name, ask, now) {
+                        Ok(l) => l,
+                        Err(weir_quota::QuotaError::Superseded { got, newer }) => {
+                            prop_assert!(got < newer && got > 0);
+                            continue;
+                        }
+                        Err(e) => return Err(TestCaseError::fail(e.to_string())),
+                    };
                     // Only the adversary's own leases can it give back.
                     if w.adversary.iter().any(|&(c, id)| c == client && id == lease_id) {
                         w.presented(&name, lease_id);

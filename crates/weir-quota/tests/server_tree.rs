@@ -147,7 +147,8 @@ impl World {
         let r = &self.regions[k];
         let now = r.now(t);
         for (name, capacity, by) in r.upstream.capacities(now) {
-            r.server.lease_from_parent(&name, capacity, by);
+            r.server
+                .lease_from_parent(&name, capacity, by, r.upstream.grant(&name, now));
         }
     }
 
@@ -359,4 +360,155 @@ fn a_region_cut_off_leaves_its_share_to_the_others_once_its_lease_lapses() {
     eprintln!("granted before {before}, the two other regions after {others}");
     assert!((before - 300.0).abs() < 1.0, "{before}");
     assert!(others >= 0.99 * 300.0, "{others}");
+}
+
+/// One region server's asks to `root` at `now` (sent in `upstream`'s term): the answers, in
+/// order (refusals as errors).
+fn ask_root(
+    root: &LeaseServer,
+    region: &LeaseServer,
+    upstream: &mut Upstream,
+    now: Nanos,
+) -> Vec<Result<Lease, String>> {
+    let asks = upstream.asks(&region.totals(now), |_| 0.0, now);
+    let pairs: Vec<(String, Ask)> = asks.iter().map(|a| (a.resource.clone(), a.ask)).collect();
+    let parts: Vec<_> = asks.iter().map(|a| a.parts.clone()).collect();
+    let answers = root.refresh_parts("region-0", &pairs, &parts, now);
+    let mut out = Vec::new();
+    for (a, l) in asks.iter().zip(answers) {
+        match l {
+            Ok(l) => {
+                let expires_in = Duration::from_nanos(l.expires_at - now);
+                upstream.answered(&a.resource, &l, expires_in, now, now);
+                out.push(Ok(l));
+            }
+            Err(e) => {
+                upstream.failed(&a.resource, Duration::from_secs(1), now);
+                out.push(Err(e.to_string()));
+            }
+        }
+    }
+    for (name, capacity, by) in upstream.capacities(now) {
+        region.lease_from_parent(&name, capacity, by, upstream.grant(&name, now));
+    }
+    out
+}
+
+/// What the root counts against its capacity (unexpired grants, kept and released ones).
+fn counted(root: &LeaseServer, now: Nanos) -> f64 {
+    root.totals(now)[0].outstanding
+}
+
+#[test]
+fn a_standby_elected_in_a_region_continues_its_lease_and_the_deposed_leader_is_refused() {
+    // The root: 100/s, shared by region 0 (a leader A and its standby B, one failover group)
+    // and a direct client wanting 60/s. Region 0's four clients want 20/s each.
+    let root = LeaseServer::new(file(100), 0);
+    root.restore(Vec::new(), 0);
+    let a = LeaseServer::new(file(100), 0);
+    a.under_parent();
+    a.restore(Vec::new(), 0);
+    let b = LeaseServer::new(file(100), 0);
+    b.under_parent();
+    let (mut ua, mut ub) = (Upstream::new(), Upstream::new());
+    ua.set_term(1);
+    let mut ids = [0u64; 4];
+    let refresh_clients = |server: &LeaseServer, ids: &mut [u64; 4], now: Nanos| -> Vec<f64> {
+        (0..4)
+            .map(|c| {
+                let ask = Ask {
+                    lease_id: ids[c],
+                    ..Ask::wants(20.0)
+                };
+                let l = server
+                    .refresh(&format!("c{c}"), &[("r".into(), ask)], now)
+                    .pop()
+                    .unwrap()
+                    .unwrap();
+                ids[c] = l.lease_id;
+                l.granted
+            })
+            .collect()
+    };
+    let direct_id = std::cell::Cell::new(0);
+    let direct = |now: Nanos| {
+        let ask = Ask {
+            lease_id: direct_id.get(),
+            ..Ask::wants(60.0)
+        };
+        let l = root
+            .refresh("direct", &[("r".into(), ask)], now)
+            .pop()
+            .unwrap()
+            .unwrap();
+        direct_id.set(l.lease_id);
+    };
+    let mut now = 0;
+    let mut last = Vec::new();
+    for _ in 0..100 {
+        direct(now);
+        ask_root(&root, &a, &mut ua, now);
+        last = refresh_clients(&a, &mut ids, now);
+        assert!(counted(&root, now) <= 100.0 + 1e-9);
+        now += 100 * MS;
+    }
+    // Converged: the root divides as if region 0's clients were its own (parts): five clients
+    // at 20/s — region 0 has 80.
+    for g in &last {
+        assert!((g - 20.0).abs() < 1e-6, "{last:?}");
+    }
+    // A's snapshot, taken over by B (elected in term 2) 300 ms later; A is gone.
+    let snap = weir_quota::ha::Snapshot::new(1, 10_000, a.snapshot(now));
+    let snap = weir_quota::ha::Snapshot::decode(&snap.encode()).unwrap();
+    now += 300 * MS;
+    b.restore(snap.into_tables(10_300).unwrap(), now);
+    let grants = b.parent_grants(now);
+    assert_eq!(grants.len(), 1, "the parent lease came with the snapshot");
+    let held = ua.grant("r", now).unwrap();
+    assert_eq!(
+        (grants[0].1.lease_id, grants[0].1.granted),
+        (held.lease_id, held.granted)
+    );
+    ub.set_term(2);
+    // A's ask in flight when it died, in its term 1, with the group's lease id.
+    let mut late = Upstream::new();
+    late.set_term(1);
+    for (name, g) in grants {
+        ub.adopt(&name, g);
+        late.adopt(&name, g);
+    }
+    // B's clients keep their shares at once: B divides the lease it took over.
+    let first = refresh_clients(&b, &mut ids, now);
+    assert!(
+        first.iter().all(|g| (g - 20.0).abs() < 1e-6),
+        "no dip: {first:?}"
+    );
+    // B asks the root with the group's lease id, in term 2: the same row continues.
+    let answer = ask_root(&root, &b, &mut ub, now);
+    assert!(
+        answer[0]
+            .as_ref()
+            .is_ok_and(|l| (l.granted - 80.0).abs() < 1e-6),
+        "{answer:?}"
+    );
+    assert!(counted(&root, now) <= 100.0 + 1e-9);
+    // A's late ask (term 1) is refused: a deposed leader moves nothing.
+    let before = counted(&root, now);
+    let refused = ask_root(&root, &a, &mut late, now + 150 * MS);
+    assert!(
+        refused[0].as_ref().is_err_and(|e| e.contains("term 1")),
+        "{refused:?}"
+    );
+    assert_eq!(counted(&root, now + 150 * MS), before);
+    // B keeps the region's share from then on, every step within the capacity.
+    for _ in 0..50 {
+        now += 100 * MS;
+        direct(now);
+        ask_root(&root, &b, &mut ub, now);
+        last = refresh_clients(&b, &mut ids, now);
+        assert!(counted(&root, now) <= 100.0 + 1e-9);
+    }
+    for g in &last {
+        assert!((g - 20.0).abs() < 1e-6, "{last:?}");
+    }
 }

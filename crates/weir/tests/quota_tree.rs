@@ -5,7 +5,12 @@
 //! the root killed (`kill -9`): regions hold their grants, then their safe capacity, never
 //! above the capacity; the root back: the same fair shares again; a region killed: its
 //! clients hold their leases, then their safe capacity (at most what they had), and the other
-//! regions take the rest.
+//! regions take the rest. A region of two servers in a failover group (Redis): its leader
+//! killed, the standby continues the region's lease from the root and its clients keep their
+//! shares.
+
+#[path = "../../weir-redis/tests/support/mod.rs"]
+mod support;
 
 mod common;
 
@@ -36,6 +41,17 @@ impl Drop for Proc {
 }
 
 fn serve(quota: &std::path::Path, http: u16, parent: Option<(u16, &str)>) -> Proc {
+    serve_on(quota, http, parent, None)
+}
+
+/// `weir serve --quota` on `http`, leasing from the server on `parent` as the given client,
+/// in a failover group on `redis` when given.
+fn serve_on(
+    quota: &std::path::Path,
+    http: u16,
+    parent: Option<(u16, &str)>,
+    redis: Option<&str>,
+) -> Proc {
     let (h, g) = (
         format!("127.0.0.1:{http}"),
         format!("127.0.0.1:{}", common::free_port()),
@@ -53,6 +69,9 @@ fn serve(quota: &std::path::Path, http: u16, parent: Option<(u16, &str)>) -> Pro
     if let Some((port, id)) = parent {
         url = format!("http://127.0.0.1:{port}");
         args.extend(["--parent", &url, "--parent-client-id", id]);
+    }
+    if let Some(url) = redis {
+        args.extend(["--store", url, "--quota-leader-ttl", "1s"]);
     }
     let (child, line) = common::start(&args);
     assert!(line.contains("HTTP on"), "{line}");
@@ -83,11 +102,55 @@ struct Meter {
 }
 
 impl Meter {
+    fn new(seconds: usize, clients: usize) -> Arc<Self> {
+        Arc::new(Meter {
+            start: Instant::now(),
+            admitted: (0..seconds)
+                .map(|_| (0..clients).map(|_| AtomicU64::new(0)).collect())
+                .collect(),
+        })
+    }
+
     fn rate(&self, second: usize, clients: impl Iterator<Item = usize>) -> f64 {
         clients
             .map(|c| self.admitted[second][c].load(Ordering::Relaxed) as f64)
             .sum()
     }
+}
+
+/// Starts `clients` lease clients, client `i` of the servers at `url(i)` offering
+/// `demand(i)` per second until the meter's last second (safe capacity 2/s each).
+fn offer(
+    meter: &Arc<Meter>,
+    clients: usize,
+    url: impl Fn(usize) -> String,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let seconds = meter.admitted.len();
+    (0..clients)
+        .map(|i| {
+            let client = LeaseClient::builder(&url(i), &format!("client-{i}"))
+                .resource("api", 2.0)
+                .start()
+                .unwrap();
+            let meter = meter.clone();
+            tokio::spawn(async move {
+                let every = Duration::from_secs_f64(1.0 / demand(i));
+                let mut next = tokio::time::Instant::now();
+                loop {
+                    let second = meter.start.elapsed().as_secs() as usize;
+                    if second >= seconds {
+                        break;
+                    }
+                    if client.acquire("api", 1).is_some_and(|d| d.allowed()) {
+                        meter.admitted[second][i].fetch_add(1, Ordering::Relaxed);
+                    }
+                    next += every;
+                    tokio::time::sleep_until(next).await;
+                }
+                client.shutdown().await;
+            })
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,38 +177,11 @@ async fn a_root_three_regions_and_thirty_clients_hold_the_global_rate() {
         region_ports.push(port);
     }
     const SECONDS: usize = 75;
-    let meter = Arc::new(Meter {
-        start: Instant::now(),
-        admitted: (0..SECONDS)
-            .map(|_| (0..CLIENTS).map(|_| AtomicU64::new(0)).collect())
-            .collect(),
-    });
+    let meter = Meter::new(SECONDS, CLIENTS);
     // Client i talks to region i % 3; its safe capacity is 2/s.
-    let mut tasks = Vec::new();
-    for i in 0..CLIENTS {
-        let url = format!("http://127.0.0.1:{}", region_ports[i % 3]);
-        let client = LeaseClient::builder(&url, &format!("client-{i}"))
-            .resource("api", 2.0)
-            .start()
-            .unwrap();
-        let meter = meter.clone();
-        tasks.push(tokio::spawn(async move {
-            let every = Duration::from_secs_f64(1.0 / demand(i));
-            let mut next = tokio::time::Instant::now();
-            loop {
-                let second = meter.start.elapsed().as_secs() as usize;
-                if second >= SECONDS {
-                    break;
-                }
-                if client.acquire("api", 1).is_some_and(|d| d.allowed()) {
-                    meter.admitted[second][i].fetch_add(1, Ordering::Relaxed);
-                }
-                next += every;
-                tokio::time::sleep_until(next).await;
-            }
-            client.shutdown().await;
-        }));
-    }
+    let tasks = offer(&meter, CLIENTS, |i| {
+        format!("http://127.0.0.1:{}", region_ports[i % 3])
+    });
     let all = || 0..CLIENTS;
     let sleep_to = |s: u64| {
         let at = meter.start + Duration::from_secs(s);
@@ -326,5 +362,130 @@ async fn a_parent_answering_garbage_counts_as_unreachable_and_is_logged_once() {
         "logged once: {text}"
     );
     assert!(text.contains("not a lease answer"), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Waits up to 10 s for the quota server on `http` to report failover role `role`.
+fn wait_role(http: u16, role: &str) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while common::failover(http)
+        .and_then(|f| f["role"].as_str().map(str::to_string))
+        .as_deref()
+        != Some(role)
+    {
+        assert!(Instant::now() < until, "server on {http} never {role}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_with_a_standby_fails_over_under_its_parent() {
+    // A root; region 0 is two servers electing a leader through Redis (only the leader
+    // leases from the root); region 1 is one server. Ten clients per region.
+    const CLIENTS: usize = 20;
+    const SECONDS: usize = 50;
+    let mut redis = support::Redis::start();
+    let dir = common::tempdir("quota-tree-standby");
+    let quota = dir.join("quota.yaml");
+    std::fs::write(&quota, QUOTA).unwrap();
+    let root_port = common::free_port();
+    let (a_port, b_port, r1_port) = (
+        common::free_port(),
+        common::free_port(),
+        common::free_port(),
+    );
+    let (q, url) = (quota.clone(), redis.url());
+    let (root, a, b, r1) = tokio::task::spawn_blocking(move || {
+        let root = serve(&q, root_port, None);
+        let a = serve_on(&q, a_port, Some((root_port, "region-0")), Some(&url));
+        wait_role(a_port, "leader");
+        let b = serve_on(&q, b_port, Some((root_port, "region-0")), Some(&url));
+        wait_role(b_port, "follower");
+        let r1 = serve(&q, r1_port, Some((root_port, "region-1")));
+        (root, a, b, r1)
+    })
+    .await
+    .unwrap();
+    let meter = Meter::new(SECONDS, CLIENTS);
+    // Region 0's clients know both of its servers, the standby first.
+    let tasks = offer(&meter, CLIENTS, |i| match i % 2 {
+        0 => format!("http://127.0.0.1:{b_port},http://127.0.0.1:{a_port}"),
+        _ => format!("http://127.0.0.1:{r1_port}"),
+    });
+    let sleep_to = |s: u64| {
+        let at = meter.start + Duration::from_secs(s);
+        tokio::time::sleep_until(tokio::time::Instant::from_std(at))
+    };
+    // 0–22 s: converged from 15 s. At 22 s region 0's leader is killed (-9): its clients move
+    // to the standby, which is elected, restores the region's leases and its lease from the
+    // root from Redis, and continues that lease in its own (newer) term.
+    sleep_to(22).await;
+    tokio::task::spawn_blocking(move || drop(a)).await.unwrap();
+    sleep_to(24).await;
+    let role = tokio::task::spawn_blocking(move || {
+        common::failover(b_port).and_then(|f| f["role"].as_str().map(str::to_string))
+    })
+    .await
+    .unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let all = |s| meter.rate(s, 0..CLIENTS);
+    let region0 = |s| meter.rate(s, (0..CLIENTS).filter(|c| c % 2 == 0));
+    let global: Vec<f64> = (0..SECONDS).map(all).collect();
+    let zero: Vec<f64> = (0..SECONDS).map(region0).collect();
+    let f = fair(&(0..CLIENTS).collect::<Vec<_>>(), CAPACITY);
+    let fairness = |from: usize, to: usize| -> f64 {
+        (0..CLIENTS)
+            .map(|i| {
+                let got = (from..to)
+                    .map(|s| meter.admitted[s][i].load(Ordering::Relaxed) as f64)
+                    .sum::<f64>()
+                    / (to - from) as f64;
+                (got - f[i]).abs()
+            })
+            .fold(0.0, f64::max)
+    };
+    let (fair_before, fair_after) = (fairness(15, 22), fairness(25, SECONDS));
+    eprintln!("standby's role 2 s after the kill: {role:?}");
+    eprintln!("global per second: {global:?}");
+    eprintln!("region 0 per second: {zero:?}");
+    eprintln!(
+        "largest distance from a fair share: {fair_before:.2}/s before (15–22 s), {fair_after:.2}/s after (25–50 s)"
+    );
+    assert_eq!(role.as_deref(), Some("leader"), "the standby took over");
+    for (s, r) in global.iter().enumerate().skip(1) {
+        assert!(*r <= CAPACITY * 1.03, "second {s}: {r} of {CAPACITY}");
+    }
+    // The standby continues the region's lease from the parent (taken over with the
+    // snapshot): its clients keep their shares through the failover.
+    let before: f64 = zero[15..22].iter().sum::<f64>() / 7.0;
+    for (s, r) in zero.iter().enumerate().skip(22) {
+        assert!(
+            (r - before).abs() <= 0.1 * before,
+            "second {s}: region 0's clients {r}, {before} before the kill"
+        );
+    }
+    let converged = &global[15..];
+    let mean = converged.iter().sum::<f64>() / converged.len() as f64;
+    assert!(
+        (mean - CAPACITY).abs() <= 0.01 * CAPACITY,
+        "mean {mean} of {converged:?}"
+    );
+    for (s, r) in converged.iter().enumerate() {
+        assert!(
+            (r - CAPACITY).abs() <= 0.03 * CAPACITY,
+            "second {}: {r}",
+            15 + s
+        );
+    }
+    assert!(
+        fair_before <= 0.02 * CAPACITY && fair_after <= 0.02 * CAPACITY,
+        "{fair_before} {fair_after}"
+    );
+    tokio::task::spawn_blocking(move || drop((root, b, r1)))
+        .await
+        .unwrap();
+    redis.kill();
     let _ = std::fs::remove_dir_all(dir);
 }

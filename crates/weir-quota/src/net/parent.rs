@@ -37,7 +37,11 @@ impl Drop for ParentLink {
 impl ParentLink {
     /// Leases every resource `server` serves from the parent at `endpoint` (`http://HOST:PORT`,
     /// several sharing a quota as a comma-separated list) as `client_id`, sending `token` if
-    /// any; `active(now)` false (a follower of a failover group) pauses it. `server` takes its
+    /// any. `active(now)` is the failover term this server may lease in (0: no failover
+    /// group), `None` pausing it (a follower). On becoming active it takes over the leases
+    /// its server holds from the parent ([`LeaseServer::parent_grants`], restored from the
+    /// last leader's snapshot) and asks in its term, so a standby elected leader continues
+    /// the group's lease and a deposed leader's late asks are refused. `server` takes its
     /// capacities from the parent from now on ([`LeaseServer::under_parent`]); `clock` must be
     /// the one its refreshes are answered on.
     pub fn start<C: Clock + Send + Sync + 'static>(
@@ -46,7 +50,7 @@ impl ParentLink {
         endpoint: &str,
         client_id: &str,
         token: Option<String>,
-        active: impl Fn(Nanos) -> bool + Send + Sync + 'static,
+        active: impl Fn(Nanos) -> Option<u64> + Send + Sync + 'static,
     ) -> Result<Self, NetError> {
         let link = Transport::new(endpoint, client_id, token)?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| NetError::NoRuntime)?;
@@ -95,7 +99,7 @@ fn body(client: &str, asks: &[Asked]) -> String {
             serde_json::json!({
                 "resource": a.resource, "wants": a.ask.wants, "needs": a.ask.needs,
                 "has": a.ask.has, "safe": a.ask.safe, "holds": a.ask.holds,
-                "leaseId": lease_id_text(a.ask.lease_id), "parts": parts,
+                "leaseId": lease_id_text(a.ask.lease_id), "parts": parts, "term": a.ask.term,
             })
         })
         .collect();
@@ -104,7 +108,7 @@ fn body(client: &str, asks: &[Asked]) -> String {
 
 fn apply(server: &LeaseServer, upstream: &Upstream, now: Nanos) {
     for (name, capacity, by) in upstream.capacities(now) {
-        server.lease_from_parent(&name, capacity, by);
+        server.lease_from_parent(&name, capacity, by, upstream.grant(&name, now));
     }
 }
 
@@ -112,16 +116,29 @@ async fn run<C: Clock>(
     server: Arc<LeaseServer>,
     clock: C,
     link: Transport,
-    active: impl Fn(Nanos) -> bool,
+    active: impl Fn(Nanos) -> Option<u64>,
 ) {
     let mut upstream = Upstream::new();
     let mut reachable: Option<bool> = None;
     let retry = Duration::from_secs(1);
+    let mut term = None;
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = clock.now();
-        if !active(now) {
+        let Some(t) = active(now) else {
+            if term.take().is_some() {
+                // A follower now: the next leader continues the leases.
+                upstream = Upstream::new();
+            }
             continue;
+        };
+        if term != Some(t) {
+            // Newly leading (or in a new term): continue the group's leases.
+            term = Some(t);
+            upstream.set_term(t);
+            for (name, grant) in server.parent_grants(now) {
+                upstream.adopt(&name, grant);
+            }
         }
         let totals = server.totals(now);
         // Before the parent first answers: the file's safe capacity, else nothing.

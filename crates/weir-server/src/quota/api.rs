@@ -131,7 +131,7 @@ impl Builder {
                 &p.endpoint,
                 &p.client_id,
                 p.token,
-                move |now| crate::quota::ha::elsewhere(ha.as_deref(), now).is_none(),
+                move |now| crate::quota::ha::term(ha.as_deref(), now),
             )
             .map_err(|e| format!("--parent: {e}"))?;
             *api.parent.lock() = Some(link);
@@ -325,6 +325,7 @@ impl QuotaApi {
             parts.clear();
             for (_, ask) in asks.iter_mut() {
                 ask.holds = None;
+                ask.term = 0;
             }
         }
         Ok(self.server.refresh_parts(client, asks, &parts, now))
@@ -467,6 +468,7 @@ pub(crate) fn client_ask(
         priority,
         lease_id,
         holds: None,
+        term: 0,
     };
     (resource.to_string(), ask)
 }
@@ -526,6 +528,9 @@ struct ResourceAsk {
     /// A lease server below: what it has granted its clients (see `Ask::holds`).
     #[serde(default)]
     holds: Option<f64>,
+    /// A lease server below in a failover group: its leader's term (see `Ask::term`).
+    #[serde(default)]
+    term: u64,
     /// A lease server below: its demand in parts (this and `holds` honoured for callers whose
     /// `clients` entry has `own_values: true`).
     #[serde(default)]
@@ -564,6 +569,7 @@ fn server_fields(
     if let Some(h) = r.holds {
         ask.holds = Some(number("holds", h)?);
     }
+    ask.term = r.term;
     if r.parts.len() > weir_quota::lease::MAX_PARTS {
         return Err(format!(
             "resources[{i}].parts: at most {}",

@@ -154,6 +154,19 @@ pub fn elsewhere(ha: Option<&Ha>, now: Nanos) -> Option<Option<Leader>> {
     }
 }
 
+/// The failover term this server may lease from a parent in now (0: no failover group), or
+/// `None` while it follows.
+pub fn term(ha: Option<&Ha>, now: Nanos) -> Option<u64> {
+    let Some(ha) = ha else {
+        return Some(0);
+    };
+    let l = ha.leadership.lock();
+    match l.role(now) {
+        Role::Leader | Role::Holding { .. } => l.token(),
+        Role::Follower { .. } => None,
+    }
+}
+
 /// The HTTP answer of a server that must not allocate now (`421` naming the leader, `503`
 /// when none is known), or `None` when it may.
 pub fn not_leader(ha: Option<&Ha>, now: Nanos) -> Option<axum::response::Response> {
@@ -246,7 +259,7 @@ async fn campaign(server: &LeaseServer, clock: &MonotonicClock, ha: &Ha) {
                 tracing::info!(age = ?age, "quota failover: elected; the last snapshot is older than any lease, starting empty");
                 server.restore(Vec::new(), now);
             } else {
-                match s.into_tables() {
+                match s.into_tables(unix_ms()) {
                     Ok(tables) => {
                         tracing::info!(from_token = token, leases = holders, age = ?age, "quota failover: elected; resuming from the last leader's snapshot");
                         server.restore(tables, now);
