@@ -175,6 +175,52 @@ fn reload_keeps_counters_and_rejects_invalid_sets_atomically() {
 }
 
 #[test]
+fn a_limit_raised_from_a_trickle_admits_at_the_new_rate_at_once() {
+    // One a minute per rule and per user (GCRA and the token bucket keep time ahead as state).
+    let yaml = "resources:
+  - name: api
+    flow:
+      - {id: gcra, qps: 1, window: 1m, algorithm: gcra}
+  - name: db
+    flow:
+      - {id: bucket, qps: 1, window: 1m, algorithm: token_bucket}
+  - name: search
+    hot_params:
+      - {id: per-user, param: 0, threshold: 1, window: 1m}
+";
+    let (r, clock) = rules(yaml);
+    let user = Context {
+        params: &["u"],
+        ..CTX
+    };
+    for res in ["api", "db"] {
+        assert!(passes(&r, res, &CTX, 5) < 5, "{res} exhausted");
+        assert_eq!(passes(&r, res, &CTX, 1), 0, "{res} exhausted");
+    }
+    assert_eq!(passes(&r, "search", &user, 3), 1);
+    // Raised to 6 000 a minute (100/s): what was admitted counts as that many units at the
+    // new rate (10 ms each), not as the minute the old rate spaced them by.
+    r.apply(&set(&yaml
+        .replace("qps: 1, window: 1m", "qps: 6000, window: 1m")
+        .replace(
+            "threshold: 1, window: 1m",
+            "threshold: 6000, window: 1m",
+        )))
+    .unwrap();
+    clock.advance(Duration::from_millis(50));
+    for res in ["api", "db"] {
+        assert!(
+            passes(&r, res, &CTX, 3) >= 1,
+            "{res} admits after the raise"
+        );
+    }
+    assert!(
+        passes(&r, "search", &user, 3) >= 1,
+        "per-user admits after the raise"
+    );
+}
+
+#[test]
 fn a_rejected_reload_leaves_shared_limiters_untouched() {
     let yaml = "resources:
   - name: search
