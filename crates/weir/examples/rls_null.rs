@@ -109,8 +109,8 @@ fn main() {
         }
     };
     let _ = MESSAGE.set(message);
+    // The runtime of `weir serve`: one worker thread per core.
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
         .enable_all()
         .build()
         .expect("runtime")
