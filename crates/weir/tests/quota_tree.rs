@@ -102,6 +102,21 @@ struct Meter {
 }
 
 impl Meter {
+    /// The largest distance of any of the first `clients` clients' mean rate over seconds
+    /// [from, to) from its max-min share of the capacity.
+    fn fairness(&self, clients: usize, from: usize, to: usize) -> f64 {
+        let f = fair(&(0..clients).collect::<Vec<_>>(), CAPACITY);
+        (0..clients)
+            .map(|i| {
+                let got = (from..to)
+                    .map(|s| self.admitted[s][i].load(Ordering::Relaxed) as f64)
+                    .sum::<f64>()
+                    / (to - from) as f64;
+                (got - f[i]).abs()
+            })
+            .fold(0.0, f64::max)
+    }
+
     fn new(seconds: usize, clients: usize) -> Arc<Self> {
         Arc::new(Meter {
             start: Instant::now(),
@@ -189,19 +204,7 @@ async fn a_root_three_regions_and_thirty_clients_hold_the_global_rate() {
     };
     let global =
         |from: usize, to: usize| -> Vec<f64> { (from..to).map(|s| meter.rate(s, all())).collect() };
-    // The largest distance of a client's mean rate over [from, to) from its fair share.
-    let fairness = |from: usize, to: usize| -> f64 {
-        let f = fair(&(0..CLIENTS).collect::<Vec<_>>(), CAPACITY);
-        (0..CLIENTS)
-            .map(|i| {
-                let got = (from..to)
-                    .map(|s| meter.admitted[s][i].load(Ordering::Relaxed) as f64)
-                    .sum::<f64>()
-                    / (to - from) as f64;
-                (got - f[i]).abs()
-            })
-            .fold(0.0, f64::max)
-    };
+    let fairness = |from: usize, to: usize| meter.fairness(CLIENTS, from, to);
     // Phase 1, 0–25 s: everyone up; converged from 15 s (the servers learn for a lease length).
     sleep_to(25).await;
     // Phase 2, 25–40 s: the root killed: the regions hold their grants (4 s), then their safe
@@ -434,18 +437,7 @@ async fn a_region_with_a_standby_fails_over_under_its_parent() {
     let region0 = |s| meter.rate(s, (0..CLIENTS).filter(|c| c % 2 == 0));
     let global: Vec<f64> = (0..SECONDS).map(all).collect();
     let zero: Vec<f64> = (0..SECONDS).map(region0).collect();
-    let f = fair(&(0..CLIENTS).collect::<Vec<_>>(), CAPACITY);
-    let fairness = |from: usize, to: usize| -> f64 {
-        (0..CLIENTS)
-            .map(|i| {
-                let got = (from..to)
-                    .map(|s| meter.admitted[s][i].load(Ordering::Relaxed) as f64)
-                    .sum::<f64>()
-                    / (to - from) as f64;
-                (got - f[i]).abs()
-            })
-            .fold(0.0, f64::max)
-    };
+    let fairness = |from: usize, to: usize| meter.fairness(CLIENTS, from, to);
     let (fair_before, fair_after) = (fairness(15, 22), fairness(25, SECONDS));
     eprintln!("standby's role 2 s after the kill: {role:?}");
     eprintln!("global per second: {global:?}");
