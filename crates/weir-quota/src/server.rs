@@ -304,12 +304,19 @@ impl LeaseServer {
 
     /// Every resource in use at `now`: the sums of its demands and grants.
     pub fn totals(&self, now: Nanos) -> Vec<Totals> {
+        self.totals_parted(now, |_, _| true)
+    }
+
+    /// [`Self::totals`], with [`Totals::parts`] only for the resources `parted(resource,
+    /// wants)` names (an ask due now, [`crate::upstream::Upstream::due`]): parts sort each
+    /// table's holders, too much to do for every table on every tick of a large server.
+    pub fn totals_parted(&self, now: Nanos, parted: impl Fn(&str, f64) -> bool) -> Vec<Totals> {
         let mut tables = self.tables.lock();
         let out = tables
             .iter_mut()
             .map(|(name, t)| {
                 t.expire(now);
-                Totals::of(name, t.holders(), t.outstanding())
+                Totals::of_parted(name, t.holders(), t.outstanding(), &parted)
             })
             .collect();
         self.recount(&tables);

@@ -250,7 +250,9 @@ pub fn run(s: &TreeSettings) -> Result<TreeReport, String> {
                 let (above, below) = levels.split_at_mut(l);
                 let parents = &above[l - 1];
                 for (i, node) in below[0].iter_mut().enumerate() {
-                    let totals = node.server.totals(now);
+                    let totals = node
+                        .server
+                        .totals_parted(now, |r, w| node.upstream.due(r, w, now));
                     let asks = node.upstream.asks(&totals, |_| 0.0, now);
                     let cut_off = l == 1 && i == 0 && cut.is_some_and(|(a, b)| now >= a && now < b);
                     if !asks.is_empty() {

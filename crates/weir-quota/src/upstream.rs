@@ -49,6 +49,17 @@ pub struct Totals {
 impl Totals {
     /// The totals of `resource`'s `holders`, `outstanding` granted.
     pub fn of(resource: &str, holders: &[Holder], outstanding: f64) -> Self {
+        Self::of_parted(resource, holders, outstanding, |_, _| true)
+    }
+
+    /// [`Self::of`], with the parts only if `parted(resource, wants)` (they sort the
+    /// holders; only an ask due now needs them, see [`Upstream::due`]).
+    pub fn of_parted(
+        resource: &str,
+        holders: &[Holder],
+        outstanding: f64,
+        parted: impl Fn(&str, f64) -> bool,
+    ) -> Self {
         let (wants, needs) = holders
             .iter()
             .fold((0.0, 0.0), |(w, n), h| (w + h.demand.wants, n + h.needs));
@@ -57,7 +68,11 @@ impl Totals {
             wants,
             needs,
             outstanding,
-            parts: parts(holders, PARTS),
+            parts: if parted(resource, wants) {
+                parts(holders, PARTS)
+            } else {
+                Vec::new()
+            },
         }
     }
 }
@@ -266,12 +281,7 @@ impl Upstream {
                     idle: false,
                 });
             g.idle = false;
-            // NaN (never asked) counts as moved.
-            let moved = (t.wants - g.asked_wants)
-                .abs()
-                .partial_cmp(&(0.1 * g.asked_wants.max(1.0)))
-                != Some(std::cmp::Ordering::Less);
-            if g.in_flight || (now < g.due_at && !moved) {
+            if !Self::is_due(g, t.wants, now) {
                 continue;
             }
             let mut a = Self::ask(g, &t.resource, t.wants, t.needs, t.outstanding, now);
@@ -291,6 +301,24 @@ impl Upstream {
             }
         }
         out
+    }
+
+    /// Whether an ask for `resource` is due at `now` with `wants` below: no ask in flight, and
+    /// the parent's refresh time reached or the demand moved by a tenth. Only the resources
+    /// due need their [`Totals::parts`] ([`LeaseServer::totals_parted`](crate::server::LeaseServer::totals_parted)).
+    pub fn due(&self, resource: &str, wants: f64, now: Nanos) -> bool {
+        self.grants
+            .get(resource)
+            .is_none_or(|g| Self::is_due(g, wants, now))
+    }
+
+    fn is_due(g: &Grant, wants: f64, now: Nanos) -> bool {
+        // NaN (never asked) counts as moved.
+        let moved = (wants - g.asked_wants)
+            .abs()
+            .partial_cmp(&(0.1 * g.asked_wants.max(1.0)))
+            != Some(std::cmp::Ordering::Less);
+        !g.in_flight && (now >= g.due_at || moved)
     }
 
     fn ask(g: &mut Grant, resource: &str, wants: f64, needs: f64, holds: f64, now: Nanos) -> Asked {

@@ -204,7 +204,9 @@ impl World {
                 self.apply(k, t);
                 let r = &mut self.regions[k];
                 let now = r.now(t);
-                let totals = r.server.totals(now);
+                let totals = r
+                    .server
+                    .totals_parted(now, |res, w| r.upstream.due(res, w, now));
                 let asks = r.upstream.asks(&totals, |_| 0.0, now);
                 self.apply(k, t);
                 if !asks.is_empty() {
@@ -370,7 +372,8 @@ fn ask_root(
     upstream: &mut Upstream,
     now: Nanos,
 ) -> Vec<Result<Lease, String>> {
-    let asks = upstream.asks(&region.totals(now), |_| 0.0, now);
+    let totals = region.totals_parted(now, |r, w| upstream.due(r, w, now));
+    let asks = upstream.asks(&totals, |_| 0.0, now);
     let pairs: Vec<(String, Ask)> = asks.iter().map(|a| (a.resource.clone(), a.ask)).collect();
     let parts: Vec<_> = asks.iter().map(|a| a.parts.clone()).collect();
     let answers = root.refresh_parts("region-0", &pairs, &parts, now);

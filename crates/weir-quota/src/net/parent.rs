@@ -140,7 +140,7 @@ async fn run<C: Clock>(
                 upstream.adopt(&name, grant);
             }
         }
-        let totals = server.totals(now);
+        let totals = server.totals_parted(now, |r, wants| upstream.due(r, wants, now));
         // Before the parent first answers: the file's safe capacity, else nothing.
         let asks = upstream.asks(&totals, |r| server.safe_capacity(r).unwrap_or(0.0), now);
         apply(&server, &upstream, now);
