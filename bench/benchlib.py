@@ -44,9 +44,9 @@ def wait_port(port, timeout=20):
     sys.exit(f"bench: nothing listens on {port}")
 
 
-def wrk_run(wrk, env, port, secs, path="/"):
-    """wrk -t2 -c32 for `secs` seconds: requests/s, p99 in ms, non-2xx count."""
-    out = subprocess.run([wrk, "-t2", "-c32", f"-d{secs}s", "--latency", f"http://127.0.0.1:{port}{path}"],
+def wrk_run(wrk, env, port, secs, path="/", conns=32):
+    """wrk -t2 -c`conns` for `secs` seconds: requests/s, p99 in ms, non-2xx count."""
+    out = subprocess.run([wrk, "-t2", f"-c{conns}", f"-d{secs}s", "--latency", f"http://127.0.0.1:{port}{path}"],
                          capture_output=True, text=True, env=env, check=True, timeout=secs + 60).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
@@ -55,6 +55,25 @@ def wrk_run(wrk, env, port, secs, path="/"):
     return {"rps": rps, "p99_ms": float(p99.group(1)) * scale, "non2xx": int(non2xx.group(1)) if non2xx else 0}
 
 
+
+
+def h2load_get(h2load, env, port, conns, streams, secs):
+    """h2load GETs over HTTP/2 (h2c, prior knowledge) from one thread, `conns` connections ×
+    `streams` streams for `secs` seconds: requests/s, mean and max request time (ms), failed
+    and non-2xx counts."""
+    out = subprocess.run([h2load, "-D", str(secs), "-c", str(conns), "-m", str(streams), "-t", "1",
+                          f"http://127.0.0.1:{port}/"], capture_output=True, text=True, env=env, check=True,
+                         timeout=secs + 60).stdout
+    rps = float(re.search(r"finished in [\d.]+s, ([\d.]+) req/s", out).group(1))
+    t = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", out)
+    failed = int(re.search(r"(\d+) failed", out).group(1))
+    codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+
+    def ms(v):
+        m = re.match(r"([\d.]+)(us|ms|s)", v)
+        return float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
+    non2xx = sum(int(codes.group(i)) for i in (2, 3, 4)) if codes else 0
+    return {"rps": rps, "mean_ms": ms(t.group(3)), "max_ms": ms(t.group(2)), "failed": failed, "non2xx": non2xx}
 
 
 def cpu_seconds(pid):
