@@ -167,9 +167,19 @@ pub fn parse_upstream(s: &str) -> Result<Uri, String> {
 /// hundreds of streams would otherwise open as many HTTP/1.1 upstream connections).
 pub const MAX_UPSTREAM_PER_CLIENT: usize = 64;
 
-/// Forwards requests to the upstream.
+/// Forwards requests to the upstream: what a worker's client connections share, and the
+/// connection's own bound. Two reference counts to clone (the service stack clones it for
+/// every request).
 #[derive(Clone)]
 struct Forward {
+    to: Arc<ForwardTo>,
+    /// Upstream requests in flight for this client connection.
+    per_client: Arc<Semaphore>,
+}
+
+/// The upstream side a worker's client connections share (see [`Forward`]).
+#[derive(Clone)]
+struct ForwardTo {
     http1: Client<HttpConnector, PacedBody<ClientBody>>,
     h2c: Client<HttpConnector, PacedBody<ClientBody>>,
     protocol: UpstreamProtocol,
@@ -178,10 +188,10 @@ struct Forward {
     stats: Arc<ProxyStats>,
     /// This process's token in `Via`: a request carrying it has come round in a loop.
     via: HeaderValue,
+    /// Its hops in `Via`, per request version.
+    hops: ViaHops,
     /// Upstream requests in flight, all clients together.
     total: Arc<Semaphore>,
-    /// Upstream requests in flight for this client connection.
-    per_client: Arc<Semaphore>,
     /// Upstream requests in flight per client address.
     per_address: Arc<AddressSlots>,
     /// How a request body must keep arriving.
@@ -278,19 +288,20 @@ fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
 
 impl Forward {
     async fn forward(self, req: Request<ClientBody>) -> Response<ProxyBody> {
+        let to = &*self.to;
         let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let address: Result<Option<AddressSlot>, ()> = match peer {
-            Some(ip) => self.per_address.try_acquire(ip).map(Some).ok_or(()),
+            Some(ip) => to.per_address.try_acquire(ip).map(Some).ok_or(()),
             None => Ok(None),
         };
         let permits = match (
-            self.total.clone().try_acquire_owned(),
+            to.total.clone().try_acquire_owned(),
             self.per_client.clone().try_acquire_owned(),
             address,
         ) {
             (Ok(a), Ok(b), Ok(c)) => UpstreamPermits(a, b, c),
             _ => {
-                self.stats.upstream_busy.fetch_add(1, Ordering::Relaxed);
+                to.stats.upstream_busy.fetch_add(1, Ordering::Relaxed);
                 let mut r = problem(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "too many requests in flight to the upstream",
@@ -302,13 +313,14 @@ impl Forward {
         };
         let head_request = req.method() == http::Method::HEAD;
         // The body must keep arriving while it streams to the upstream.
-        let pace = self.pace;
+        let pace = to.pace;
         let mut req = req.map(|b| PacedBody::new(b, pace));
+        // Shared with the request's URI (no copy).
         let path = req
             .uri()
             .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_string();
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
         // A blocked request whose route falls back to another upstream goes there.
         let fallback = req
             .extensions()
@@ -319,10 +331,10 @@ impl Forward {
                 Ok(u) => u,
                 Err(_) => return problem(StatusCode::BAD_GATEWAY, "bad fallback upstream"),
             },
-            None => self.upstream.clone(),
+            None => to.upstream.clone(),
         };
         let mut parts = base.into_parts();
-        parts.path_and_query = path.parse().ok();
+        parts.path_and_query = Some(path);
         let Ok(uri) = Uri::from_parts(parts) else {
             return problem(StatusCode::BAD_REQUEST, "cannot build the upstream URL");
         };
@@ -341,13 +353,13 @@ impl Forward {
             append_forwarded_for(req.headers_mut(), ip);
         }
         let version = req.version();
-        append_via(req.headers_mut(), version, &self.via);
+        append_hop(req.headers_mut(), &to.hops.of(version));
         *req.uri_mut() = uri;
         let grpc = req
             .headers()
             .get(header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-        let h2 = match self.protocol {
+        let h2 = match to.protocol {
             UpstreamProtocol::Auto => req.version() == Version::HTTP_2 && grpc,
             UpstreamProtocol::Http1 => false,
             UpstreamProtocol::H2c => true,
@@ -356,19 +368,19 @@ impl Forward {
             *req.version_mut() = Version::HTTP_2;
             // HTTP/2 carries the authority in the URI; a Host header would be a duplicate.
             req.headers_mut().remove(header::HOST);
-            &self.h2c
+            &to.h2c
         } else {
             *req.version_mut() = Version::HTTP_11;
-            &self.http1
+            &to.http1
         };
-        match tokio::time::timeout(self.timeout, client.request(req)).await {
+        match tokio::time::timeout(to.timeout, client.request(req)).await {
             Ok(Ok(mut r)) => {
-                self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+                to.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                 strip_hop_by_hop(r.headers_mut());
                 weir_tower::body::HeldBody::wrap(r, Some(permits), head_request).map(BodyExt::boxed)
             }
             Ok(Err(e)) if too_slow(&e).is_some() => {
-                self.stats.body_too_slow.fetch_add(1, Ordering::Relaxed);
+                to.stats.body_too_slow.fetch_add(1, Ordering::Relaxed);
                 let why = too_slow(&e).map(ToString::to_string).unwrap_or_default();
                 let mut r = problem(StatusCode::REQUEST_TIMEOUT, &why);
                 r.headers_mut()
@@ -376,10 +388,10 @@ impl Forward {
                 r
             }
             Ok(Err(e)) => {
-                self.stats
+                to.stats
                     .upstream_unreachable
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(upstream = %self.upstream, error = %e, "upstream failed");
+                tracing::warn!(upstream = %to.upstream, error = %e, "upstream failed");
                 let hint = if h2 {
                     " (spoken to over h2c: if the upstream only speaks HTTP/1.1, run with \
                      --upstream-protocol http1)"
@@ -388,21 +400,17 @@ impl Forward {
                 };
                 problem(
                     StatusCode::BAD_GATEWAY,
-                    &format!(
-                        "upstream {} failed: {}{hint}",
-                        self.upstream,
-                        error_chain(&e)
-                    ),
+                    &format!("upstream {} failed: {}{hint}", to.upstream, error_chain(&e)),
                 )
             }
             Err(_) => {
-                self.stats.upstream_timeout.fetch_add(1, Ordering::Relaxed);
+                to.stats.upstream_timeout.fetch_add(1, Ordering::Relaxed);
                 problem(
                     StatusCode::GATEWAY_TIMEOUT,
                     &format!(
                         "upstream {} sent no response within {} ms",
-                        self.upstream,
-                        self.timeout.as_millis()
+                        to.upstream,
+                        to.timeout.as_millis()
                     ),
                 )
             }
@@ -436,17 +444,43 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Appends this hop to `Via` (RFC 9110 §7.6.3): `1.1 weir-<token>`.
 pub fn append_via(h: &mut HeaderMap, version: Version, token: &HeaderValue) {
-    let proto = match version {
-        Version::HTTP_2 => "2",
-        Version::HTTP_10 => "1.0",
-        _ => "1.1",
+    append_hop(h, &ViaHops::new(token).of(version));
+}
+
+/// This process's hop in `Via` for each request version, built once.
+#[derive(Clone)]
+struct ViaHops([HeaderValue; 3]);
+
+impl ViaHops {
+    fn new(token: &HeaderValue) -> Self {
+        let token = token.to_str().unwrap_or("weir");
+        let hop = |proto: &str| {
+            HeaderValue::from_str(&format!("{proto} {token}"))
+                .unwrap_or(HeaderValue::from_static("1.1 weir"))
+        };
+        Self([hop("1.0"), hop("1.1"), hop("2")])
+    }
+
+    fn of(&self, version: Version) -> HeaderValue {
+        self.0[match version {
+            Version::HTTP_10 => 0,
+            Version::HTTP_2 => 2,
+            _ => 1,
+        }]
+        .clone()
+    }
+}
+
+/// Appends `hop` to `Via`: the hop alone (no copy) when the request has none.
+fn append_hop(h: &mut HeaderMap, hop: &HeaderValue) {
+    let value = match h.get(header::VIA).map(HeaderValue::as_bytes) {
+        None => {
+            h.insert(header::VIA, hop.clone());
+            return;
+        }
+        Some(prev) => [prev, b", ", hop.as_bytes()].concat(),
     };
-    let hop = format!("{proto} {}", token.to_str().unwrap_or("weir"));
-    let value = match h.get(header::VIA).and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {hop}"),
-        None => hop,
-    };
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    if let Ok(v) = HeaderValue::from_bytes(&value) {
         h.insert(header::VIA, v);
     }
 }
@@ -767,7 +801,7 @@ pub async fn run(s: Settings) -> Result<(), StartError> {
     let local = listener.local_addr().map_or(listen, |a| a);
     println!(
         "weir proxy: http://{local} -> {} (rules: {}{})",
-        proxy.forward.upstream,
+        proxy.forward.to.upstream,
         proxy.settings.rules.display(),
         admin
             .as_ref()
@@ -987,9 +1021,12 @@ impl Forward {
     fn with_own_pools(&self, s: &Settings) -> Self {
         let (http1, h2c) = clients(s);
         Self {
-            http1,
-            h2c,
-            ..self.clone()
+            to: Arc::new(ForwardTo {
+                http1,
+                h2c,
+                ..(*self.to).clone()
+            }),
+            per_client: self.per_client.clone(),
         }
     }
 }
@@ -998,18 +1035,22 @@ impl Forward {
 /// in flight.
 fn primary(s: &Settings, upstream: Uri, stats: &Arc<ProxyStats>) -> Forward {
     let (http1, h2c) = clients(s);
+    let via = via_token(s.listen);
     Forward {
-        http1,
-        h2c,
-        protocol: s.upstream_protocol,
-        upstream,
-        timeout: s.upstream_timeout,
-        stats: stats.clone(),
-        via: via_token(s.listen),
-        total: Arc::new(Semaphore::new(s.max_upstream_requests.max(1))),
+        to: Arc::new(ForwardTo {
+            http1,
+            h2c,
+            protocol: s.upstream_protocol,
+            upstream,
+            timeout: s.upstream_timeout,
+            stats: stats.clone(),
+            hops: ViaHops::new(&via),
+            via,
+            total: Arc::new(Semaphore::new(s.max_upstream_requests.max(1))),
+            per_address: AddressSlots::new(s.max_upstream_per_address),
+            pace: s.body_pace,
+        }),
         per_client: Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT)),
-        per_address: AddressSlots::new(s.max_upstream_per_address),
-        pace: s.body_pace,
     }
 }
 
@@ -1037,9 +1078,12 @@ fn gutter(
     .map_err(|e| usage(format_args!("--upstream-breaker: {e}")))?;
     let _ = stats.gutter.set(g);
     Ok(Some(Forward {
-        upstream: uri,
-        total: Arc::new(Semaphore::new(s.gutter_max_requests.max(1))),
-        ..primary.clone()
+        to: Arc::new(ForwardTo {
+            upstream: uri,
+            total: Arc::new(Semaphore::new(s.gutter_max_requests.max(1))),
+            ..(*primary.to).clone()
+        }),
+        per_client: primary.per_client.clone(),
     }))
 }
 
@@ -1064,8 +1108,8 @@ fn client_service(
         per_client: per_client.clone(),
         ..forward.clone()
     };
-    let via = primary.via.clone();
-    let stats = primary.stats.clone();
+    let via = primary.to.via.clone();
+    let stats = primary.to.stats.clone();
     let forward = match (gutter, stats.gutter.get()) {
         (Some(g), Some(shared)) => Upstreams::Gutter(Box::new(shared.with_services(
             primary,
