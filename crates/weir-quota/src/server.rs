@@ -79,9 +79,9 @@ pub struct Allocation {
     pub clients: Vec<(String, f64, f64, Nanos)>,
 }
 
-/// A capacity leased from a parent, the time no lease given may outlive, and the lease
-/// itself (for a snapshot).
-type Leased = (f64, Option<Nanos>, Option<ParentGrant>);
+/// A capacity leased from a parent and the lease in force (none: on the safe capacity); no
+/// lease given below outlives that lease.
+type Leased = (f64, Option<ParentGrant>);
 
 /// One table's state in a snapshot: its leases with `expires_at` relative to the snapshot's
 /// time (so it can be resumed on another clock).
@@ -239,20 +239,17 @@ impl LeaseServer {
     }
 
     /// `resource` has `capacity` (at most its capacity in the file), leased from the parent
-    /// until `by` (`None`: on its safe capacity): no lease given outlives `by`. `grant` is the
-    /// lease from the parent itself, which snapshots carry to a standby.
-    pub fn lease_from_parent(
-        &self,
-        resource: &str,
-        capacity: f64,
-        by: Option<Nanos>,
-        grant: Option<ParentGrant>,
-    ) {
+    /// under `grant` (`None`: on its safe capacity): no lease given outlives the grant, and
+    /// snapshots carry it to a standby.
+    pub fn lease_from_parent(&self, resource: &str, capacity: f64, grant: Option<ParentGrant>) {
+        let by = grant.map(|g| g.expires_at);
         let mut leased = self.leased.lock();
         let Some(map) = leased.as_mut() else {
             return;
         };
-        let before = map.insert(resource.to_string(), (capacity, by, grant));
+        let before = map
+            .insert(resource.to_string(), (capacity, grant))
+            .and_then(|(_, g)| g);
         drop(leased);
         let mut tables = self.tables.lock();
         if let Some(t) = tables.get_mut(resource) {
@@ -262,7 +259,8 @@ impl LeaseServer {
             }
             t.reconfigure(c);
             t.expire_by(by);
-            if let (Some((_, Some(lapsed), _)), None) = (before, by) {
+            if let (Some(lapsed), None) = (before, grant) {
+                let lapsed = lapsed.expires_at;
                 // The grant from the parent lapsed, and every lease given under it with it:
                 // the clients are on their safe capacities until they refresh. For one lease
                 // length grant none more than that (learning), or the clients refreshing first
@@ -282,7 +280,8 @@ impl LeaseServer {
         match self.leased.lock().as_ref() {
             None => (c, None),
             Some(map) => {
-                let (capacity, by, _) = map.get(name).copied().unwrap_or((0.0, None, None));
+                let (capacity, grant) = map.get(name).copied().unwrap_or((0.0, None));
+                let by = grant.map(|g| g.expires_at);
                 c.capacity = c.capacity.min(capacity);
                 (c, by)
             }
@@ -295,7 +294,7 @@ impl LeaseServer {
     pub fn parent_grants(&self, now: Nanos) -> Vec<(String, ParentGrant)> {
         self.leased.lock().as_ref().map_or_else(Vec::new, |map| {
             map.iter()
-                .filter_map(|(name, (_, _, g))| {
+                .filter_map(|(name, (_, g))| {
                     g.filter(|g| g.expires_at > now).map(|g| (name.clone(), g))
                 })
                 .collect()
@@ -455,7 +454,7 @@ impl LeaseServer {
                         expires_at: now.saturating_add(g.expires_at),
                         ..g
                     };
-                    map.insert(s.resource.clone(), (g.granted, Some(g.expires_at), Some(g)));
+                    map.insert(s.resource.clone(), (g.granted, Some(g)));
                 }
             }
         }

@@ -292,9 +292,8 @@ pub fn run(s: &TreeSettings) -> Result<TreeReport, String> {
                             }
                         }
                     }
-                    for (name, capacity, by) in node.upstream.capacities(now) {
-                        let grant = node.upstream.grant(&name, now);
-                        node.server.lease_from_parent(&name, capacity, by, grant);
+                    for (name, capacity, grant) in node.upstream.capacities(now) {
+                        node.server.lease_from_parent(&name, capacity, grant);
                     }
                 }
             }

@@ -244,13 +244,7 @@ impl Upstream {
     /// The lease held from the parent for `resource` (for a snapshot), if any is in force at
     /// `now`.
     pub fn grant(&self, resource: &str, now: Nanos) -> Option<ParentGrant> {
-        let g = self.grants.get(resource)?;
-        (g.lease_id != 0 && g.expires_at > now).then_some(ParentGrant {
-            granted: g.granted,
-            expires_at: g.expires_at,
-            safe: g.safe,
-            lease_id: g.lease_id,
-        })
+        Self::held(self.grants.get(resource)?, now)
     }
 
     /// The asks due at `now` for the resources in use (`totals`, from
@@ -398,14 +392,22 @@ impl Upstream {
         Some((Self::in_force(g, now), by))
     }
 
-    /// Every resource asked for, with its capacity at `now` (see [`Self::capacity`]).
-    pub fn capacities(&self, now: Nanos) -> Vec<(String, f64, Option<Nanos>)> {
+    /// Every resource asked for, with its capacity at `now` and the grant in force (`None`:
+    /// on the safe capacity), for
+    /// [`LeaseServer::lease_from_parent`](crate::server::LeaseServer::lease_from_parent).
+    pub fn capacities(&self, now: Nanos) -> Vec<(String, f64, Option<ParentGrant>)> {
         self.grants
             .iter()
-            .map(|(name, g)| {
-                let by = (g.expires_at > now).then_some(g.expires_at);
-                (name.clone(), Self::in_force(g, now), by)
-            })
+            .map(|(name, g)| (name.clone(), Self::in_force(g, now), Self::held(g, now)))
             .collect()
+    }
+
+    fn held(g: &Grant, now: Nanos) -> Option<ParentGrant> {
+        (g.expires_at > now).then_some(ParentGrant {
+            granted: g.granted,
+            expires_at: g.expires_at,
+            safe: g.safe,
+            lease_id: g.lease_id,
+        })
     }
 }

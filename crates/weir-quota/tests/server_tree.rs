@@ -146,9 +146,8 @@ impl World {
     fn apply(&mut self, k: usize, t: Nanos) {
         let r = &self.regions[k];
         let now = r.now(t);
-        for (name, capacity, by) in r.upstream.capacities(now) {
-            r.server
-                .lease_from_parent(&name, capacity, by, r.upstream.grant(&name, now));
+        for (name, capacity, grant) in r.upstream.capacities(now) {
+            r.server.lease_from_parent(&name, capacity, grant);
         }
     }
 
@@ -391,8 +390,8 @@ fn ask_root(
             }
         }
     }
-    for (name, capacity, by) in upstream.capacities(now) {
-        region.lease_from_parent(&name, capacity, by, upstream.grant(&name, now));
+    for (name, capacity, grant) in upstream.capacities(now) {
+        region.lease_from_parent(&name, capacity, grant);
     }
     out
 }

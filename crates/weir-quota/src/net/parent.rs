@@ -107,8 +107,8 @@ fn body(client: &str, asks: &[Asked]) -> String {
 }
 
 fn apply(server: &LeaseServer, upstream: &Upstream, now: Nanos) {
-    for (name, capacity, by) in upstream.capacities(now) {
-        server.lease_from_parent(&name, capacity, by, upstream.grant(&name, now));
+    for (name, capacity, grant) in upstream.capacities(now) {
+        server.lease_from_parent(&name, capacity, grant);
     }
 }
 
