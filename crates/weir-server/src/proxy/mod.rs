@@ -9,6 +9,7 @@
 //! serves the live dashboard (weir-tower's `dashboard`), `/metrics` (Prometheus text) and
 //! `/healthz`; `--admin-token` puts the dashboard's data and `/metrics` behind a bearer token.
 
+pub mod h1_client;
 mod metrics;
 pub mod paced;
 pub mod shared;
@@ -139,7 +140,7 @@ pub struct ProxyStats {
 }
 
 /// A body from the upstream or one the proxy wrote.
-type ProxyBody = BoxBody<Bytes, hyper::Error>;
+type ProxyBody = BoxBody<Bytes, crate::net::conn::BoxError>;
 
 /// A client's request body past the rules: as it came, or with its first bytes read for a
 /// cost estimate ([`weir_tower::cost::ReadJsonLayer`]).
@@ -180,8 +181,10 @@ struct Forward {
 /// The upstream side a worker's client connections share (see [`Forward`]).
 #[derive(Clone)]
 struct ForwardTo {
-    http1: Client<HttpConnector, PacedBody<ClientBody>>,
-    h2c: Client<HttpConnector, PacedBody<ClientBody>>,
+    /// Bodiless requests over HTTP/1.1, on the calling task.
+    bodiless: h1_client::H1Client,
+    http1: PooledClient,
+    h2c: PooledClient,
     protocol: UpstreamProtocol,
     upstream: Uri,
     timeout: Duration,
@@ -364,24 +367,44 @@ impl Forward {
             UpstreamProtocol::Http1 => false,
             UpstreamProtocol::H2c => true,
         };
-        let client = if h2 {
-            *req.version_mut() = Version::HTTP_2;
-            // HTTP/2 carries the authority in the URI; a Host header would be a duplicate.
-            req.headers_mut().remove(header::HOST);
-            &to.h2c
-        } else {
+        let sent = if !h2 && is_bodiless(&req) {
+            // The common case: no body to stream, on this task (see `h1_client`).
             *req.version_mut() = Version::HTTP_11;
-            &to.http1
+            let (head, _) = req.into_parts();
+            tokio::time::timeout(to.timeout, async {
+                let r = to.bodiless.send(&head).await?;
+                Ok::<_, crate::net::conn::BoxError>(
+                    r.map(|b| b.map_err(crate::net::conn::BoxError::from).boxed()),
+                )
+            })
+            .await
+        } else {
+            let client = if h2 {
+                *req.version_mut() = Version::HTTP_2;
+                // HTTP/2 carries the authority in the URI; a Host header would be a duplicate.
+                req.headers_mut().remove(header::HOST);
+                &to.h2c
+            } else {
+                *req.version_mut() = Version::HTTP_11;
+                &to.http1
+            };
+            tokio::time::timeout(to.timeout, async {
+                let r = client.request(req).await?;
+                Ok::<_, crate::net::conn::BoxError>(
+                    r.map(|b| b.map_err(crate::net::conn::BoxError::from).boxed()),
+                )
+            })
+            .await
         };
-        match tokio::time::timeout(to.timeout, client.request(req)).await {
+        match sent {
             Ok(Ok(mut r)) => {
                 to.stats.forwarded.fetch_add(1, Ordering::Relaxed);
                 strip_hop_by_hop(r.headers_mut());
                 weir_tower::body::HeldBody::wrap(r, Some(permits), head_request).map(BodyExt::boxed)
             }
-            Ok(Err(e)) if too_slow(&e).is_some() => {
+            Ok(Err(e)) if too_slow(&*e).is_some() => {
                 to.stats.body_too_slow.fetch_add(1, Ordering::Relaxed);
-                let why = too_slow(&e).map(ToString::to_string).unwrap_or_default();
+                let why = too_slow(&*e).map(ToString::to_string).unwrap_or_default();
                 let mut r = problem(StatusCode::REQUEST_TIMEOUT, &why);
                 r.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -400,7 +423,11 @@ impl Forward {
                 };
                 problem(
                     StatusCode::BAD_GATEWAY,
-                    &format!("upstream {} failed: {}{hint}", to.upstream, error_chain(&e)),
+                    &format!(
+                        "upstream {} failed: {}{hint}",
+                        to.upstream,
+                        error_chain(&*e)
+                    ),
                 )
             }
             Err(_) => {
@@ -416,6 +443,15 @@ impl Forward {
             }
         }
     }
+}
+
+/// Whether `req` has no body to send: its body has ended and it states none.
+fn is_bodiless<B: http_body::Body>(req: &Request<B>) -> bool {
+    req.body().is_end_stream()
+        && req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_none_or(|v| v.as_bytes() == b"0")
 }
 
 /// The request body's [`paced::TooSlow`], if that is what failed the upstream request.
@@ -508,7 +544,7 @@ impl<S, B> Service<Request<Incoming>> for Precheck<S>
 where
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
     S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + Sync + 'static,
+    B: http_body::Body<Data = Bytes, Error = crate::net::conn::BoxError> + Send + Sync + 'static,
 {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
@@ -993,13 +1029,17 @@ pub fn bind_shared(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener>
     socket.listen(1024)
 }
 
-/// Pooled HTTP/1.1 and h2c clients to an upstream.
-fn clients(
-    s: &Settings,
-) -> (
-    Client<HttpConnector, PacedBody<ClientBody>>,
-    Client<HttpConnector, PacedBody<ClientBody>>,
-) {
+/// hyper's pooled client, for requests with a body and h2c.
+type PooledClient = Client<HttpConnector, PacedBody<ClientBody>>;
+
+/// Clients to an upstream with idle connections of their own: bodiless HTTP/1.1, pooled
+/// HTTP/1.1 and h2c.
+fn clients(s: &Settings) -> (h1_client::H1Client, PooledClient, PooledClient) {
+    let bodiless = h1_client::H1Client::new(
+        MAX_IDLE_UPSTREAM,
+        Duration::from_secs(60),
+        s.upstream_timeout,
+    );
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(s.upstream_timeout));
@@ -1012,16 +1052,17 @@ fn clients(
         .pool_max_idle_per_host(MAX_IDLE_UPSTREAM)
         .http2_only(true)
         .build(connector);
-    (http1, h2c)
+    (bodiless, http1, h2c)
 }
 
 impl Forward {
     /// The same forwarder (its bounds shared) with connection pools of its own (a worker
     /// thread's: pooled connections are driven by the runtime that opened them).
     fn with_own_pools(&self, s: &Settings) -> Self {
-        let (http1, h2c) = clients(s);
+        let (bodiless, http1, h2c) = clients(s);
         Self {
             to: Arc::new(ForwardTo {
+                bodiless,
                 http1,
                 h2c,
                 ..(*self.to).clone()
@@ -1034,10 +1075,11 @@ impl Forward {
 /// The forwarder to the upstream: pooled HTTP/1.1 and h2c clients and the bounds on requests
 /// in flight.
 fn primary(s: &Settings, upstream: Uri, stats: &Arc<ProxyStats>) -> Forward {
-    let (http1, h2c) = clients(s);
+    let (bodiless, http1, h2c) = clients(s);
     let via = via_token(s.listen);
     Forward {
         to: Arc::new(ForwardTo {
+            bodiless,
             http1,
             h2c,
             protocol: s.upstream_protocol,

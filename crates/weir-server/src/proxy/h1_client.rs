@@ -1,0 +1,916 @@
+//! HTTP/1.1 to the upstream for requests without a body, exchanged on the caller's task.
+//!
+//! A proxy worker forwards most requests (every `GET`, `HEAD`, `DELETE`, `OPTIONS`) with no
+//! request body. hyper's pooled client sends each of them through a channel to a task of its
+//! own that drives the connection, and the response back through another: two task wake-ups,
+//! a pool lock and a hash of the pool key per request. This client writes the request head and
+//! reads the response on the task that calls it, over idle connections kept per worker; the
+//! response body reads the same socket as the server polls it, and hands the connection back
+//! when its last byte is read. Requests with a body, and h2c, stay with hyper's client.
+//!
+//! What it does:
+//! - the head as given (the proxy has already removed hop-by-hop headers), `Host` from the URI
+//!   when the request has none;
+//! - the response framed as RFC 9112 §6.3 says: none after `HEAD` or for 204 / 304; chunked
+//!   (trailers become a trailers frame); `Content-Length`; else until the upstream closes.
+//!   Interim 1xx responses are skipped; `101` is an error (the proxy opens no tunnels);
+//! - a connection is reused when its response was framed, HTTP/1.1 and not `Connection:
+//!   close`, and read to its end with nothing after it; an idle connection the upstream has
+//!   closed is noticed before use (its socket is readable), and a reused connection that fails
+//!   before any byte of the response is retried once on a new one for idempotent methods;
+//! - bounds: a response head of at most [`MAX_HEAD`] bytes and [`MAX_HEADERS`] headers, chunk
+//!   size lines of at most [`MAX_LINE`] bytes, [`H1Client::new`]'s idle count and age.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Longest response head (status line and headers) accepted.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most headers in a response head (or in a chunked body's trailers).
+pub const MAX_HEADERS: usize = 100;
+/// Longest chunk-size line (with extensions) or trailer section of a chunked body.
+pub const MAX_LINE: usize = 4096;
+
+/// Why an exchange with the upstream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum H1Error {
+    /// No connection could be opened.
+    #[error("cannot connect to {authority}: {source}")]
+    Connect {
+        /// The upstream's `host:port`.
+        authority: String,
+        /// The socket's error.
+        source: std::io::Error,
+    },
+    /// The socket failed while sending the request or reading the response.
+    #[error("connection error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The upstream closed the connection before the response was complete.
+    #[error("the upstream closed the connection before the end of the response")]
+    Closed,
+    /// The response is not valid HTTP/1.1.
+    #[error("invalid response: {0}")]
+    Invalid(&'static str),
+    /// The response head is longer than [`MAX_HEAD`] or has more than [`MAX_HEADERS`]
+    /// headers.
+    #[error("the response head is larger than {MAX_HEAD} bytes or {MAX_HEADERS} headers")]
+    HeadTooLarge,
+    /// The URI names no host.
+    #[error("the upstream URI has no host")]
+    NoHost,
+}
+
+/// A connection and the bytes read from it that no response has used yet.
+struct Conn {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+/// The idle connections to one upstream address, the most recently used last.
+struct Idle {
+    authority: String,
+    conns: Vec<(Conn, Instant)>,
+}
+
+struct Shared {
+    idle: Mutex<Vec<Idle>>,
+    max_idle: usize,
+    idle_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+/// An HTTP/1.1 client for bodiless requests over idle connections of its own (see the module
+/// docs). Cheap to clone: clones share the idle connections.
+#[derive(Clone)]
+pub struct H1Client {
+    shared: Arc<Shared>,
+}
+
+impl H1Client {
+    /// A client keeping at most `max_idle` idle connections per upstream address, each for at
+    /// most `idle_timeout`, and giving up a connection attempt after `connect_timeout`.
+    pub fn new(max_idle: usize, idle_timeout: Duration, connect_timeout: Duration) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                idle: Mutex::new(Vec::new()),
+                max_idle,
+                idle_timeout,
+                connect_timeout,
+            }),
+        }
+    }
+
+    /// Sends `head` (a request with no body) to the host and port of its URI and reads the
+    /// response head; the body follows as the upstream sends it.
+    pub async fn send(&self, head: &http::request::Parts) -> Result<Response<H1Body>, H1Error> {
+        let authority = match head.uri.authority() {
+            Some(a) => a.as_str(),
+            None => return Err(H1Error::NoHost),
+        };
+        let wire = encode_head(head, authority);
+        let retry = is_idempotent(&head.method);
+        let head_only = head.method == Method::HEAD;
+        loop {
+            let (mut conn, reused) = match self.take(authority) {
+                Some(c) => (c, true),
+                None => (self.connect(&head.uri, authority).await?, false),
+            };
+            match exchange(&mut conn, &wire).await {
+                Ok(response) => {
+                    return Ok(self.body_of(conn, response, head_only, authority));
+                }
+                Err(Failure { error, answered }) => {
+                    if reused && retry && !answered {
+                        continue;
+                    }
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    /// The most recently used idle connection to `authority` the upstream has not closed.
+    fn take(&self, authority: &str) -> Option<Conn> {
+        let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = idle.iter_mut().find(|i| i.authority == authority)?;
+        let now = Instant::now();
+        // The oldest first: those past their age go.
+        let fresh = entry
+            .conns
+            .iter()
+            .position(|(_, since)| now.duration_since(*since) < self.shared.idle_timeout)
+            .unwrap_or(entry.conns.len());
+        entry.conns.drain(..fresh);
+        while let Some((conn, _)) = entry.conns.pop() {
+            if still_open(&conn.stream) {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Keeps `conn` for the next request to `authority` (or closes it when enough are idle).
+    fn put(&self, authority: &str, conn: Conn) {
+        let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match idle.iter_mut().find(|i| i.authority == authority) {
+            Some(i) if i.conns.len() < self.shared.max_idle => i.conns.push((conn, now)),
+            Some(_) => {}
+            None if self.shared.max_idle > 0 => idle.push(Idle {
+                authority: authority.to_owned(),
+                conns: vec![(conn, now)],
+            }),
+            None => {}
+        }
+    }
+
+    async fn connect(&self, uri: &Uri, authority: &str) -> Result<Conn, H1Error> {
+        let host = uri.host().ok_or(H1Error::NoHost)?;
+        // An IPv6 literal comes bracketed.
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let port = uri.port_u16().unwrap_or(80);
+        let failed = |source| H1Error::Connect {
+            authority: authority.to_owned(),
+            source,
+        };
+        let stream = tokio::time::timeout(
+            self.shared.connect_timeout,
+            TcpStream::connect((host, port)),
+        )
+        .await
+        .map_err(|_| failed(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(failed)?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream,
+            buf: BytesMut::with_capacity(8 * 1024),
+        })
+    }
+
+    fn body_of(
+        &self,
+        conn: Conn,
+        r: ResponseHead,
+        head_only: bool,
+        authority: &str,
+    ) -> Response<H1Body> {
+        let ResponseHead {
+            status,
+            version,
+            mut headers,
+            framing,
+            keep_alive,
+        } = r;
+        let framing = if head_only
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            Framing::Length(0)
+        } else {
+            framing
+        };
+        if matches!(framing, Framing::Chunked(_)) {
+            // Transfer-Encoding wins over Content-Length (RFC 9112 §6.3).
+            headers.remove(header::CONTENT_LENGTH);
+        }
+        let reuse = keep_alive && !matches!(framing, Framing::Close);
+        let mut body = H1Body {
+            conn: Some(conn),
+            framing,
+            home: reuse.then(|| (self.clone(), authority.to_owned())),
+        };
+        body.end_if_done();
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        *response.version_mut() = version;
+        *response.headers_mut() = headers;
+        response
+    }
+}
+
+/// Whether an idle connection is still usable: its socket has nothing to read (a closed one
+/// reads end of file).
+fn still_open(stream: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match stream.poll_read_ready(&mut cx) {
+        Poll::Pending => true,
+        Poll::Ready(Err(_)) => false,
+        Poll::Ready(Ok(())) => {
+            let mut probe = [0u8; 1];
+            matches!(stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        }
+    }
+}
+
+/// Methods a request may be repeated with (RFC 9110 §9.2.2).
+fn is_idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// The request head on the wire.
+fn encode_head(head: &http::request::Parts, authority: &str) -> Vec<u8> {
+    let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut w = Vec::with_capacity(256);
+    w.extend_from_slice(head.method.as_str().as_bytes());
+    w.push(b' ');
+    w.extend_from_slice(path.as_bytes());
+    w.extend_from_slice(b" HTTP/1.1\r\n");
+    if !head.headers.contains_key(header::HOST) {
+        w.extend_from_slice(b"host: ");
+        w.extend_from_slice(authority.as_bytes());
+        w.extend_from_slice(b"\r\n");
+    }
+    for (name, value) in &head.headers {
+        // A bodiless request is framed by its lack of framing headers.
+        if name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        w.extend_from_slice(name.as_str().as_bytes());
+        w.extend_from_slice(b": ");
+        w.extend_from_slice(value.as_bytes());
+        w.extend_from_slice(b"\r\n");
+    }
+    w.extend_from_slice(b"\r\n");
+    w
+}
+
+/// A failed exchange, and whether any byte of the response had come (then it is not retried).
+struct Failure {
+    error: H1Error,
+    answered: bool,
+}
+
+/// What the response head says.
+struct ResponseHead {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+/// Writes the request and reads the response head (skipping interim 1xx responses).
+async fn exchange(conn: &mut Conn, wire: &[u8]) -> Result<ResponseHead, Failure> {
+    let quiet = |error: H1Error| Failure {
+        error,
+        answered: false,
+    };
+    conn.stream
+        .write_all(wire)
+        .await
+        .map_err(|e| quiet(e.into()))?;
+    let mut answered = false;
+    loop {
+        if !conn.buf.is_empty() {
+            answered = true;
+            match parse_head(&mut conn.buf) {
+                Ok(Some(Parsed::Interim)) => continue,
+                Ok(Some(Parsed::Final(h))) => return Ok(h),
+                Ok(None) => {}
+                Err(error) => return Err(Failure { error, answered }),
+            }
+            if conn.buf.len() >= MAX_HEAD {
+                return Err(Failure {
+                    error: H1Error::HeadTooLarge,
+                    answered,
+                });
+            }
+        }
+        conn.buf.reserve(8 * 1024);
+        match conn.stream.read_buf(&mut conn.buf).await {
+            Ok(0) => {
+                return Err(Failure {
+                    error: H1Error::Closed,
+                    answered,
+                })
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Err(Failure {
+                    error: e.into(),
+                    answered,
+                })
+            }
+        }
+    }
+}
+
+enum Parsed {
+    Interim,
+    Final(ResponseHead),
+}
+
+/// Parses a response head at the start of `buf`, taking its bytes; `None` while incomplete.
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Parsed>, H1Error> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut r = httparse::Response::new(&mut slots);
+    let len = match r.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(H1Error::HeadTooLarge),
+        Err(_) => return Err(H1Error::Invalid("malformed status line or header")),
+    };
+    let code = r.code.ok_or(H1Error::Invalid("no status code"))?;
+    let status = StatusCode::from_u16(code).map_err(|_| H1Error::Invalid("bad status code"))?;
+    let version = if r.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(H1Error::Invalid(
+            "101 Switching Protocols: no upgrade was asked",
+        ));
+    }
+    if status.is_informational() {
+        buf.advance(len);
+        return Ok(Some(Parsed::Interim));
+    }
+    // Positions of each name and value within the head, to share its bytes.
+    let base = buf.as_ptr() as usize;
+    let spans: Vec<(usize, usize, usize, usize)> = r
+        .headers
+        .iter()
+        .map(|h| {
+            let n = h.name.as_ptr() as usize - base;
+            let v = h.value.as_ptr() as usize - base;
+            (n, h.name.len(), v, h.value.len())
+        })
+        .collect();
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut chunked = None;
+    let mut length: Option<u64> = None;
+    let mut close = version == Version::HTTP_10;
+    for (n, nl, v, vl) in spans {
+        let name = HeaderName::from_bytes(&head[n..n + nl])
+            .map_err(|_| H1Error::Invalid("bad header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
+            .map_err(|_| H1Error::Invalid("bad header value"))?;
+        if name == header::TRANSFER_ENCODING {
+            // Only the last coding decides.
+            chunked = Some(
+                value
+                    .as_bytes()
+                    .rsplit(|b| *b == b',')
+                    .next()
+                    .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked")),
+            );
+        } else if name == header::CONTENT_LENGTH {
+            for part in value.as_bytes().split(|b| *b == b',') {
+                let n = parse_decimal(part.trim_ascii())
+                    .ok_or(H1Error::Invalid("bad Content-Length"))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(H1Error::Invalid("conflicting Content-Length values"));
+                }
+                length = Some(n);
+            }
+        } else if name == header::CONNECTION {
+            for token in value.as_bytes().split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
+                    close = false;
+                }
+            }
+        }
+        headers.append(name, value);
+    }
+    let framing = match (chunked, length) {
+        (Some(true), _) => Framing::Chunked(Chunk::Size),
+        (Some(false), _) => Framing::Close,
+        (None, Some(n)) => Framing::Length(n),
+        (None, None) => Framing::Close,
+    };
+    // A response with both framings must not be followed on the connection (RFC 9112 §6.3).
+    let both = chunked.is_some() && length.is_some();
+    let keep_alive = !(close || both);
+    Ok(Some(Parsed::Final(ResponseHead {
+        status,
+        version,
+        headers,
+        framing,
+        keep_alive,
+    })))
+}
+
+fn parse_decimal(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 19 || !s.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    s.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
+/// How the response body ends.
+#[derive(Debug)]
+enum Framing {
+    /// After this many more bytes.
+    Length(u64),
+    /// With a zero-size chunk (and its trailers).
+    Chunked(Chunk),
+    /// When the upstream closes the connection.
+    Close,
+}
+
+/// Where a chunked body's reader is.
+#[derive(Debug, Clone, Copy)]
+enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Within a chunk's data: this many bytes left.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// After the last chunk: the trailer section.
+    Trailers,
+    /// Read to the end.
+    Done,
+}
+
+/// A response body read from the upstream connection as the server asks for it; the
+/// connection goes back to its client's idle set when the body's last byte is read.
+pub struct H1Body {
+    conn: Option<Conn>,
+    framing: Framing,
+    /// Where the connection goes when the body ends (`None`: it is closed).
+    home: Option<(H1Client, String)>,
+}
+
+impl H1Body {
+    /// Gives the connection back once the body is read to its end.
+    fn end_if_done(&mut self) {
+        let done = match self.framing {
+            Framing::Length(n) => n == 0,
+            Framing::Chunked(Chunk::Done) => true,
+            _ => false,
+        };
+        if !done {
+            return;
+        }
+        if let (Some(conn), Some((client, authority))) = (self.conn.take(), self.home.take()) {
+            // Bytes after the response are not a response to anything: such a connection is
+            // closed, not reused.
+            if conn.buf.is_empty() {
+                client.put(&authority, conn);
+            }
+        }
+        self.conn = None;
+    }
+
+    /// Reads more of the connection into its buffer; `Ok(0)` at its end.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<usize, H1Error>> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Poll::Ready(Ok(0));
+        };
+        conn.buf.reserve(8 * 1024);
+        loop {
+            std::task::ready!(conn.stream.poll_read_ready(cx))?;
+            match conn.stream.try_read_buf(&mut conn.buf) {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+
+    /// The next frame of a chunked body, or `None` when it needs more bytes.
+    fn step_chunked(&mut self) -> Result<Option<Option<Frame<Bytes>>>, H1Error> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(Some(None));
+        };
+        let Framing::Chunked(state) = &mut self.framing else {
+            return Ok(Some(None));
+        };
+        let buf = &mut conn.buf;
+        loop {
+            match *state {
+                Chunk::Size => {
+                    let Some(end) = find_crlf(buf) else {
+                        if buf.len() > MAX_LINE {
+                            return Err(H1Error::Invalid("chunk-size line too long"));
+                        }
+                        return Ok(None);
+                    };
+                    let line = &buf[..end];
+                    let size = line.split(|b| *b == b';').next().unwrap_or_default();
+                    let size =
+                        parse_hex(size.trim_ascii()).ok_or(H1Error::Invalid("bad chunk size"))?;
+                    buf.advance(end + 2);
+                    *state = if size == 0 {
+                        Chunk::Trailers
+                    } else {
+                        Chunk::Data(size)
+                    };
+                }
+                Chunk::Data(left) => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                    let data = buf.split_to(n).freeze();
+                    *state = if left == n as u64 {
+                        Chunk::DataEnd
+                    } else {
+                        Chunk::Data(left - n as u64)
+                    };
+                    return Ok(Some(Some(Frame::data(data))));
+                }
+                Chunk::DataEnd => {
+                    if buf.len() < 2 {
+                        return Ok(None);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(H1Error::Invalid("chunk data not followed by CRLF"));
+                    }
+                    buf.advance(2);
+                    *state = Chunk::Size;
+                }
+                Chunk::Trailers => {
+                    if buf.starts_with(b"\r\n") {
+                        buf.advance(2);
+                        *state = Chunk::Done;
+                        return Ok(Some(None));
+                    }
+                    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                    let (len, map) = match httparse::parse_headers(buf, &mut slots) {
+                        Ok(httparse::Status::Complete((len, parsed))) => {
+                            let mut map = HeaderMap::with_capacity(parsed.len());
+                            for h in parsed {
+                                let (Ok(n), Ok(v)) = (
+                                    HeaderName::from_bytes(h.name.as_bytes()),
+                                    HeaderValue::from_bytes(h.value),
+                                ) else {
+                                    return Err(H1Error::Invalid("bad trailer"));
+                                };
+                                map.append(n, v);
+                            }
+                            (len, map)
+                        }
+                        Ok(httparse::Status::Partial) => {
+                            if buf.len() > MAX_LINE {
+                                return Err(H1Error::Invalid("trailer section too long"));
+                            }
+                            return Ok(None);
+                        }
+                        Err(_) => return Err(H1Error::Invalid("bad trailer")),
+                    };
+                    buf.advance(len);
+                    *state = Chunk::Done;
+                    return Ok(Some(Some(Frame::trailers(map))));
+                }
+                Chunk::Done => return Ok(Some(None)),
+            }
+        }
+    }
+}
+
+fn find_crlf(buf: &[u8]) -> Option<usize> {
+    buf.windows(2).position(|w| w == b"\r\n")
+}
+
+fn parse_hex(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 15 {
+        return None;
+    }
+    s.iter().try_fold(0u64, |n, d| {
+        let v = char::from(*d).to_digit(16)?;
+        Some(n * 16 + u64::from(v))
+    })
+}
+
+impl Body for H1Body {
+    type Data = Bytes;
+    type Error = H1Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+        let this = self.get_mut();
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match &mut this.framing {
+                Framing::Length(0) => {
+                    this.end_if_done();
+                    return Poll::Ready(None);
+                }
+                Framing::Length(left) => {
+                    if !conn.buf.is_empty() {
+                        let n = usize::try_from(*left)
+                            .unwrap_or(usize::MAX)
+                            .min(conn.buf.len());
+                        let data = conn.buf.split_to(n).freeze();
+                        *left -= n as u64;
+                        this.end_if_done();
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                }
+                Framing::Close => {
+                    if !conn.buf.is_empty() {
+                        let data = conn.buf.split().freeze();
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                }
+                Framing::Chunked(_) => match this.step_chunked() {
+                    Ok(Some(frame)) => {
+                        this.end_if_done();
+                        return Poll::Ready(frame.map(Ok));
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        this.conn = None;
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                },
+            }
+            match std::task::ready!(this.poll_fill(cx)) {
+                Ok(0) => {
+                    this.conn = None;
+                    return Poll::Ready(match this.framing {
+                        Framing::Close => None,
+                        _ => Some(Err(H1Error::Closed)),
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(e)));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self.framing {
+            Framing::Length(n) => n == 0,
+            Framing::Chunked(Chunk::Done) => true,
+            _ => self.conn.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use tokio::net::TcpListener;
+
+    /// An upstream that answers each request (read up to its blank line) with the next of
+    /// `replies`, on one connection per entry of `conns` (how many replies each connection
+    /// gives before it is closed).
+    async fn upstream(
+        conns: Vec<Vec<&'static [u8]>>,
+    ) -> (u16, tokio::task::JoinHandle<Vec<String>>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for replies in conns {
+                let (mut s, _) = l.accept().await.unwrap();
+                for reply in replies {
+                    let mut req = Vec::new();
+                    while !req.ends_with(b"\r\n\r\n") {
+                        let mut b = [0u8; 1];
+                        if s.read(&mut b).await.unwrap() == 0 {
+                            return seen;
+                        }
+                        req.push(b[0]);
+                    }
+                    seen.push(String::from_utf8(req).unwrap());
+                    s.write_all(reply).await.unwrap();
+                }
+            }
+            seen
+        });
+        (port, task)
+    }
+
+    fn get(port: u16, method: Method) -> http::request::Parts {
+        let (mut p, ()) = http::Request::builder()
+            .method(method)
+            .uri(format!("http://127.0.0.1:{port}/a?b=1"))
+            .header("x-one", "1")
+            .body(())
+            .unwrap()
+            .into_parts();
+        p.headers.append("x-one", HeaderValue::from_static("2"));
+        p
+    }
+
+    async fn collect(r: Response<H1Body>) -> (Bytes, Option<HeaderMap>) {
+        let c = r.into_body().collect().await.unwrap();
+        let t = c.trailers().cloned();
+        (c.to_bytes(), t)
+    }
+
+    #[tokio::test]
+    async fn a_sized_response_is_read_and_its_connection_reused() {
+        let (port, seen) = upstream(vec![vec![
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-a: 1\r\n\r\nhello",
+            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n",
+        ]])
+        .await;
+        let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+        let r = c.send(&get(port, Method::GET)).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-a"], "1");
+        assert_eq!(r.body().size_hint().exact(), Some(5));
+        assert_eq!(collect(r).await.0, "hello");
+        let r = c.send(&get(port, Method::GET)).await.unwrap();
+        assert_eq!(r.status(), 404);
+        assert!(r.body().is_end_stream());
+        drop(r);
+        let seen = seen.await.unwrap();
+        assert_eq!(seen.len(), 2, "both on one connection");
+        assert!(
+            seen[0].starts_with("GET /a?b=1 HTTP/1.1\r\nhost: 127.0.0.1:"),
+            "{}",
+            seen[0]
+        );
+        assert!(seen[0].contains("x-one: 1\r\nx-one: 2\r\n"), "{}", seen[0]);
+    }
+
+    #[tokio::test]
+    async fn a_chunked_response_gives_its_data_and_trailers() {
+        let (port, _seen) = upstream(vec![vec![
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n5;x=y\r\nhello\r\n6\r\n world\r\n0\r\nx-cost: 7\r\n\r\n",
+        ]])
+        .await;
+        let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+        let r = c.send(&get(port, Method::GET)).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().get(header::CONTENT_LENGTH).is_none());
+        let (data, trailers) = collect(r).await;
+        assert_eq!(data, "hello world");
+        assert_eq!(trailers.unwrap()["x-cost"], "7");
+    }
+
+    #[tokio::test]
+    async fn a_response_without_length_ends_when_the_upstream_closes() {
+        let (port, _seen) = upstream(vec![vec![b"HTTP/1.1 200 OK\r\n\r\nuntil close"]]).await;
+        let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+        let r = c.send(&get(port, Method::GET)).await.unwrap();
+        assert_eq!(collect(r).await.0, "until close");
+        assert!(c.take(&format!("127.0.0.1:{port}")).is_none(), "not reused");
+    }
+
+    #[tokio::test]
+    async fn head_and_no_content_responses_have_no_body() {
+        let (port, seen) = upstream(vec![vec![
+            b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n",
+            b"HTTP/1.1 204 No Content\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        ]])
+        .await;
+        let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+        let r = c.send(&get(port, Method::HEAD)).await.unwrap();
+        assert_eq!(r.headers()[header::CONTENT_LENGTH], "10");
+        assert_eq!(collect(r).await.0, "");
+        let r = c.send(&get(port, Method::DELETE)).await.unwrap();
+        assert_eq!(r.status(), 204);
+        assert_eq!(collect(r).await.0, "");
+        let r = c.send(&get(port, Method::GET)).await.unwrap();
+        assert_eq!(collect(r).await.0, "ok");
+        assert_eq!(seen.await.unwrap().len(), 3, "all on one connection");
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_upstream_closed_is_replaced() {
+        // The first connection answers once and closes; the second request goes on a new one.
+        let (port, seen) = upstream(vec![
+            vec![b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\na"],
+            vec![b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nb"],
+        ])
+        .await;
+        let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+        let r = c.send(&get(port, Method::GET)).await.unwrap();
+        assert_eq!(collect(r).await.0, "a");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let r = c.send(&get(port, Method::GET)).await.unwrap();
+        assert_eq!(collect(r).await.0, "b");
+        assert_eq!(seen.await.unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_by_its_response_is_not_reused() {
+        let (port, seen) = upstream(vec![
+            vec![b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 1\r\n\r\na"],
+            vec![b"HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\nb"],
+            vec![b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nc"],
+        ])
+        .await;
+        let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+        for want in ["a", "b", "c"] {
+            let r = c.send(&get(port, Method::GET)).await.unwrap();
+            assert_eq!(collect(r).await.0, want);
+        }
+        assert_eq!(seen.await.unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn bad_responses_are_errors() {
+        let cases: [&'static [u8]; 6] = [
+            b"HTTP/1.1 200 OK\r\ncontent-length: 1, 2\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+            b"NOT HTTP\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort",
+        ];
+        for (i, reply) in cases.into_iter().enumerate() {
+            let (port, _seen) = upstream(vec![vec![reply]]).await;
+            let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+            let failed = match c.send(&get(port, Method::GET)).await {
+                Err(_) => true,
+                Ok(r) => r.into_body().collect().await.is_err(),
+            };
+            assert!(failed, "case {i}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_head_too_large_is_refused_and_a_refused_connection_named() {
+        let big: &'static [u8] = Box::leak(
+            format!("HTTP/1.1 200 OK\r\nx: {}\r\n\r\n", "a".repeat(MAX_HEAD))
+                .into_bytes()
+                .into_boxed_slice(),
+        );
+        let (port, _seen) = upstream(vec![vec![big]]).await;
+        let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+        let e = c.send(&get(port, Method::GET)).await.err().unwrap();
+        assert!(matches!(e, H1Error::HeadTooLarge), "{e}");
+        let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = free.local_addr().unwrap().port();
+        drop(free);
+        let e = c.send(&get(port, Method::GET)).await.err().unwrap();
+        assert!(e.to_string().contains("Connection refused"), "{e}");
+    }
+}
