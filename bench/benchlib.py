@@ -76,6 +76,22 @@ def h2load_get(h2load, env, port, conns, streams, secs):
     return {"rps": rps, "mean_ms": ms(t.group(3)), "max_ms": ms(t.group(2)), "failed": failed, "non2xx": non2xx}
 
 
+def cpu_split(pid):
+    """User and system CPU seconds used so far by process `pid` and its child processes (nginx's
+    workers): (0, 0) for processes gone."""
+    tck = os.sysconf("SC_CLK_TCK")
+    user = system = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat.parent.name == str(pid) or fields[1] == str(pid):
+            user += int(fields[11])
+            system += int(fields[12])
+    return user / tck, system / tck
+
+
 def cpu_seconds(pid):
     """User + system CPU seconds used so far by process `pid` (0 when it is gone)."""
     try:

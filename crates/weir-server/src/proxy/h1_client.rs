@@ -32,6 +32,7 @@ use http::{Method, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// Longest response head (status line and headers) accepted.
@@ -76,10 +77,12 @@ struct Conn {
     buf: BytesMut,
 }
 
-/// The idle connections to one upstream address, the most recently used last.
+/// The idle connections to one upstream address, the most recently used last, and the
+/// requests waiting for one while they connect.
 struct Idle {
     authority: String,
     conns: Vec<(Conn, Instant)>,
+    waiters: std::collections::VecDeque<oneshot::Sender<Conn>>,
 }
 
 struct Shared {
@@ -94,6 +97,12 @@ struct Shared {
 #[derive(Clone)]
 pub struct H1Client {
     shared: Arc<Shared>,
+}
+
+/// A connection to use: one that was idle, or the promise of the next one given back.
+enum Checkout {
+    Idle(Conn),
+    Wait(oneshot::Receiver<Conn>),
 }
 
 impl H1Client {
@@ -122,8 +131,17 @@ impl H1Client {
         let head_only = head.method == Method::HEAD;
         loop {
             let (mut conn, reused) = match self.take(authority) {
-                Some(c) => (c, true),
-                None => (self.connect(&head.uri, authority).await?, false),
+                Checkout::Idle(c) => (c, true),
+                // No idle connection: connect, but take a connection given back meanwhile if
+                // that comes first (a connection attempt may wait a second for a SYN resent
+                // when the upstream's accept queue overflows).
+                Checkout::Wait(given) => {
+                    tokio::select! {
+                        biased;
+                        Ok(c) = given => (c, true),
+                        c = self.connect(&head.uri, authority) => (c?, false),
+                    }
+                }
             };
             match exchange(&mut conn, &wire).await {
                 Ok(response) => {
@@ -139,10 +157,22 @@ impl H1Client {
         }
     }
 
-    /// The most recently used idle connection to `authority` the upstream has not closed.
-    fn take(&self, authority: &str) -> Option<Conn> {
+    /// The most recently used idle connection to `authority` the upstream has not closed, or
+    /// else a place among those waiting for one.
+    fn take(&self, authority: &str) -> Checkout {
         let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = idle.iter_mut().find(|i| i.authority == authority)?;
+        let i = match idle.iter().position(|i| i.authority == authority) {
+            Some(i) => i,
+            None => {
+                idle.push(Idle {
+                    authority: authority.to_owned(),
+                    conns: Vec::new(),
+                    waiters: std::collections::VecDeque::new(),
+                });
+                idle.len() - 1
+            }
+        };
+        let entry = &mut idle[i];
         let now = Instant::now();
         // The oldest first: those past their age go.
         let fresh = entry
@@ -153,24 +183,34 @@ impl H1Client {
         entry.conns.drain(..fresh);
         while let Some((conn, _)) = entry.conns.pop() {
             if still_open(&conn.stream) {
-                return Some(conn);
+                return Checkout::Idle(conn);
             }
         }
-        None
+        // Waiters whose requests went on (their own connection came first) are dropped, so
+        // the queue holds at most one entry per request still connecting.
+        if entry.waiters.len() >= 64 {
+            entry.waiters.retain(|w| !w.is_closed());
+        }
+        let (tx, rx) = oneshot::channel();
+        entry.waiters.push_back(tx);
+        Checkout::Wait(rx)
     }
 
-    /// Keeps `conn` for the next request to `authority` (or closes it when enough are idle).
-    fn put(&self, authority: &str, conn: Conn) {
+    /// Gives `conn` to the first request waiting for one, or keeps it for the next request to
+    /// `authority` (or closes it when enough are idle).
+    fn put(&self, authority: &str, mut conn: Conn) {
         let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        match idle.iter_mut().find(|i| i.authority == authority) {
-            Some(i) if i.conns.len() < self.shared.max_idle => i.conns.push((conn, now)),
-            Some(_) => {}
-            None if self.shared.max_idle > 0 => idle.push(Idle {
-                authority: authority.to_owned(),
-                conns: vec![(conn, now)],
-            }),
-            None => {}
+        let Some(entry) = idle.iter_mut().find(|i| i.authority == authority) else {
+            return;
+        };
+        while let Some(w) = entry.waiters.pop_front() {
+            match w.send(conn) {
+                Ok(()) => return,
+                Err(back) => conn = back,
+            }
+        }
+        if entry.conns.len() < self.shared.max_idle {
+            entry.conns.push((conn, Instant::now()));
         }
     }
 
@@ -819,7 +859,10 @@ mod tests {
         let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
         let r = c.send(&get(port, Method::GET)).await.unwrap();
         assert_eq!(collect(r).await.0, "until close");
-        assert!(c.take(&format!("127.0.0.1:{port}")).is_none(), "not reused");
+        assert!(
+            matches!(c.take(&format!("127.0.0.1:{port}")), Checkout::Wait(_)),
+            "not reused"
+        );
     }
 
     #[tokio::test]
@@ -873,6 +916,37 @@ mod tests {
             assert_eq!(collect(r).await.0, want);
         }
         assert_eq!(seen.await.unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_connection_given_back_goes_to_a_request_waiting_for_one() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let authority = format!("127.0.0.1:{port}");
+        let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+        let Checkout::Wait(first) = c.take(&authority) else {
+            panic!("nothing is idle yet");
+        };
+        let Checkout::Wait(second) = c.take(&authority) else {
+            panic!("nothing is idle yet");
+        };
+        // The first waiter went on with a connection of its own.
+        drop(first);
+        let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let local = stream.local_addr().unwrap();
+        c.put(
+            &authority,
+            Conn {
+                stream,
+                buf: BytesMut::new(),
+            },
+        );
+        let given = second.await.expect("the second waiter gets it");
+        assert_eq!(given.stream.local_addr().unwrap(), local);
+        assert!(
+            matches!(c.take(&authority), Checkout::Wait(_)),
+            "not also kept idle"
+        );
     }
 
     #[tokio::test]
