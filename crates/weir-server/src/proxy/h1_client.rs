@@ -16,8 +16,12 @@
 //!   Interim 1xx responses are skipped; `101` is an error (the proxy opens no tunnels);
 //! - a connection is reused when its response was framed, HTTP/1.1 and not `Connection:
 //!   close`, and read to its end with nothing after it; an idle connection the upstream has
-//!   closed is noticed before use (its socket is readable), and a reused connection that fails
-//!   before any byte of the response is retried once on a new one for idempotent methods;
+//!   closed is noticed before use (its socket is readable), and a connection that fails
+//!   before any byte of the response is replaced once for idempotent methods;
+//! - a request that finds no idle connection opens one for the pool on a task of its own and
+//!   takes the first connection given back (its own or another request's), so the pool grows
+//!   to what the load needs without a request waiting behind a slow connection attempt, and
+//!   no attempt is wasted;
 //! - bounds: a response head of at most [`MAX_HEAD`] bytes and [`MAX_HEADERS`] headers, chunk
 //!   size lines of at most [`MAX_LINE`] bytes, [`H1Client::new`]'s idle count and age.
 
@@ -129,31 +133,54 @@ impl H1Client {
         let wire = encode_head(head, authority);
         let retry = is_idempotent(&head.method);
         let head_only = head.method == Method::HEAD;
+        let mut retried = false;
         loop {
-            let (mut conn, reused) = match self.take(authority) {
-                Checkout::Idle(c) => (c, true),
-                // No idle connection: connect, but take a connection given back meanwhile if
-                // that comes first (a connection attempt may wait a second for a SYN resent
-                // when the upstream's accept queue overflows).
-                Checkout::Wait(given) => {
-                    tokio::select! {
-                        biased;
-                        Ok(c) = given => (c, true),
-                        c = self.connect(&head.uri, authority) => (c?, false),
-                    }
-                }
+            let mut conn = match self.take(authority) {
+                Checkout::Idle(c) => c,
+                Checkout::Wait(given) => self.connect_or_wait(&head.uri, authority, given).await?,
             };
             match exchange(&mut conn, &wire).await {
                 Ok(response) => {
                     return Ok(self.body_of(conn, response, head_only, authority));
                 }
                 Err(Failure { error, answered }) => {
-                    if reused && retry && !answered {
+                    // Once: a connection the upstream closed as it was taken.
+                    if retry && !answered && !retried {
+                        retried = true;
                         continue;
                     }
                     return Err(error);
                 }
             }
+        }
+    }
+
+    /// With no idle connection: opens one for the pool (on a task of its own, so it is not
+    /// lost if this request goes on without it) and takes the first connection given back,
+    /// which may be another request's. A connection attempt can wait a second for a SYN resent
+    /// when the upstream's accept queue overflows; a request need not wait with it.
+    async fn connect_or_wait(
+        &self,
+        uri: &Uri,
+        authority: &str,
+        given: oneshot::Receiver<Conn>,
+    ) -> Result<Conn, H1Error> {
+        let (failed_tx, failed) = oneshot::channel();
+        let client = self.clone();
+        let (uri, authority) = (uri.clone(), authority.to_owned());
+        tokio::spawn(async move {
+            match client.connect(&uri, &authority).await {
+                Ok(conn) => client.put(&authority, conn),
+                Err(e) => {
+                    let _ = failed_tx.send(e);
+                }
+            }
+        });
+        tokio::select! {
+            biased;
+            Ok(c) = given => Ok(c),
+            Ok(e) = failed => Err(e),
+            else => Err(H1Error::Closed),
         }
     }
 

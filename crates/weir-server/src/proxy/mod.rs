@@ -1035,8 +1035,12 @@ type PooledClient = Client<HttpConnector, PacedBody<ClientBody>>;
 /// Clients to an upstream with idle connections of their own: bodiless HTTP/1.1, pooled
 /// HTTP/1.1 and h2c.
 fn clients(s: &Settings) -> (h1_client::H1Client, PooledClient, PooledClient) {
+    // A worker keeps idle as many connections as its share of the requests in flight may
+    // use: fewer, and a steady load larger than the idle set would close connections only to
+    // open new ones.
+    let share = s.max_upstream_requests.div_ceil(s.workers.max(1));
     let bodiless = h1_client::H1Client::new(
-        MAX_IDLE_UPSTREAM,
+        share.max(MAX_IDLE_UPSTREAM),
         Duration::from_secs(60),
         s.upstream_timeout,
     );
@@ -1177,7 +1181,8 @@ fn client_service(
     }
 }
 
-/// Idle pooled connections kept to the upstream.
+/// Idle pooled connections kept to the upstream per worker (for bodiless requests: at least
+/// this many, or the worker's share of `--max-upstream-requests`).
 pub const MAX_IDLE_UPSTREAM: usize = 256;
 
 /// Whether `upstream` names the address the proxy listens on (the same port on the same IP,
