@@ -20,7 +20,8 @@
 //!   (each call to its service: rate limit, lease API, RLQS, health, reflection; the port's
 //!   server). It is the one module that knows every gRPC service.
 //! - [`proxy`]: the reverse proxy applying weir-rules to any HTTP service, with its metrics,
-//!   per-address upstream slots and paced request bodies.
+//!   per-address upstream slots, paced request bodies and `h1_client` (bodiless requests to
+//!   the upstream on the caller's task).
 //!
 //! A new server goes in its own module beside `rls`, `quota` and `proxy`, built on `net`; a
 //! new gRPC service is a module of its server listed in `grpc::router`; a new store for the
