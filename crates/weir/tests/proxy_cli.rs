@@ -913,3 +913,69 @@ async fn slow_request_bodies_from_one_address_leave_the_others_their_upstream_sl
         "{metrics}"
     );
 }
+
+/// An upstream answering every request head (no bodies) with a chunked body and a trailer,
+/// keeping each connection open; `accepted` counts its connections.
+async fn chunked_upstream(accepted: Arc<AtomicUsize>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            accepted.fetch_add(1, AtomicOrdering::SeqCst);
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Ok(n) = s.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head_only = seen.starts_with(b"HEAD ");
+                        seen.drain(..end + 4);
+                        let reply: &[u8] = if head_only {
+                            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                        } else {
+                            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-cost\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-cost: 7\r\n\r\n"
+                        };
+                        if s.write_all(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn bodiless_requests_share_one_upstream_connection_and_chunked_answers_pass() {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let up = chunked_upstream(accepted.clone()).await;
+    let file = rules_file("chunked", RULES);
+    // One worker: every request is forwarded from the same idle connections.
+    let p = Proxy::start(
+        &file,
+        &format!("http://127.0.0.1:{up}"),
+        &["--workers", "1"],
+    );
+    for h2 in [false, true, false] {
+        let (code, _, body) = get_url(p.port, "/chunked", h2, &[]).await;
+        assert_eq!((code, body.as_str()), (200, "hello world"), "h2c: {h2}");
+    }
+    let head = "HEAD /chunked HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    let (code, body) = raw_head(p.port, head).await;
+    assert_eq!((code, body.as_str()), (200, ""));
+    let (code, _, body) = get_url(p.port, "/chunked", false, &[]).await;
+    assert_eq!((code, body.as_str()), (200, "hello world"));
+    assert_eq!(
+        accepted.load(AtomicOrdering::SeqCst),
+        1,
+        "every request went over one upstream connection"
+    );
+}
