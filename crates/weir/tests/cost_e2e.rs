@@ -115,19 +115,9 @@ http:
     let dir = common::tempdir("cost-e2e");
     let file = dir.join("rules.yaml");
     std::fs::write(&file, rules).unwrap();
-    let (port, admin) = (common::free_port(), common::free_port());
-    let (mut proxy, line) = common::start(&[
-        "proxy",
-        "--rules",
-        file.to_str().unwrap(),
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--admin",
-        &format!("127.0.0.1:{admin}"),
-        "--upstream",
-        &format!("http://127.0.0.1:{up}"),
-    ]);
-    assert!(line.starts_with("weir proxy:"), "{line}");
+    let admin = common::free_port();
+    let admin_at = format!("127.0.0.1:{admin}");
+    let (mut proxy, port) = common::start_proxy(&file, up, &["--admin", &admin_at]);
     let start = Instant::now();
     let until = start + RUN;
     tokio::join!(

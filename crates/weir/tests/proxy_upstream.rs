@@ -72,20 +72,8 @@ async fn bodiless_requests_share_one_upstream_connection_and_chunked_answers_pas
         "resources:\n  - name: all\nhttp:\n  routes:\n    - {resource: all, prefix: /}\n",
     )
     .unwrap();
-    let port = common::free_port();
     // One worker: every request is forwarded from the same idle connections.
-    let (mut child, line) = common::start(&[
-        "proxy",
-        "--rules",
-        rules.to_str().unwrap(),
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--upstream",
-        &format!("http://127.0.0.1:{up}"),
-        "--workers",
-        "1",
-    ]);
-    assert!(line.starts_with("weir proxy: http://"), "{line}");
+    let (mut child, port) = common::start_proxy(&rules, up, &["--workers", "1"]);
     let answers = tokio::task::spawn_blocking(move || {
         let get = || common::request(port, "GET", "/chunked", "", "");
         let head = common::request(port, "HEAD", "/chunked", "", "");

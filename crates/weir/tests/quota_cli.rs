@@ -823,18 +823,8 @@ fn a_proxy_with_a_cluster_rule_admits_its_leased_share() {
         "{err}"
     );
     let server = serve_quota(&quota);
-    let port = common::free_port();
-    let (mut proxy, _) = common::start(&[
-        "proxy",
-        "--rules",
-        rules.to_str().unwrap(),
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--upstream",
-        &format!("http://127.0.0.1:{up}"),
-        "--quota-server",
-        &format!("http://127.0.0.1:{}", server.1),
-    ]);
+    let quota_server = format!("http://127.0.0.1:{}", server.1);
+    let (mut proxy, port) = common::start_proxy(&rules, up, &["--quota-server", &quota_server]);
     // ~100 requests/s for 5 s; the last 2 s (the server done learning) are counted.
     let started = std::time::Instant::now();
     let (mut ok, mut limited) = (0, 0);

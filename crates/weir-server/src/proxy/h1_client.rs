@@ -84,7 +84,8 @@ struct Conn {
 /// The idle connections to one upstream address, the most recently used last, and the
 /// requests waiting for one while they connect.
 struct Idle {
-    authority: String,
+    /// Shared with the response bodies that give connections back.
+    authority: Arc<str>,
     conns: Vec<(Conn, Instant)>,
     waiters: std::collections::VecDeque<oneshot::Sender<Conn>>,
 }
@@ -105,8 +106,8 @@ pub struct H1Client {
 
 /// A connection to use: one that was idle, or the promise of the next one given back.
 enum Checkout {
-    Idle(Conn),
-    Wait(oneshot::Receiver<Conn>),
+    Idle(Conn, Arc<str>),
+    Wait(oneshot::Receiver<Conn>, Arc<str>),
 }
 
 impl H1Client {
@@ -135,13 +136,16 @@ impl H1Client {
         let head_only = head.method == Method::HEAD;
         let mut retried = false;
         loop {
-            let mut conn = match self.take(authority) {
-                Checkout::Idle(c) => c,
-                Checkout::Wait(given) => self.connect_or_wait(&head.uri, authority, given).await?,
+            let (mut conn, key) = match self.take(authority) {
+                Checkout::Idle(c, key) => (c, key),
+                Checkout::Wait(given, key) => {
+                    let c = self.connect_or_wait(&head.uri, &key, given).await?;
+                    (c, key)
+                }
             };
             match exchange(&mut conn, &wire).await {
                 Ok(response) => {
-                    return Ok(self.body_of(conn, response, head_only, authority));
+                    return Ok(self.body_of(conn, response, head_only, key));
                 }
                 Err(Failure { error, answered }) => {
                     // Once: a connection the upstream closed as it was taken.
@@ -162,12 +166,12 @@ impl H1Client {
     async fn connect_or_wait(
         &self,
         uri: &Uri,
-        authority: &str,
+        authority: &Arc<str>,
         given: oneshot::Receiver<Conn>,
     ) -> Result<Conn, H1Error> {
         let (failed_tx, failed) = oneshot::channel();
         let client = self.clone();
-        let (uri, authority) = (uri.clone(), authority.to_owned());
+        let (uri, authority) = (uri.clone(), authority.clone());
         tokio::spawn(async move {
             match client.connect(&uri, &authority).await {
                 Ok(conn) => client.put(&authority, conn),
@@ -188,11 +192,11 @@ impl H1Client {
     /// else a place among those waiting for one.
     fn take(&self, authority: &str) -> Checkout {
         let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let i = match idle.iter().position(|i| i.authority == authority) {
+        let i = match idle.iter().position(|i| *i.authority == *authority) {
             Some(i) => i,
             None => {
                 idle.push(Idle {
-                    authority: authority.to_owned(),
+                    authority: authority.into(),
                     conns: Vec::new(),
                     waiters: std::collections::VecDeque::new(),
                 });
@@ -210,7 +214,7 @@ impl H1Client {
         entry.conns.drain(..fresh);
         while let Some((conn, _)) = entry.conns.pop() {
             if still_open(&conn.stream) {
-                return Checkout::Idle(conn);
+                return Checkout::Idle(conn, entry.authority.clone());
             }
         }
         // Waiters whose requests went on (their own connection came first) are dropped, so
@@ -220,14 +224,14 @@ impl H1Client {
         }
         let (tx, rx) = oneshot::channel();
         entry.waiters.push_back(tx);
-        Checkout::Wait(rx)
+        Checkout::Wait(rx, entry.authority.clone())
     }
 
     /// Gives `conn` to the first request waiting for one, or keeps it for the next request to
     /// `authority` (or closes it when enough are idle).
     fn put(&self, authority: &str, mut conn: Conn) {
         let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(entry) = idle.iter_mut().find(|i| i.authority == authority) else {
+        let Some(entry) = idle.iter_mut().find(|i| *i.authority == *authority) else {
             return;
         };
         while let Some(w) = entry.waiters.pop_front() {
@@ -272,7 +276,7 @@ impl H1Client {
         conn: Conn,
         r: ResponseHead,
         head_only: bool,
-        authority: &str,
+        authority: Arc<str>,
     ) -> Response<H1Body> {
         let ResponseHead {
             status,
@@ -297,7 +301,7 @@ impl H1Client {
         let mut body = H1Body {
             conn: Some(conn),
             framing,
-            home: reuse.then(|| (self.clone(), authority.to_owned())),
+            home: reuse.then(|| (self.clone(), authority)),
         };
         body.end_if_done();
         let mut response = Response::new(body);
@@ -449,23 +453,22 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Parsed>, H1Error> {
         buf.advance(len);
         return Ok(Some(Parsed::Interim));
     }
-    // Positions of each name and value within the head, to share its bytes.
+    // Positions of each name and value within the head, to share its bytes (on the stack: no
+    // allocation per response).
     let base = buf.as_ptr() as usize;
-    let spans: Vec<(usize, usize, usize, usize)> = r
-        .headers
-        .iter()
-        .map(|h| {
-            let n = h.name.as_ptr() as usize - base;
-            let v = h.value.as_ptr() as usize - base;
-            (n, h.name.len(), v, h.value.len())
-        })
-        .collect();
+    let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
+    let count = r.headers.len();
+    for (span, h) in spans.iter_mut().zip(r.headers.iter()) {
+        let n = h.name.as_ptr() as usize - base;
+        let v = h.value.as_ptr() as usize - base;
+        *span = (n, h.name.len(), v, h.value.len());
+    }
     let head = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut headers = HeaderMap::with_capacity(count);
     let mut chunked = None;
     let mut length: Option<u64> = None;
     let mut close = version == Version::HTTP_10;
-    for (n, nl, v, vl) in spans {
+    for &(n, nl, v, vl) in &spans[..count] {
         let name = HeaderName::from_bytes(&head[n..n + nl])
             .map_err(|_| H1Error::Invalid("bad header name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
@@ -559,7 +562,7 @@ pub struct H1Body {
     conn: Option<Conn>,
     framing: Framing,
     /// Where the connection goes when the body ends (`None`: it is closed).
-    home: Option<(H1Client, String)>,
+    home: Option<(H1Client, Arc<str>)>,
 }
 
 impl H1Body {
@@ -887,7 +890,7 @@ mod tests {
         let r = c.send(&get(port, Method::GET)).await.unwrap();
         assert_eq!(collect(r).await.0, "until close");
         assert!(
-            matches!(c.take(&format!("127.0.0.1:{port}")), Checkout::Wait(_)),
+            matches!(c.take(&format!("127.0.0.1:{port}")), Checkout::Wait(..)),
             "not reused"
         );
     }
@@ -951,10 +954,10 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let authority = format!("127.0.0.1:{port}");
         let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
-        let Checkout::Wait(first) = c.take(&authority) else {
+        let Checkout::Wait(first, _) = c.take(&authority) else {
             panic!("nothing is idle yet");
         };
-        let Checkout::Wait(second) = c.take(&authority) else {
+        let Checkout::Wait(second, _) = c.take(&authority) else {
             panic!("nothing is idle yet");
         };
         // The first waiter went on with a connection of its own.
@@ -971,7 +974,7 @@ mod tests {
         let given = second.await.expect("the second waiter gets it");
         assert_eq!(given.stream.local_addr().unwrap(), local);
         assert!(
-            matches!(c.take(&authority), Checkout::Wait(_)),
+            matches!(c.take(&authority), Checkout::Wait(..)),
             "not also kept idle"
         );
     }

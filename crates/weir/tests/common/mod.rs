@@ -101,6 +101,33 @@ pub fn start(args: &[&str]) -> (std::process::Child, String) {
     (child, lines.pop().unwrap_or_default())
 }
 
+/// Starts `weir proxy` with `rules` in front of the upstream on loopback port `upstream`, with
+/// `extra` arguments, and waits until it listens: the process and its port.
+pub fn start_proxy(
+    rules: &std::path::Path,
+    upstream: u16,
+    extra: &[&str],
+) -> (std::process::Child, u16) {
+    let port = free_port();
+    let (listen, upstream) = (
+        format!("127.0.0.1:{port}"),
+        format!("http://127.0.0.1:{upstream}"),
+    );
+    let mut args = vec![
+        "proxy",
+        "--rules",
+        rules.to_str().unwrap_or_default(),
+        "--listen",
+        &listen,
+        "--upstream",
+        &upstream,
+    ];
+    args.extend_from_slice(extra);
+    let (child, line) = start(&args);
+    assert!(line.starts_with("weir proxy: http://"), "{line}");
+    (child, port)
+}
+
 /// [`start`], waiting for the first `n` lines it prints.
 pub fn start_lines(args: &[&str], n: usize) -> (std::process::Child, Vec<String>) {
     start_logged(args, n, std::process::Stdio::null())
