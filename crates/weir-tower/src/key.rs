@@ -100,8 +100,30 @@ fn peer(ext: &http::Extensions) -> Option<IpAddr> {
 
 impl KeyExtractor for ClientIp {
     fn key<'r, B>(&self, req: &'r Request<B>) -> Option<Cow<'r, str>> {
-        self.client(req).map(|ip| Cow::Owned(ip.to_string()))
+        self.client(req).map(|ip| Cow::Owned(ip_string(ip)))
     }
+}
+
+/// `ip` as text, exactly as `Display` writes it; an IPv4 address without the formatting
+/// machinery (a per-client key is made for every request).
+pub fn ip_string(ip: IpAddr) -> String {
+    let IpAddr::V4(v4) = ip else {
+        return ip.to_string();
+    };
+    let mut s = String::with_capacity(15);
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            s.push('.');
+        }
+        if octet >= 100 {
+            s.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            s.push(char::from(b'0' + octet / 10 % 10));
+        }
+        s.push(char::from(b'0' + octet % 10));
+    }
+    s
 }
 
 /// The value of a header (requests without it are not limited by this layer).
@@ -166,6 +188,26 @@ where
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ip_string_writes_what_display_writes() {
+        let mut ips: Vec<IpAddr> = (0..=255u8)
+            .flat_map(|o| {
+                [
+                    IpAddr::from([o, 0, 0, 0]),
+                    IpAddr::from([0, o, 0, 0]),
+                    IpAddr::from([10, 0, o, 0]),
+                    IpAddr::from([255, 255, 255, o]),
+                ]
+            })
+            .collect();
+        ips.push("::1".parse().unwrap());
+        ips.push("2001:db8::ff00:42:8329".parse().unwrap());
+        ips.push("::ffff:192.0.2.1".parse().unwrap());
+        for ip in ips {
+            assert_eq!(super::ip_string(ip), ip.to_string());
+        }
+    }
+
     use super::*;
 
     fn req(peer: &str, xff: &[&str]) -> Request<()> {

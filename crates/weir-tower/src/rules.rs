@@ -422,7 +422,7 @@ fn target_of<'a, C: Clock>(
                 RouteParam::ClientIp => table
                     .client_ip
                     .client_of(req.headers, req.extensions)
-                    .map(|ip: IpAddr| ip.to_string().into())
+                    .map(|ip: IpAddr| crate::key::ip_string(ip).into())
                     .unwrap_or_default(),
                 RouteParam::Method => req.method.as_str().into(),
                 RouteParam::Path => path.into(),

@@ -270,10 +270,14 @@ where
         streams: FuturesUnordered::new(),
         done: None,
     };
+    // Polled only when they fire, not on each of the connection's reads and writes.
+    let stopping = crate::net::dormant::Dormant::new(shutdown.stopping());
+    let closed = crate::net::dormant::Dormant::new(connection.closed(timeouts));
     tokio::select! {
+        biased;
         r = &mut drain => return r,
-        () = shutdown.stopping() => {}
-        () = connection.closed(timeouts) => {
+        () = stopping => {}
+        () = closed => {
             // Idle, never used, or making room at the cap: one that never carried a request
             // is dropped; one that did gets GOAWAY and the first-request timeout to finish.
             if !connection.served() {

@@ -26,6 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
 use crate::net::conn::{Connection, Timeouts, Tracked};
+use crate::net::dormant::Dormant;
 
 /// Says "stop" to every [`Shutdown`] made with it.
 pub struct ShutdownTrigger(watch::Sender<bool>);
@@ -296,13 +297,17 @@ pub async fn serve_http<S, B>(
         .max_header_list_size(MAX_HEADER_LIST);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
+    // Polled only when they fire, not on each of the connection's reads and writes.
+    let stopping = Dormant::new(shutdown.stopping());
+    let closed = Dormant::new(connection.closed(timeouts));
     let ended = tokio::select! {
+        biased;
         r = conn.as_mut() => r,
-        () = shutdown.stopping() => {
+        () = stopping => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
-        () = connection.closed(timeouts) => {
+        () = closed => {
             // Never carried a request: nothing to finish, drop it. Else finish what is in
             // flight (a request may have begun since), within the first-request timeout.
             if !connection.served() {

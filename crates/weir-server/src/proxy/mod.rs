@@ -176,6 +176,24 @@ struct Forward {
     to: Arc<ForwardTo>,
     /// Upstream requests in flight for this client connection.
     per_client: Arc<Semaphore>,
+    /// The client connection's peer (none in the workers' prototypes).
+    peer: Option<Peer>,
+}
+
+/// A client connection's address, and its text for `X-Forwarded-For` (formatted once per
+/// connection).
+#[derive(Clone)]
+struct Peer {
+    ip: IpAddr,
+    text: HeaderValue,
+}
+
+impl Peer {
+    fn new(ip: IpAddr) -> Self {
+        let text = HeaderValue::from_str(&weir_tower::key::ip_string(ip))
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Self { ip, text }
+    }
 }
 
 /// The upstream side a worker's client connections share (see [`Forward`]).
@@ -252,20 +270,27 @@ fn via_token(listen: SocketAddr) -> HeaderValue {
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
+
+/// `X-Forwarded-For`.
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Removes hop-by-hop headers (and those `Connection` names, except `Host` and
 /// `Content-Length`).
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names, no hashing, decides.
+    if !h.keys().any(|n| HOP_BY_HOP.contains(n)) {
+        return;
+    }
     // `Connection: close, host` must not make the request lose its Host: end-to-end headers
     // the proxy relies on are never removed through `Connection`.
     let listed: Vec<HeaderName> = h
@@ -292,9 +317,8 @@ fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
 impl Forward {
     async fn forward(self, req: Request<ClientBody>) -> Response<ProxyBody> {
         let to = &*self.to;
-        let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
-        let address: Result<Option<AddressSlot>, ()> = match peer {
-            Some(ip) => to.per_address.try_acquire(ip).map(Some).ok_or(()),
+        let address: Result<Option<AddressSlot>, ()> = match &self.peer {
+            Some(p) => to.per_address.try_acquire(p.ip).map(Some).ok_or(()),
             None => Ok(None),
         };
         let permits = match (
@@ -352,8 +376,8 @@ impl Forward {
             }
         }
         strip_hop_by_hop(req.headers_mut());
-        if let Some(ip) = peer {
-            append_forwarded_for(req.headers_mut(), ip);
+        if let Some(p) = &self.peer {
+            append_forwarded_for(req.headers_mut(), &p.text);
         }
         let version = req.version();
         append_hop(req.headers_mut(), &to.hops.of(version));
@@ -521,13 +545,18 @@ fn append_hop(h: &mut HeaderMap, hop: &HeaderValue) {
     }
 }
 
-fn append_forwarded_for(h: &mut HeaderMap, ip: IpAddr) {
-    let value = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {ip}"),
-        None => ip.to_string(),
+/// Appends the client's address (`ip`, as text) to `X-Forwarded-For`: the address alone (no
+/// copy) when the request has none (or one that is not text).
+fn append_forwarded_for(h: &mut HeaderMap, ip: &HeaderValue) {
+    let value = match h.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        None => {
+            h.insert(X_FORWARDED_FOR, ip.clone());
+            return;
+        }
+        Some(prev) => [prev.as_bytes(), b", ", ip.as_bytes()].concat(),
     };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        h.insert("x-forwarded-for", v);
+    if let Ok(v) = HeaderValue::from_bytes(&value) {
+        h.insert(X_FORWARDED_FOR, v);
     }
 }
 
@@ -1072,6 +1101,7 @@ impl Forward {
                 ..(*self.to).clone()
             }),
             per_client: self.per_client.clone(),
+            peer: self.peer.clone(),
         }
     }
 }
@@ -1097,6 +1127,7 @@ fn primary(s: &Settings, upstream: Uri, stats: &Arc<ProxyStats>) -> Forward {
             pace: s.body_pace,
         }),
         per_client: Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT)),
+        peer: None,
     }
 }
 
@@ -1130,6 +1161,7 @@ fn gutter(
             ..(*primary.to).clone()
         }),
         per_client: primary.per_client.clone(),
+        peer: None,
     }))
 }
 
@@ -1150,8 +1182,10 @@ fn client_service(
        + Send
        + 'static {
     let per_client = Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT));
+    let client = Peer::new(peer.ip());
     let primary = Forward {
         per_client: per_client.clone(),
+        peer: Some(client.clone()),
         ..forward.clone()
     };
     let via = primary.to.via.clone();
@@ -1161,6 +1195,7 @@ fn client_service(
             primary,
             Forward {
                 per_client,
+                peer: Some(client),
                 ..g.clone()
             },
         ))),
@@ -1269,4 +1304,69 @@ async fn serve_admin(
         },
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_go_host_and_length_stay() {
+        let mut h = map(&[
+            ("host", "a"),
+            ("content-length", "0"),
+            ("connection", "close, x-secret, host"),
+            ("connection", "content-length"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("proxy-authenticate", "Basic"),
+            ("te", "trailers"),
+            ("trailer", "x-sum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("accept", "*/*"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(
+            h,
+            map(&[("host", "a"), ("content-length", "0"), ("accept", "*/*")])
+        );
+        // Each hop-by-hop header alone is found too.
+        for n in HOP_BY_HOP {
+            let mut h = map(&[("accept", "*/*"), (n.as_str(), "x")]);
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h, map(&[("accept", "*/*")]), "{n}");
+        }
+        // A message with none is left as it is.
+        let plain = map(&[("host", "a"), ("x-forwarded-for", "10.0.0.1")]);
+        let mut h = plain.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, plain);
+    }
+
+    #[test]
+    fn the_client_address_joins_x_forwarded_for() {
+        let ip = Peer::new("10.0.0.2".parse().unwrap()).text;
+        let mut h = HeaderMap::new();
+        append_forwarded_for(&mut h, &ip);
+        assert_eq!(h[X_FORWARDED_FOR], "10.0.0.2");
+        append_forwarded_for(&mut h, &ip);
+        assert_eq!(h[X_FORWARDED_FOR], "10.0.0.2, 10.0.0.2");
+        let v6 = Peer::new("2001:db8::1".parse().unwrap()).text;
+        let mut h = map(&[("x-forwarded-for", "1.2.3.4")]);
+        append_forwarded_for(&mut h, &v6);
+        assert_eq!(h[X_FORWARDED_FOR], "1.2.3.4, 2001:db8::1");
+    }
 }
