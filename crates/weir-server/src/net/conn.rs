@@ -55,7 +55,7 @@ impl Default for Timeouts {
 pub struct Connection {
     opened: Instant,
     in_flight: AtomicUsize,
-    /// Milliseconds after `opened` of the last request's start or end.
+    /// Milliseconds after `opened` of the last request's end.
     last_ms: AtomicU64,
     served: AtomicBool,
     close: Notify,
@@ -80,11 +80,11 @@ impl Connection {
         self.last_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// A request started (see [`InFlight`]).
+    /// A request started (see [`InFlight`]). The clock is read at its end only: while a
+    /// request is in flight the connection is not idle, whatever `last_ms` says.
     fn begin(self: &Arc<Self>) -> InFlight {
         self.served.store(true, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.touch();
         InFlight(self.clone())
     }
 
