@@ -46,6 +46,9 @@ pub const MAX_HEADERS: usize = 100;
 /// Longest chunk-size line (with extensions) or trailer section of a chunked body.
 pub const MAX_LINE: usize = 4096;
 
+/// How often [`H1Client::keep_pruned`] looks over the idle connections.
+pub const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
 /// Why an exchange with the upstream failed.
 #[derive(Debug, thiserror::Error)]
 pub enum H1Error {
@@ -242,6 +245,38 @@ impl H1Client {
         }
         if entry.conns.len() < self.shared.max_idle {
             entry.conns.push((conn, Instant::now()));
+        }
+    }
+
+    /// Closes the idle connections past their age or closed by the upstream, forgets the
+    /// waiters whose requests went on, and drops upstreams with neither. Without it a quiet
+    /// proxy would keep them until the next request: a socket the upstream closed stays in
+    /// `CLOSE_WAIT`, holding a descriptor, until it is dropped.
+    pub fn prune(&self) {
+        let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        for entry in idle.iter_mut() {
+            entry.conns.retain(|(conn, since)| {
+                now.duration_since(*since) < self.shared.idle_timeout && still_open(&conn.stream)
+            });
+            entry.waiters.retain(|w| !w.is_closed());
+        }
+        idle.retain(|e| !e.conns.is_empty() || !e.waiters.is_empty());
+    }
+
+    /// Idle connections kept, all upstreams together.
+    pub fn idle(&self) -> usize {
+        let idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
+        idle.iter().map(|e| e.conns.len()).sum()
+    }
+
+    /// [`H1Client::prune`] every [`PRUNE_EVERY`], for as long as the runtime runs it.
+    pub async fn keep_pruned(self) {
+        let mut tick = tokio::time::interval(PRUNE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.prune();
         }
     }
 
@@ -930,6 +965,51 @@ mod tests {
         let r = c.send(&get(port, Method::GET)).await.unwrap();
         assert_eq!(collect(r).await.0, "b");
         assert_eq!(seen.await.unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_the_upstream_closed_or_past_their_age_are_closed_unasked() {
+        // Two connections: one the upstream closes after its answer, one it keeps open.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (kept_tx, kept) = oneshot::channel::<TcpStream>();
+        tokio::spawn(async move {
+            let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\na";
+            let mut held = Some(kept_tx);
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut req = [0u8; 1024];
+                let _ = s.read(&mut req).await.unwrap();
+                s.write_all(reply).await.unwrap();
+                match held.take() {
+                    Some(tx) => drop(tx.send(s)),
+                    None => drop(s),
+                }
+            }
+        });
+        let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+        let (ha, hb) = (get(port, Method::GET), get(port, Method::GET));
+        let (a, b) = tokio::join!(c.send(&ha), c.send(&hb));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        collect(a).await;
+        collect(b).await;
+        assert_eq!(c.idle(), 2);
+        let mut kept = kept.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c.prune();
+        assert_eq!(c.idle(), 1, "the one the upstream closed is gone");
+        // Past its age, the other is closed too: the upstream reads end of file.
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_secs(61)).await;
+        tokio::time::resume();
+        c.prune();
+        assert_eq!(c.idle(), 0);
+        let mut rest = [0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(5), kept.read(&mut rest))
+            .await
+            .expect("closed at once")
+            .unwrap();
+        assert_eq!(n, 0);
     }
 
     #[tokio::test]

@@ -1024,6 +1024,12 @@ impl Worker {
                 layer,
                 read_json,
             } = self;
+            // Idle upstream connections close on their age or the upstream's close even when no
+            // request comes to take them.
+            tokio::spawn(forward.to.bodiless.clone().keep_pruned());
+            if let Some(g) = &gutter {
+                tokio::spawn(g.to.bodiless.clone().keep_pruned());
+            }
             crate::net::accept::serve_in(
                 listener,
                 &slots,
