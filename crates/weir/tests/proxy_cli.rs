@@ -893,8 +893,11 @@ async fn slow_request_bodies_from_one_address_leave_the_others_their_upstream_sl
     // Meanwhile a client at another address gets every answer, without delay.
     let loaded = p99(latencies(p.port, 100).await);
     eprintln!("legitimate client p99: {unloaded:?} unloaded, {loaded:?} during the attack");
+    // A request queued behind the slow bodies would wait seconds (they send a byte every
+    // 3 s); the 25 ms allow for the scheduling noise of a machine whose cores are shared with
+    // the 500 attacking connections and the other tests.
     assert!(
-        loaded <= 2 * unloaded.max(Duration::from_millis(1)),
+        loaded <= 2 * unloaded.max(Duration::from_millis(1)) + Duration::from_millis(25),
         "p99 {loaded:?} under attack vs {unloaded:?} unloaded"
     );
     // The slow bodies past the address's bound were refused at once; the others are cut off

@@ -195,18 +195,7 @@ impl H1Client {
     /// else a place among those waiting for one.
     fn take(&self, authority: &str) -> Checkout {
         let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let i = match idle.iter().position(|i| *i.authority == *authority) {
-            Some(i) => i,
-            None => {
-                idle.push(Idle {
-                    authority: authority.into(),
-                    conns: Vec::new(),
-                    waiters: std::collections::VecDeque::new(),
-                });
-                idle.len() - 1
-            }
-        };
-        let entry = &mut idle[i];
+        let entry = Self::entry(&mut idle, authority);
         let now = Instant::now();
         // The oldest first: those past their age go.
         let fresh = entry
@@ -230,13 +219,28 @@ impl H1Client {
         Checkout::Wait(rx, entry.authority.clone())
     }
 
+    /// The idle set of `authority` (made when it has none: [`H1Client::prune`] drops empty
+    /// ones, also while their connections are in use).
+    fn entry<'a>(idle: &'a mut Vec<Idle>, authority: &str) -> &'a mut Idle {
+        let i = match idle.iter().position(|i| *i.authority == *authority) {
+            Some(i) => i,
+            None => {
+                idle.push(Idle {
+                    authority: authority.into(),
+                    conns: Vec::new(),
+                    waiters: std::collections::VecDeque::new(),
+                });
+                idle.len() - 1
+            }
+        };
+        &mut idle[i]
+    }
+
     /// Gives `conn` to the first request waiting for one, or keeps it for the next request to
     /// `authority` (or closes it when enough are idle).
     fn put(&self, authority: &str, mut conn: Conn) {
         let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(entry) = idle.iter_mut().find(|i| *i.authority == *authority) else {
-            return;
-        };
+        let entry = Self::entry(&mut idle, authority);
         while let Some(w) = entry.waiters.pop_front() {
             match w.send(conn) {
                 Ok(()) => return,
@@ -1010,6 +1014,24 @@ mod tests {
             .expect("closed at once")
             .unwrap();
         assert_eq!(n, 0);
+    }
+
+    #[tokio::test]
+    async fn a_connection_in_use_while_its_upstream_is_pruned_comes_back_to_the_pool() {
+        let (port, seen) = upstream(vec![vec![
+            b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\na",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nb",
+        ]])
+        .await;
+        let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+        let r = c.send(&get(port, Method::GET)).await.unwrap();
+        // Nothing idle and nobody waiting: the upstream's idle set goes.
+        c.prune();
+        assert_eq!(collect(r).await.0, "a");
+        assert_eq!(c.idle(), 1, "given back all the same");
+        let r = c.send(&get(port, Method::GET)).await.unwrap();
+        assert_eq!(collect(r).await.0, "b");
+        assert_eq!(seen.await.unwrap().len(), 2, "both on one connection");
     }
 
     #[tokio::test]
