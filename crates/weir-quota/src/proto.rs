@@ -84,6 +84,35 @@ pub struct ResourceAsk {
     /// The id of the lease it holds (0: none).
     #[prost(fixed64, tag = "7")]
     pub lease_id: u64,
+    /// Of `wants`, what it needs now (none: all of it).
+    #[prost(double, optional, tag = "8")]
+    pub needs: Option<f64>,
+    /// A lease server below: what it has granted its own clients.
+    #[prost(double, optional, tag = "9")]
+    pub holds: Option<f64>,
+    /// A lease server below in a failover group: its leader's term (0: none).
+    #[prost(uint64, tag = "10")]
+    pub term: u64,
+    /// A lease server below: its demand in parts.
+    #[prost(message, repeated, tag = "11")]
+    pub parts: Vec<DemandPart>,
+}
+
+/// `weir.quota.v1.DemandPart`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DemandPart {
+    /// Units/s.
+    #[prost(double, tag = "1")]
+    pub wants: f64,
+    /// Of `wants`, what is needed now (none: all of it).
+    #[prost(double, optional, tag = "2")]
+    pub needs: Option<f64>,
+    /// Weight in its band (0 means 1).
+    #[prost(double, tag = "3")]
+    pub weight: f64,
+    /// Its band.
+    #[prost(enumeration = "Priority", tag = "4")]
+    pub priority: i32,
 }
 
 /// `weir.quota.v1.RefreshResponse`.

@@ -47,8 +47,24 @@ fn the_rust_messages_are_the_proto_files() {
         priority: Priority::Sheddable as i32,
         safe: 3.0,
         lease_id: u64::MAX - 1,
+        needs: Some(1.0),
+        holds: Some(0.25),
+        term: 3,
+        parts: vec![DemandPart {
+            wants: 1.5,
+            needs: Some(1.0),
+            weight: 2.0,
+            priority: Priority::CriticalPlus as i32,
+        }],
     };
+    through_the_file(&pool, "DemandPart", &ask.parts[0]);
     let m = through_the_file(&pool, "ResourceAsk", &ask);
+    assert_eq!(m.get_field_by_name("needs").unwrap().as_f64(), Some(1.0));
+    assert_eq!(m.get_field_by_name("holds").unwrap().as_f64(), Some(0.25));
+    assert_eq!(
+        m.get_field_by_name("term").unwrap().into_owned(),
+        Value::U64(3)
+    );
     assert_eq!(m.get_field_by_name("wants").unwrap().as_f64(), Some(1.5));
     assert_eq!(m.get_field_by_name("safe").unwrap().as_f64(), Some(3.0));
     assert_eq!(

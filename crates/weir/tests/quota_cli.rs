@@ -546,6 +546,7 @@ async fn serve_quota_leases_over_grpc_with_the_proto_files_messages() {
                 priority: priority as i32,
                 safe: 0.0,
                 lease_id,
+                ..ResourceAsk::default()
             },
             ResourceAsk {
                 resource: "nope".into(),
@@ -613,6 +614,100 @@ async fn serve_quota_leases_over_grpc_with_the_proto_files_messages() {
     .await
     .unwrap_err();
     assert!(e.message().contains("client"), "{e:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn grpc_asks_carry_needs_parts_holds_and_terms_as_json_ones_do() {
+    use weir_quota::proto::*;
+    let dir = common::tempdir("quota-grpc-fields");
+    let file = dir.join("quota.yaml");
+    std::fs::write(
+        &file,
+        "resources:\n  - {name: search, capacity: 10/s, lease: 1s, refresh: 1s}\nclients:\n  - {id: '*', own_values: true}\n",
+    )
+    .unwrap();
+    let s = serve_quota(&file);
+    let ask = |client: &str, needs: Option<f64>, lease_id: u64| RefreshRequest {
+        client: client.into(),
+        resources: vec![ResourceAsk {
+            resource: "search".into(),
+            wants: 10.0,
+            needs,
+            lease_id,
+            ..ResourceAsk::default()
+        }],
+    };
+    let refresh = |r: RefreshRequest| async move {
+        let r: RefreshResponse = common::quota_grpc(s.2, REFRESH_PATH, r)
+            .await
+            .unwrap()
+            .into_inner();
+        r.leases[0].clone()
+    };
+    // Past the learning period (one lease, 1 s).
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    // a needs 2 of its 10, b all 10: needs come first, so a keeps 2 and b gets 8 (without
+    // `needs` each would get 5).
+    let a = refresh(ask("a", Some(2.0), 0)).await;
+    let b = refresh(ask("b", None, 0)).await;
+    let a = refresh(ask("a", Some(2.0), a.lease_id)).await;
+    let b = refresh(ask("b", None, b.lease_id)).await;
+    assert_eq!((a.granted, b.granted), (2.0, 8.0), "{a:?} {b:?}");
+    // A server below: its parts are divided here (CRITICAL_PLUS first), its term is kept, and
+    // an ask in an older term is refused.
+    let below = |term: u64, lease_id: u64| RefreshRequest {
+        client: "region-1".into(),
+        resources: vec![ResourceAsk {
+            resource: "search".into(),
+            wants: 10.0,
+            holds: Some(0.0),
+            term,
+            lease_id,
+            parts: vec![
+                DemandPart {
+                    wants: 4.0,
+                    priority: Priority::CriticalPlus as i32,
+                    ..DemandPart::default()
+                },
+                DemandPart {
+                    wants: 6.0,
+                    weight: 1.0,
+                    ..DemandPart::default()
+                },
+            ],
+            ..ResourceAsk::default()
+        }],
+    };
+    let r = refresh(below(2, 0)).await;
+    assert!(r.error.is_empty(), "{r:?}");
+    let r = refresh(below(1, r.lease_id)).await;
+    assert!(r.error.contains("term 1 is older than term 2"), "{r:?}");
+    // Bad fields are named, as over HTTP/JSON.
+    let mut bad = below(3, 0);
+    bad.resources[0].parts[1].weight = -1.0;
+    let e = common::quota_grpc::<_, RefreshResponse>(s.2, REFRESH_PATH, bad)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().contains("resources[0].parts[1].weight"),
+        "{e:?}"
+    );
+    let mut bad = below(3, 0);
+    bad.resources[0].parts[0].priority = 9;
+    let e = common::quota_grpc::<_, RefreshResponse>(s.2, REFRESH_PATH, bad)
+        .await
+        .unwrap_err();
+    assert!(
+        e.message()
+            .contains("resources[0].parts[0].priority: unknown value 9"),
+        "{e:?}"
+    );
+    let e = common::quota_grpc::<_, RefreshResponse>(s.2, REFRESH_PATH, ask("c", Some(-1.0), 0))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("resources[0].needs"), "{e:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

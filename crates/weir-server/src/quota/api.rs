@@ -284,23 +284,12 @@ impl QuotaApi {
     }
 
     /// One refresh of `client` presenting `bearer` (`count` resources asked, `asks` the
-    /// first of them) at `now`, whatever the protocol: the checks of the call, the caller's
-    /// weight and priority from the quota file, then the lease server.
+    /// first of them, `parts` the demand of each ask in parts when a lease server below sends
+    /// them) at `now`, whatever the protocol: the checks of the call, the caller's weight and
+    /// priority from the quota file, then the lease server. A server below's `parts`, `holds`
+    /// and `term` are honoured only for a caller whose `clients` entry lets it choose its own
+    /// values, `own_values: true` — otherwise each ask counts as one client.
     pub(crate) fn refresh(
-        &self,
-        client: &str,
-        bearer: Option<&str>,
-        count: usize,
-        asks: &mut [(String, Ask)],
-        now: weir_core::Nanos,
-    ) -> Result<Vec<Result<weir_quota::Lease, weir_quota::server::Refusal>>, CallError> {
-        self.refresh_parts(client, bearer, count, asks, Vec::new(), now)
-    }
-
-    /// [`Self::refresh`] with the demand of each ask in parts (a lease server below; honoured
-    /// only for a caller whose `clients` entry lets it choose its own weights and priorities,
-    /// `own_values: true` — otherwise each ask counts as one client).
-    pub(crate) fn refresh_parts(
         &self,
         client: &str,
         bearer: Option<&str>,
@@ -449,7 +438,7 @@ impl QuotaApi {
 }
 
 /// A client's ask for `resource` as the front ends read it from the wire (HTTP/JSON or gRPC),
-/// all of `wants` needed (the HTTP/JSON API reads a `needs` too).
+/// all of `wants` needed until [`server_fields`] reads a `needs`.
 pub(crate) fn client_ask(
     resource: &str,
     wants: f64,
@@ -550,10 +539,56 @@ struct RawPart {
     priority: Option<String>,
 }
 
-/// Reads the `needs`, `holds` and `parts` of `r` (the `i`-th ask) into `ask`; answers the parts.
-fn server_fields(
+/// The fields of an ask that a lease client's measured rate or a lease server below adds, as
+/// a front end (HTTP/JSON or gRPC) read them.
+pub(crate) struct ServerFields {
+    /// Of `wants`, what is needed now.
+    pub needs: Option<f64>,
+    /// What a server below has granted its clients.
+    pub holds: Option<f64>,
+    /// A server below's election term.
+    pub term: u64,
+    /// A server below's demand in parts.
+    pub parts: Vec<WirePart>,
+}
+
+/// One part of a server-below's demand as a front end read it; its band as read, or why it
+/// could not be.
+pub(crate) struct WirePart {
+    pub wants: f64,
+    pub needs: Option<f64>,
+    pub weight: f64,
+    pub priority: Result<Criticality, String>,
+}
+
+impl ServerFields {
+    /// The JSON API's fields of `r`.
+    fn of_json(r: &ResourceAsk) -> Self {
+        Self {
+            needs: r.needs,
+            holds: r.holds,
+            term: r.term,
+            parts: r
+                .parts
+                .iter()
+                .map(|p| WirePart {
+                    wants: p.wants,
+                    needs: p.needs,
+                    weight: p.weight,
+                    priority: match &p.priority {
+                        None => Ok(Criticality::Critical),
+                        Some(x) => x.parse().map_err(|e| format!("{e}")),
+                    },
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Reads `f` (of the `i`-th ask) into `ask`; answers the parts. Errors name the field.
+pub(crate) fn server_fields(
     i: usize,
-    r: &ResourceAsk,
+    f: &ServerFields,
     ask: &mut Ask,
 ) -> Result<Vec<weir_quota::lease::Part>, String> {
     let number = |field: &str, v: f64| {
@@ -563,28 +598,28 @@ fn server_fields(
             Err(format!("resources[{i}].{field}: {v}: a finite number ≥ 0"))
         }
     };
-    if let Some(n) = r.needs {
+    if let Some(n) = f.needs {
         ask.needs = Some(number("needs", n)?);
     }
-    if let Some(h) = r.holds {
+    if let Some(h) = f.holds {
         ask.holds = Some(number("holds", h)?);
     }
-    ask.term = r.term;
-    if r.parts.len() > weir_quota::lease::MAX_PARTS {
+    ask.term = f.term;
+    if f.parts.len() > weir_quota::lease::MAX_PARTS {
         return Err(format!(
             "resources[{i}].parts: at most {}",
             weir_quota::lease::MAX_PARTS
         ));
     }
-    r.parts
+    f.parts
         .iter()
         .enumerate()
         .map(|(j, p)| {
             let at = |field: &str| format!("resources[{i}].parts[{j}].{field}");
-            let priority = match &p.priority {
-                None => Criticality::Critical,
-                Some(x) => x.parse().map_err(|e| format!("{}: {e}", at("priority")))?,
-            };
+            let priority = p
+                .priority
+                .clone()
+                .map_err(|e| format!("{}: {e}", at("priority")))?;
             if !(p.weight.is_finite() && p.weight > 0.0) {
                 return Err(format!(
                     "{}: {}: a finite number > 0",
@@ -709,7 +744,7 @@ async fn refresh(
             priority,
             lease_id,
         );
-        server_fields(i, r, &mut ask.1)?;
+        server_fields(i, &ServerFields::of_json(r), &mut ask.1)?;
         Ok(ask)
     });
     let mut asks = match asks {
@@ -726,10 +761,11 @@ async fn refresh(
         .iter()
         .zip(asks.iter_mut())
         .enumerate()
-        .map(|(i, (r, (_, ask)))| server_fields(i, r, ask).unwrap_or_default())
+        .map(|(i, (r, (_, ask)))| {
+            server_fields(i, &ServerFields::of_json(r), ask).unwrap_or_default()
+        })
         .collect();
-    let answers = match api.refresh_parts(&b.client, token.as_deref(), count, &mut asks, parts, now)
-    {
+    let answers = match api.refresh(&b.client, token.as_deref(), count, &mut asks, parts, now) {
         Ok(a) => a,
         Err(e) => return refused(e),
     };
@@ -837,7 +873,7 @@ mod tests {
         assert!(e.contains("RLQS bucket"), "{e}");
         let ask = ("search".to_string(), weir_quota::Ask::wants(1.0));
         let e = api
-            .refresh(&bucket, None, 1, &mut [ask], 0)
+            .refresh(&bucket, None, 1, &mut [ask], Vec::new(), 0)
             .unwrap_err()
             .to_string();
         assert!(e.contains("RLQS bucket"), "{e}");

@@ -1,7 +1,8 @@
 //! The cluster-quota lease API over gRPC (`proto/weir/quota/v1/quota.proto`), on `weir
 //! serve`'s gRPC port beside the rate-limit service: unary `Refresh` and `Release`, framed by
-//! hand like `ShouldRateLimit` ([`crate::rls::grpc`]). The answers are those of the HTTP/JSON
-//! API ([`crate::quota::api`]); a server that is not the quota leader answers
+//! hand like `ShouldRateLimit` ([`crate::rls::grpc`]). The fields (a lease client's `needs`, a
+//! server below's `holds`, `term` and `parts`) and answers are those of the HTTP/JSON API
+//! ([`crate::quota::api`]); a server that is not the quota leader answers
 //! `FAILED_PRECONDITION` with the leader in the metadata `weir-quota-leader-grpc` and
 //! `weir-quota-leader-http`, or `UNAVAILABLE` while no leader is known.
 
@@ -10,12 +11,36 @@ use http::{HeaderValue, Response};
 use prost::Message;
 use weir_core::Clock;
 use weir_quota::proto::{
-    Priority, RefreshRequest, RefreshResponse, ReleaseRequest, ReleaseResponse, ResourceLease,
+    Priority, RefreshRequest, RefreshResponse, ReleaseRequest, ReleaseResponse, ResourceAsk,
+    ResourceLease,
 };
 
 use crate::grpc::frame::{ok, status, Code, GrpcBody};
-use crate::quota::api::{client_ask, read_asks, CallError, QuotaApi};
+use crate::quota::api::{
+    client_ask, read_asks, server_fields, CallError, QuotaApi, ServerFields, WirePart,
+};
 use weir_quota::clients::Denied;
+
+/// The `needs`, `holds`, `term` and `parts` of a gRPC ask (proto3's weight 0 is weight 1).
+fn fields(r: &ResourceAsk) -> ServerFields {
+    ServerFields {
+        needs: r.needs,
+        holds: r.holds,
+        term: r.term,
+        parts: r
+            .parts
+            .iter()
+            .map(|p| WirePart {
+                wants: p.wants,
+                needs: p.needs,
+                weight: if p.weight == 0.0 { 1.0 } else { p.weight },
+                priority: Priority::try_from(p.priority)
+                    .map(Priority::criticality)
+                    .map_err(|_| format!("unknown value {}", p.priority)),
+            })
+            .collect(),
+    }
+}
 
 /// The status of a call refused as a whole.
 fn refused(e: CallError) -> Response<GrpcBody> {
@@ -84,22 +109,23 @@ pub fn call(
         let weight = if r.weight == 0.0 { 1.0 } else { r.weight };
         let (wants, has, safe) = (r.wants, r.has, r.safe);
         let c = priority.criticality();
-        Ok(client_ask(
-            &r.resource,
-            wants,
-            has,
-            safe,
-            weight,
-            c,
-            r.lease_id,
-        ))
+        let mut ask = client_ask(&r.resource, wants, has, safe, weight, c, r.lease_id);
+        server_fields(i, &fields(r), &mut ask.1)?;
+        Ok(ask)
     });
     let mut asks = match asks {
         Ok(a) => a,
         Err(m) => return status(Code::InvalidArgument, &m),
     };
     let count = request.resources.len();
-    let answers = match api.refresh(&request.client, bearer, count, &mut asks, now) {
+    let parts: Vec<Vec<weir_quota::lease::Part>> = request
+        .resources
+        .iter()
+        .zip(asks.iter_mut())
+        .enumerate()
+        .map(|(i, (r, (_, ask)))| server_fields(i, &fields(r), ask).unwrap_or_default())
+        .collect();
+    let answers = match api.refresh(&request.client, bearer, count, &mut asks, parts, now) {
         Ok(a) => a,
         Err(e) => return refused(e),
     };
