@@ -209,6 +209,12 @@ pub struct CostRule {
     /// The estimate of a call that states none (default 1).
     #[serde(default = "one")]
     pub estimate: u64,
+    /// The least a call holds, whatever it states; by default `estimate` when clients state
+    /// their estimates over HTTP (`estimate_from`), else 1. A client stating less —
+    /// `max_tokens: 0`, say — holds this: an estimate it chooses can never make its call a
+    /// free peek, so the calls one key has in flight are at most what its budget holds in
+    /// units of `min`, and their excesses (at most `max − min` each) stay bounded.
+    pub min: Option<u64>,
     /// Most one call's estimate or actual cost counts for (larger ones count as this); by
     /// default the rule's burst, else its limit.
     pub max: Option<u64>,
@@ -326,9 +332,23 @@ fn one() -> u64 {
 }
 
 impl CostRule {
-    /// The units a call stating `given` (or nothing) holds, at most `max`.
+    /// The least a call holds: `min`; else `estimate` when clients state their estimates
+    /// (`estimate_from`), 1 when the caller's own code does (never 0).
+    pub fn floor(&self) -> u64 {
+        let default = match self.estimate_from {
+            Some(_) => self.estimate,
+            None => 1,
+        };
+        self.min.unwrap_or(default).max(1)
+    }
+
+    /// The units a call stating `given` (or nothing) holds: at least [`CostRule::floor`], at
+    /// most `max`.
     pub fn estimate_of(&self, given: Option<u64>, max: u64) -> u64 {
-        given.unwrap_or(self.estimate).min(self.max.unwrap_or(max))
+        given
+            .unwrap_or(self.estimate)
+            .max(self.floor())
+            .min(self.max.unwrap_or(max))
     }
 
     /// The units an actual cost of `actual` counts for, at most `max`.
@@ -1191,6 +1211,17 @@ fn validate_cost(
     }
     if c.max.is_some_and(|m| m < c.estimate.max(1)) {
         fail(format!("{p}.max"), "must be ≥ 1 and ≥ estimate");
+    }
+    if c.min == Some(0) {
+        fail(
+            format!("{p}.min"),
+            "must be ≥ 1 (an estimate of 0 holds nothing: a client could run any number of calls at once)",
+        );
+    }
+    if let (Some(min), Some(max)) = (c.min, c.max) {
+        if min > max {
+            fail(format!("{p}.min"), "must be ≤ max");
+        }
     }
 }
 

@@ -394,6 +394,25 @@ impl<C: Clock + Clone> Guard<C> {
     /// each held is corrected to `actual` (at most the rule's `cost.max`): the rest given back,
     /// an excess charged as a debt. Once; a guard never settled keeps its estimates.
     pub fn settle_cost(&mut self, actual: u64) {
+        self.settle_each(|_| actual);
+    }
+
+    /// Settles a call abandoned before its cost was known (the client went away mid-stream):
+    /// each rule with `cost:` charges what bounds one call (its `cost.max`, else its burst or
+    /// limit), so leaving early never costs less than finishing; a rule without a bound (a
+    /// cluster rule without `max`) keeps the estimate.
+    pub fn settle_abandoned(&mut self) {
+        self.settle_each(|c| {
+            if c.cap == u64::MAX {
+                c.held.estimate
+            } else {
+                c.cap
+            }
+        });
+    }
+
+    /// Settles every held estimate to `actual(hold)` (capped at the hold's `max`), once.
+    fn settle_each(&mut self, actual: impl Fn(&CostHold<C>) -> u64) {
         let Some(extra) = self.extra.as_mut().filter(|e| !e.costs.is_empty()) else {
             return;
         };
@@ -403,12 +422,13 @@ impl<C: Clock + Clone> Guard<C> {
             return;
         };
         let now = res.clock.now();
-        let (estimate, cap) = (costs[0].held.estimate, costs[0].cap);
+        let (estimate, first) = (costs[0].held.estimate, actual(&costs[0]).min(costs[0].cap));
         for c in costs {
-            c.settle(actual, now);
+            let a = actual(&c);
+            c.settle(a, now);
         }
         res.stats
-            .cost(spender.as_deref().unwrap_or(""), estimate, actual.min(cap));
+            .cost(spender.as_deref().unwrap_or(""), estimate, first);
     }
 
     /// Whether the call holds estimates of `cost:` rules not yet settled.

@@ -285,3 +285,58 @@ fn cluster_rules_count_costs_in_their_lease() {
     );
     assert!(r.entry("llm", &costing(100)).is_err());
 }
+
+/// A stated estimate below the floor (`min`, by default the rule's `estimate` when clients
+/// state estimates) holds the floor:
+/// `max_tokens: 0` is never a free peek, so the calls one key runs at once are bounded by its
+/// budget, and its excesses — the debt a shared rule makes everyone wait out — with them.
+#[test]
+fn estimates_below_the_floor_hold_the_floor() {
+    let file = |min: &str| {
+        format!(
+            "resources:
+  - name: chat
+    hot_params:
+      - {{id: tokens-per-user, param: 0, threshold: 10000, window: 1m, algorithm: gcra, burst: 2000,
+         cost: {{estimate: 500, max: 4000, estimate_from: {{json: max_tokens}}{min}}}}}
+    flow:
+      - {{id: all-tokens, qps: 20000, window: 1m, algorithm: gcra, burst: 4000,
+         cost: {{estimate: 500, max: 4000, estimate_from: {{json: max_tokens}}{min}}}}}
+"
+        )
+    };
+    let user = |name: &'static [&'static str], n| Context {
+        params: name,
+        cost: Some(n),
+        ..Context::default()
+    };
+    let (r, clock) = rules(&file(""));
+    // 50 calls stating 0 at once: 4 fit eve's burst (500 each).
+    let admitted: Vec<_> = (0..50)
+        .filter_map(|_| r.entry("chat", &user(&["eve"], 0)).ok())
+        .collect();
+    assert_eq!(admitted.len(), 4);
+    // Each used 4 000: 14 000 owed, on eve's rule and on all-tokens.
+    for mut g in admitted {
+        g.settle_cost(4_000);
+        g.complete(Outcome::Success);
+    }
+    // Everyone waits out eve's excess on all-tokens: 14 000 at 20 000 a minute (42 s) less
+    // the burst's tolerance (12 s), from a rule 6 s ahead — about 37.5 s, not 588.
+    assert!(r.entry("chat", &user(&["ann"], 500)).is_err());
+    clock.advance(std::time::Duration::from_secs(37));
+    assert!(r.entry("chat", &user(&["ann"], 500)).is_err());
+    clock.advance(std::time::Duration::from_secs(1));
+    r.entry("chat", &user(&["ann"], 500))
+        .expect("ann admitted once eve's excess is paid")
+        .complete(Outcome::Success);
+    // A file that trusts its callers says so: `min: 1`.
+    let (r, _) = rules(&file(", min: 1"));
+    let n = (0..50)
+        .filter_map(|_| r.entry("chat", &user(&["eve"], 0)).ok())
+        .count();
+    assert_eq!(n, 50);
+    // `min: 0` would make a call a free peek: refused.
+    let e = RuleSet::from_yaml(Path::new("r.yaml"), &file(", min: 0")).unwrap_err();
+    assert!(e.to_string().contains("min"), "{e}");
+}

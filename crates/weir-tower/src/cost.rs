@@ -209,6 +209,12 @@ impl ActualReader {
         }
     }
 
+    /// The cost read so far, for a body that will not end (the client went away): a trailer
+    /// or the last complete Server-Sent Event stating it; a JSON body counts only once whole.
+    pub fn known(&self) -> Option<u64> {
+        self.found
+    }
+
     /// The cost the body stated, once it ended (`None`: it stated none).
     pub fn finish(self) -> Option<u64> {
         match self.kind {

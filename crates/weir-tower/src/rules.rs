@@ -621,7 +621,7 @@ where
         match entry {
             None => RulesFuture::Pass {
                 inner: self.inner.call(req),
-                guard: None,
+                guard: Pending(None),
                 head,
             },
             Some(Ok(guard)) if guard.has_shared() => {
@@ -641,7 +641,7 @@ where
             }
             Some(Ok(guard)) if guard.wait().is_zero() => RulesFuture::Pass {
                 inner: self.inner.call(req),
-                guard: Some(guard),
+                guard: Pending(Some(guard)),
                 head,
             },
             Some(Ok(guard)) => {
@@ -669,7 +669,7 @@ where
                         });
                         return RulesFuture::Pass {
                             inner: self.inner.call(req),
-                            guard: None,
+                            guard: Pending(None),
                             head,
                         };
                     }
@@ -681,7 +681,7 @@ where
                     });
                     return RulesFuture::Pass {
                         inner: self.inner.call(req),
-                        guard: None,
+                        guard: Pending(None),
                         head,
                     };
                 }
@@ -750,6 +750,18 @@ fn admit<C: Clock + Clone>(
     entry(&ctx)
 }
 
+/// The guard of a call whose service is answering: dropped before the answer (the client
+/// went away while the upstream worked), the call is [`abandoned`].
+pub struct Pending<C: Clock + Clone>(Option<Guard<C>>);
+
+impl<C: Clock + Clone> Drop for Pending<C> {
+    fn drop(&mut self) {
+        if let Some(guard) = self.0.as_mut() {
+            abandoned(guard, None);
+        }
+    }
+}
+
 /// A call waiting for its shared rules' decision.
 pub struct Deciding<S, Req, C: Clock> {
     decide: Pin<Box<dyn Future<Output = Result<Guard<C>, Block>> + Send>>,
@@ -769,12 +781,12 @@ pub struct Paced<S, Req, C: Clock> {
 pin_project_lite::pin_project! {
     /// The response of a [`RulesService`].
     #[project = RulesProj]
-    pub enum RulesFuture<S, Req, C: Clock> where S: Service<Req> {
+    pub enum RulesFuture<S, Req, C> where S: Service<Req>, C: Clock, C: Clone {
         /// Admitted (or not classified): the inner call.
         Pass {
             #[pin]
             inner: S::Future,
-            guard: Option<Guard<C>>,
+            guard: Pending<C>,
             head: bool,
         },
         /// Admitted by a paced rule: waiting for its turn.
@@ -811,7 +823,7 @@ where
             match self.as_mut().project() {
                 RulesProj::Pass { inner, guard, head } => {
                     let out = std::task::ready!(inner.poll(cx));
-                    let guard = guard.take();
+                    let guard = guard.0.take();
                     return Poll::Ready(match out {
                         Ok(mut r) => {
                             let held = guard.map(|g| Admitted::new(g, &mut r));
@@ -844,7 +856,7 @@ where
                     let inner = svc.call(req);
                     self.set(RulesFuture::Pass {
                         inner,
-                        guard: Some(guard),
+                        guard: Pending(Some(guard)),
                         head,
                     });
                 }
@@ -865,7 +877,7 @@ where
                             let inner = svc.call(req);
                             self.set(RulesFuture::Pass {
                                 inner,
-                                guard: Some(guard),
+                                guard: Pending(Some(guard)),
                                 head,
                             });
                         }
@@ -988,9 +1000,12 @@ pub type GuardBody<B, C> = crate::body::HeldBody<B, Admitted<C>>;
 /// Settlement when the response ends: the cost the response stated (header, trailer, JSON
 /// field, last Server-Sent Event); a response stating none that failed (5xx, a broken body)
 /// or was refused upstream (4xx) gives the estimate back; any other keeps it. A response
-/// dropped before its end (the client went away, the connection closed) keeps the estimate.
-pub struct Admitted<C: Clock = MonotonicClock> {
-    guard: Guard<C>,
+/// dropped before its end (the client went away, the connection closed) settles with the cost
+/// read so far (a usage event already passed), else with the rules' `max`: a client cannot
+/// leave early to pay less than its call cost.
+pub struct Admitted<C: Clock + Clone = MonotonicClock> {
+    /// `None` once ended.
+    guard: Option<Guard<C>>,
     /// Reads the actual cost from the body (`None`: nothing to read, or already settled).
     reader: Option<Box<crate::cost::ActualReader>>,
     /// A 4xx: the upstream refused the call.
@@ -1003,7 +1018,7 @@ impl<C: Clock + Clone> Admitted<C> {
     fn new<B>(guard: Guard<C>, r: &mut Response<B>) -> Self {
         if !guard.holds_cost() {
             return Self {
-                guard,
+                guard: Some(guard),
                 reader: None,
                 refused: false,
             };
@@ -1031,7 +1046,7 @@ impl<C: Clock + Clone> Admitted<C> {
             }
         }
         Self {
-            guard,
+            guard: Some(guard),
             reader,
             refused: r.status().is_client_error(),
         }
@@ -1040,14 +1055,17 @@ impl<C: Clock + Clone> Admitted<C> {
 
 impl<C: Clock + Clone> crate::body::Held for Admitted<C> {
     fn end(mut self, failed: bool) {
-        if self.guard.holds_cost() {
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        if guard.holds_cost() {
             match self.reader.take().and_then(|r| r.finish()) {
-                Some(actual) => self.guard.settle_cost(actual),
-                None if failed || self.refused => self.guard.settle_cost(0),
+                Some(actual) => guard.settle_cost(actual),
+                None if failed || self.refused => guard.settle_cost(0),
                 None => {}
             }
         }
-        self.guard.end(failed);
+        guard.end(failed);
     }
 
     #[inline]
@@ -1055,6 +1073,30 @@ impl<C: Clock + Clone> crate::body::Held for Admitted<C> {
         if let Some(r) = &mut self.reader {
             r.frame(frame);
         }
+    }
+}
+
+impl<C: Clock + Clone> Drop for Admitted<C> {
+    /// The response was dropped before its end: see [`abandoned`].
+    fn drop(&mut self) {
+        if let Some(guard) = self.guard.as_mut() {
+            abandoned(guard, self.reader.as_deref().and_then(|r| r.known()));
+        }
+    }
+}
+
+/// Settles a call whose response will not end (the client went away): with `known`, the
+/// cost read so far, else with what bounds it (each rule's `max`) when the response was to
+/// state its cost. A call whose rules read no actual cost keeps its estimates.
+pub(crate) fn abandoned<C: Clock + Clone>(guard: &mut Guard<C>, known: Option<u64>) {
+    if !guard.holds_cost() {
+        return;
+    }
+    let states_cost = guard.cost_sources().is_some_and(|s| s.actual.is_some());
+    match known {
+        Some(actual) => guard.settle_cost(actual),
+        None if states_cost => guard.settle_abandoned(),
+        None => {}
     }
 }
 

@@ -1,8 +1,8 @@
 //! Rules with `cost:` behind the rules layer, in process on a manual clock: the estimate read
 //! from a request header or a JSON body field, the actual cost from a response header, a
 //! trailer, a JSON body or the last Server-Sent Event (read as the body passes), the budget
-//! in the `RateLimit` headers, a failed stream given back, a bad cost counted as the estimate
-//! and a response never finished kept at its estimate.
+//! in the `RateLimit` headers, a failed stream given back, a bad cost counted as the estimate,
+//! and a client leaving early charged the cost read so far or the rule's `max`.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -277,9 +277,8 @@ async fn trailers_and_json_bodies_state_costs() {
     assert_eq!(cost(&rules, "json"), (350, 175, 0));
 }
 
-#[tokio::test]
-async fn a_response_never_finished_keeps_its_estimate() {
-    let (rules, _clock) = rules();
+/// `n` frames of the answer to an SSE call holding 200, then the client goes away.
+async fn leave_after(rules: &Arc<Rules<Arc<ManualClock>>>, frames: usize) {
     let svc = RulesLayer::new(rules.clone()).layer(service_fn(upstream));
     let req = Request::get("/sse?sse&n=5")
         .header("x-user", "ann")
@@ -288,8 +287,46 @@ async fn a_response_never_finished_keeps_its_estimate() {
         .unwrap();
     let resp = svc.oneshot(req).await.unwrap();
     let mut body = resp.into_body();
-    // One frame read, then the client goes away.
-    let _ = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+    for _ in 0..frames {
+        let _ = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+    }
     drop(body);
-    assert_eq!(cost(&rules, "sse"), (200, 0, 0));
+}
+
+/// A client that leaves mid-stream pays what the stream had said it cost, or — before the
+/// cost was known — what bounds one call (the rule's `max`), never only its own estimate.
+#[tokio::test]
+async fn a_client_leaving_early_pays_the_cost_read_or_the_max() {
+    let (early, _clock) = rules();
+    // One frame read (no usage yet): charged the max, 900 (700 owed).
+    leave_after(&early, 1).await;
+    assert_eq!(cost(&early, "sse"), (200, 0, 700));
+    // The usage event read (5 tokens), the stream not ended: charged 5.
+    let (late, _clock) = rules();
+    leave_after(&late, 2).await;
+    assert_eq!(cost(&late, "sse"), (200, 195, 0));
+}
+
+/// A client that leaves before the response's head (the upstream still working) pays the max.
+#[tokio::test]
+async fn a_client_leaving_before_the_answer_pays_the_max() {
+    let (rules, _clock) = rules();
+    let never = service_fn(|_req: Request<weir_tower::cost::ReplayBody<Full<Bytes>>>| {
+        std::future::pending::<Result<Response<Frames>, std::convert::Infallible>>()
+    });
+    let svc = RulesLayer::new(rules.clone()).layer(never);
+    let req = Request::get("/sse")
+        .header("x-user", "ann")
+        .header("x-max-tokens", "0")
+        .body(weir_tower::cost::ReplayBody::whole(Full::new(Bytes::new())))
+        .unwrap();
+    let call = svc.oneshot(req);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(20), call)
+            .await
+            .is_err(),
+        "never answers"
+    );
+    // Stated 0: held the floor (the rule's estimate, 100), then charged the max.
+    assert_eq!(cost(&rules, "sse"), (100, 0, 800));
 }

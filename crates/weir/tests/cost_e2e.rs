@@ -22,6 +22,8 @@ use common::llm;
 const BUDGET: u64 = 10_000;
 const BURST: u64 = 2_000;
 const ESTIMATE: u64 = 500;
+/// `weir serve`'s `cost.min` in the Envoy test: what an ask holds at least.
+const MIN: u64 = 500;
 const RUN: Duration = Duration::from_secs(66);
 const SPAN: Duration = Duration::from_secs(60);
 
@@ -169,13 +171,26 @@ http:
     let _ = proxy.wait();
 }
 
-/// `weir serve`'s answer for `user` now, asking for nothing: what is left.
+/// `weir serve`'s `/json` answer to `body`.
+fn rls(http: u16, body: &str) -> String {
+    common::request(http, "POST", "/json", "", body)
+        .expect("weir serve answers")
+        .1
+}
+
+/// What `weir serve` has left for `user` now: an ask of the rule's `cost.min`, given back at
+/// once (a rule with `cost:` has no free peek).
 fn left(http: u16, user: &str) -> u64 {
-    let body = format!(
-        "{{\"domain\":\"llm\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"{user}\"}}],\"hitsAddend\":0}}]}}"
-    );
-    let (_, answer) =
-        common::request(http, "POST", "/json", "", &body).expect("weir serve answers");
+    let one = |negative: bool| {
+        format!(
+            "{{\"domain\":\"llm\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"{user}\"}}],\"hitsAddend\":{MIN},\"isNegativeHits\":{negative}}}]}}"
+        )
+    };
+    let answer = rls(http, &one(false));
+    if answer.contains("OVER_LIMIT") {
+        return 0;
+    }
+    rls(http, &one(true));
     let at = answer.find("\"limitRemaining\":").map(|i| i + 17);
     at.map_or(0, |i| {
         answer[i..]
@@ -184,7 +199,38 @@ fn left(http: u16, user: &str) -> u64 {
             .collect::<String>()
             .parse()
             .unwrap_or(0)
-    })
+    }) + MIN
+}
+
+/// A call through Envoy that reads every event (to `[DONE]`) and closes before the trailer
+/// comes: its status.
+fn call_leaving_before_the_trailer(port: u16, user: &str, estimate: u64) -> u16 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return 0;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let req = format!(
+        "POST /late-trailer HTTP/1.1\r\nHost: t\r\nx-user: {user}\r\nx-max-tokens: {estimate}\r\nContent-Length: 2\r\n\r\n{{}}"
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return 0;
+    }
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        if out.windows(6).any(|w| w == b"[DONE]") {
+            break;
+        }
+    }
+    std::str::from_utf8(out.get(9..12).unwrap_or_default())
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
 
 /// One call through Envoy with `x-max-tokens: estimate`: its status (the body read to its
@@ -222,7 +268,7 @@ async fn llm_budgets_through_envoy_and_weir_serve() {
     let config = dir.join("llm.yaml");
     std::fs::write(
         &config,
-        format!("domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: {BUDGET}, algorithm: gcra, burst: {BURST}}}\n"),
+        format!("domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: {BUDGET}, algorithm: gcra, burst: {BURST}, cost: {{min: {MIN}, max: 4000}}}}\n"),
     )
     .unwrap();
     let (http, grpc) = (support::free_port(), support::free_port());
@@ -253,18 +299,22 @@ async fn llm_budgets_through_envoy_and_weir_serve() {
     std::fs::write(&file, yaml).unwrap();
     let mut envoy = common::start_envoy(&file, admin, port);
 
-    // One by one first (blocking calls, off the runtime's threads): a cut stream gives its
-    // estimate back; a whole one is charged its tokens; a refused one gives nothing back; a
-    // request without an estimate is refused.
+    // One by one first (blocking calls, off the runtime's threads): a cut stream keeps its
+    // estimate (no trailer: nothing justifies a refund); a whole one is charged its tokens; a
+    // refused one gives nothing back; a request without an estimate is refused; a client that
+    // reads every event and leaves before the trailer keeps paying its estimate.
     let checks = tokio::task::spawn_blocking(move || {
         let full = left(http, "zed");
         assert_eq!(call(port, "/cut", "zed", 1_500), 200);
         std::thread::sleep(Duration::from_millis(300));
         let after_cut = left(http, "zed");
         assert!(
-            after_cut + 50 >= full,
-            "cut stream not given back: {after_cut} of {full}"
+            full - after_cut >= 1_200,
+            "a cut stream gave its estimate back: {after_cut} of {full}"
         );
+        std::thread::sleep(Duration::from_millis(9_000));
+        let full = left(http, "zed");
+        assert!(full + 1 >= BURST, "refilled: {full}");
         assert_eq!(call(port, "/whole", "zed", 1_500), 200);
         std::thread::sleep(Duration::from_millis(300));
         let after_whole = left(http, "zed");
@@ -278,6 +328,25 @@ async fn llm_budgets_through_envoy_and_weir_serve() {
         let headers = "x-user: zed\r\n";
         let (status, _) = common::request(port, "POST", "/whole", headers, "{}").unwrap();
         assert_eq!(status, 400);
+        let eve = left(http, "eve");
+        assert_eq!(call_leaving_before_the_trailer(port, "eve", 1_500), 200);
+        std::thread::sleep(Duration::from_millis(1_000));
+        let eve_after = left(http, "eve");
+        assert!(
+            eve - eve_after >= 1_200,
+            "left before the trailer and paid nothing: {eve_after} of {eve}"
+        );
+        // `x-max-tokens: 0` from 20 clients at once: each holds `cost.min`, so the burst
+        // admits BURST / MIN of them at most (and the refill while they run).
+        let zero: Vec<_> = (0..20)
+            .map(|_| std::thread::spawn(move || call(port, "/whole", "mallory", 0)))
+            .collect();
+        let admitted = zero
+            .into_iter()
+            .filter(|t| matches!(t.join(), Ok(200)))
+            .count() as u64;
+        println!("x-max-tokens: 0 from 20 clients at once: {admitted} admitted (cost.min {MIN}, burst {BURST})");
+        assert!(admitted <= BURST / MIN + 1, "{admitted} admitted");
         (full, after_whole)
     })
     .await

@@ -163,6 +163,46 @@ pub struct RateLimit {
     pub algorithm: RateAlgorithm,
     /// Burst for GCRA / token bucket.
     pub burst: Option<u64>,
+    /// `cost: {min, max}`: the rule takes settlements (Envoy's stream-end refunds and
+    /// charges, see [`CostBounds`]); `None`: a settlement naming it changes nothing.
+    pub cost: Option<CostBounds>,
+}
+
+/// A rule's `cost` extension: opts it in to settlements and bounds every hit on it.
+///
+/// - an ask's hits count as at least `min` and at most `max` (a client stating
+///   `x-max-tokens: 0` holds `min`: never a free peek);
+/// - a charge (a descriptor ending with `weir_cost=settle`) counts for at most `max`;
+/// - a refund (`is_negative_hits`) counts as its ask did (`min` to `max`) and never gives back
+///   more than this instance charged the same key's asks in the last
+///   [`REFUND_HORIZON`](crate::rls::settlement::REFUND_HORIZON).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CostBounds {
+    /// The least one ask holds.
+    pub min: u64,
+    /// The most one ask, charge or refund counts for.
+    pub max: u64,
+}
+
+impl CostBounds {
+    /// What an ask or a refund of `hits` counts for.
+    pub fn held(&self, hits: u64) -> u64 {
+        hits.clamp(self.min, self.max)
+    }
+
+    /// What a charge of `hits` counts for.
+    pub fn charged(&self, hits: u64) -> u64 {
+        hits.min(self.max)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCost {
+    #[serde(default, deserialize_with = "count")]
+    min: Option<u64>,
+    #[serde(default, deserialize_with = "count")]
+    max: Option<u64>,
 }
 
 impl RateLimit {
@@ -268,6 +308,7 @@ struct RawRateLimit {
     #[serde(default, deserialize_with = "count")]
     burst: Option<u64>,
     window: Option<String>,
+    cost: Option<RawCost>,
 }
 
 /// Parses `30s`, `500ms`, `5m`, `1h`, `1d` (the rule sets' parser).
@@ -291,6 +332,7 @@ impl<'de> Deserialize<'de> for RateLimit {
                 ("requests_per_unit", raw.requests_per_unit.is_some()),
                 ("burst", raw.burst.is_some()),
                 ("algorithm", raw.algorithm.is_some()),
+                ("cost", raw.cost.is_some()),
             ]
             .into_iter()
             .filter_map(|(f, set)| set.then_some(f))
@@ -330,6 +372,33 @@ impl<'de> Deserialize<'de> for RateLimit {
                 algorithm.as_str()
             )));
         }
+        let cost = match &raw.cost {
+            None => None,
+            Some(c) => {
+                if !matches!(
+                    algorithm,
+                    RateAlgorithm::Gcra | RateAlgorithm::TokenBucket | RateAlgorithm::FixedWindow
+                ) {
+                    return Err(de::Error::custom(format!(
+                        "cost needs algorithm gcra, token_bucket or fixed_window, not {} (the others cannot give back what they counted)",
+                        algorithm.as_str()
+                    )));
+                }
+                let max = c.max.or(raw.burst).unwrap_or(requests_per_unit).max(1);
+                let min = c.min.unwrap_or(1);
+                if min == 0 {
+                    return Err(de::Error::custom(
+                        "cost.min must be ≥ 1 (0 would make an ask a free peek)",
+                    ));
+                }
+                if min > max {
+                    return Err(de::Error::custom(format!(
+                        "cost.min {min} is above cost.max {max}"
+                    )));
+                }
+                Some(CostBounds { min, max })
+            }
+        };
         let mut replaces = Vec::with_capacity(raw.replaces.len());
         for r in raw.replaces {
             if r.name.is_empty() {
@@ -354,6 +423,7 @@ impl<'de> Deserialize<'de> for RateLimit {
             replaces,
             algorithm,
             burst: raw.burst,
+            cost,
         };
         if !limit.unlimited && !limit.denies_all() {
             // What the store checks when the rule is built, said here with the location.

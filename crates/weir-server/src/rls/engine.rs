@@ -18,6 +18,7 @@ use weir_core::rate::RateAlgorithm;
 use weir_core::Decision;
 
 use super::config::{Descriptor, DomainConfig, Metadata, RateLimit, Unit};
+use super::settlement::Ledger;
 use super::store::{Counter, Retune, Store};
 
 /// Request bounds: anything larger is INVALID_ARGUMENT, never unbounded work or memory.
@@ -174,6 +175,8 @@ pub struct Rule {
     pub counts: Arc<RuleCounts>,
     /// Built once, cloned (two reference counts) into every status.
     applied: AppliedLimit,
+    /// With `cost:`: what each key's asks charged, the most its refunds give back.
+    ledger: Option<Arc<Ledger>>,
 }
 
 /// Distinct metric labels one `detailed_metric` / `value_to_metric` rule creates at most;
@@ -193,6 +196,13 @@ pub struct RuleMetrics {
     pub near_limit: AtomicU64,
     /// Hits over the limit in shadow mode.
     pub shadow_over_limit: AtomicU64,
+    /// Units given back by settlements (`is_negative_hits`).
+    pub refunded: AtomicU64,
+    /// Units charged by settlements (`weir_cost=settle`), whatever the limit.
+    pub charged: AtomicU64,
+    /// Settlements refused, whole or in part: on a rule without `cost:`, or a refund beyond
+    /// what the key's asks charged.
+    pub settlements_refused: AtomicU64,
 }
 
 /// Cumulative counts of one rule, for the dashboard (the Prometheus counters are write-only).
@@ -570,6 +580,7 @@ impl Engine {
             replaces: Vec::new(),
             algorithm: RateAlgorithm::FixedWindow,
             burst: None,
+            cost: None,
         };
         // Lyft counts every hit of an override (it has no domain setting to say otherwise).
         let rule = counter(
@@ -613,7 +624,7 @@ impl Engine {
                 .unwrap_or(u64::from(request.hits_addend.max(1)));
             if let Some(refund) = d.settlement() {
                 if let (Some(m), None) = (m, d.limit) {
-                    self.settle(m, d, hits, refund, now).await;
+                    self.settle_asked(m, d, hits, refund, now).await;
                 }
                 statuses.push(no_limit());
                 continue;
@@ -666,9 +677,13 @@ impl Engine {
                                 .map(|(i, (_, v))| ("", m.counted(i, v))),
                             false,
                         );
+                        let hits = r.limit.cost.map_or(hits, |c| c.held(hits));
                         let decision = counter.acquire(&key, hits, now).await;
                         if decision.allowed() && !counter.spec().count_denied {
                             admitted |= 1 << i;
+                        }
+                        if let (true, Some(ledger)) = (decision.allowed(), &r.ledger) {
+                            ledger.charged(&key, hits, now);
                         }
                         let fixed = r.limit.algorithm == RateAlgorithm::FixedWindow;
                         let mut status = status_of(
@@ -737,13 +752,68 @@ impl Engine {
                 let hits = d
                     .hits_addend
                     .unwrap_or(u64::from(request.hits_addend.max(1)));
+                let hits = m.rule.limit.cost.map_or(hits, |c| c.held(hits));
+                if let Some(ledger) = &m.rule.ledger {
+                    ledger.refundable(&Self::settled_key(m, d), hits, now);
+                }
                 self.settle(m, d, hits, true, now).await;
             }
         }
     }
 
-    /// A settlement on the counter `m` matched: `hits` charged whatever the limit, or given
-    /// back (`refund`). Not a hit: nothing is counted in the rule's metrics.
+    /// A settlement a caller asked for on the rule `m` matched: refused unless the rule has
+    /// `cost:`; then within its bounds ([`super::settlement`]). Counted in the rule's metrics
+    /// (not as hits).
+    async fn settle_asked(
+        &self,
+        m: &Matched<'_>,
+        d: &RequestDescriptor,
+        hits: u64,
+        refund: bool,
+        now: weir_core::Nanos,
+    ) {
+        let rule = m.rule;
+        let refused = || {
+            rule.metrics
+                .settlements_refused
+                .fetch_add(1, Ordering::Relaxed)
+        };
+        let (Some(bounds), Some(ledger), Some(_)) = (rule.limit.cost, &rule.ledger, &rule.counter)
+        else {
+            refused();
+            return;
+        };
+        let units = if refund {
+            let asked = bounds.held(hits);
+            let units = ledger.refundable(&Self::settled_key(m, d), asked, now);
+            if units < asked {
+                refused();
+            }
+            rule.metrics.refunded.fetch_add(units, Ordering::Relaxed);
+            units
+        } else {
+            let units = bounds.charged(hits);
+            rule.metrics.charged.fetch_add(units, Ordering::Relaxed);
+            units
+        };
+        if units > 0 {
+            self.settle(m, d, units, refund, now).await;
+        }
+    }
+
+    /// The counter key a settlement descriptor `d` names on the rule `m` matched
+    /// ([`SETTLE_ENTRY`] left out).
+    fn settled_key(m: &Matched<'_>, d: &RequestDescriptor) -> String {
+        counter_key(
+            d.matched_entries()
+                .iter()
+                .enumerate()
+                .map(|(i, (_, v))| ("", m.counted(i, v))),
+            false,
+        )
+    }
+
+    /// Gives back or charges `hits` on the counter `m` matched (`refund`: given back).
     async fn settle(
         &self,
         m: &Matched<'_>,
@@ -755,13 +825,7 @@ impl Engine {
         let Some(counter) = &m.rule.counter else {
             return;
         };
-        let key = counter_key(
-            d.matched_entries()
-                .iter()
-                .enumerate()
-                .map(|(i, (_, v))| ("", m.counted(i, v))),
-            false,
-        );
+        let key = Self::settled_key(m, d);
         let adjusting = counter.adjust(&key, hits, refund, now);
         if let Some(f) = adjusting {
             f.await;
@@ -1166,6 +1230,9 @@ impl Built<'_> {
             shadow,
             quota_mode: d.quota_mode,
             metadata: d.metadata.clone().map(Arc::new),
+            ledger: limit
+                .cost
+                .map(|_| previous.and_then(|p| p.ledger.clone()).unwrap_or_default()),
             counter,
         });
         self.rules.push(rule.clone());
@@ -1505,50 +1572,115 @@ descriptors:
         assert_eq!(s.reset, Duration::from_secs(30));
     }
 
-    /// Envoy's stream-end call: the estimate given back (`is_negative_hits`), the actual cost
-    /// charged whatever the limit (the descriptor ends with `weir_cost: settle`, not matched).
+    /// A request of `n` hits on `user: ann`: an ask, a refund (`Some(true)`) or a charge
+    /// (`Some(false)`, the descriptor ending with `weir_cost=settle`).
+    fn ask(n: u64, settle: Option<bool>) -> Request {
+        let mut r = req("llm", &[("user", "ann")]);
+        let d = &mut r.descriptors[0];
+        d.hits_addend = Some(n);
+        match settle {
+            Some(true) => d.negative = true,
+            Some(false) => d.entries.push(("weir_cost".into(), "settle".into())),
+            None => {}
+        }
+        r
+    }
+
+    /// Envoy's stream-end call on a rule with `cost:`: the estimate given back
+    /// (`is_negative_hits`), the actual cost charged whatever the limit (the descriptor ends
+    /// with `weir_cost: settle`, not matched) — each bounded.
     #[tokio::test]
     async fn settlements_give_back_and_charge_past_the_limit() {
         for algorithm in ["fixed_window", "gcra"] {
-            let yaml = format!("domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 1000, algorithm: {algorithm}}}\n");
+            let yaml = format!("domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 1000, algorithm: {algorithm}, cost: {{max: 2000}}}}\n");
             let clock = Arc::new(weir_core::ManualClock::new(0));
             let e = on_clock(&yaml, &clock);
-            let ask = |n: u64, settle: Option<bool>| {
-                let mut r = req("llm", &[("user", "ann")]);
-                let d = &mut r.descriptors[0];
-                d.hits_addend = Some(n);
-                match settle {
-                    Some(true) => d.negative = true,
-                    Some(false) => d.entries.push(("weir_cost".into(), "settle".into())),
-                    None => {}
-                }
-                r
-            };
-            // What is left, asked without taking anything.
-            let left = || async { e.decide(&ask(0, None)).await.unwrap().statuses[0].remaining };
+            // What is left after an ask of 1.
+            let left = || async { e.decide(&ask(1, None)).await.unwrap().statuses[0].remaining };
             // 900 held; the call cost 120: 900 back, 120 charged, in one request.
             assert!(!e.decide(&ask(900, None)).await.unwrap().over_limit);
-            assert_eq!(left().await, 100, "{algorithm}");
+            assert_eq!(left().await, 99, "{algorithm}");
             let mut settle = ask(900, Some(true));
             settle
                 .descriptors
                 .push(ask(120, Some(false)).descriptors.remove(0));
             let r = e.decide(&settle).await.unwrap();
             assert!(!r.over_limit, "a settlement is never refused");
-            assert_eq!(left().await, 880, "{algorithm}");
-            // A charge past the limit still counts (a debt): nothing left.
+            assert_eq!(left().await, 878, "{algorithm}");
+            // A charge past the limit still counts (a debt), at most `max`: nothing left.
             assert!(!e.decide(&ask(5_000, Some(false))).await.unwrap().over_limit);
-            assert_eq!(left().await, 0, "{algorithm}");
             assert!(e.decide(&ask(1, None)).await.unwrap().over_limit);
-            // A refund past what is held empties the key, never past empty.
+            // A refund gives back at most what ann's asks charged and were not given back
+            // (2 units of 1): the debt stands.
             assert!(
                 !e.decide(&ask(1_000_000, Some(true)))
                     .await
                     .unwrap()
                     .over_limit
             );
-            assert_eq!(left().await, 1000, "{algorithm}");
+            assert!(
+                e.decide(&ask(1, None)).await.unwrap().over_limit,
+                "{algorithm}"
+            );
+            let m = &e.rules()[0].metrics;
+            assert_eq!(m.refunded.load(Ordering::Relaxed), 902, "{algorithm}");
+            assert_eq!(m.charged.load(Ordering::Relaxed), 2_120, "{algorithm}");
+            assert_eq!(m.settlements_refused.load(Ordering::Relaxed), 1);
         }
+    }
+
+    /// Any caller of the service can send settlements: on a rule without `cost:` they change
+    /// nothing (a refund never adds room, a charge never locks a key out) and are counted.
+    #[tokio::test]
+    async fn settlements_on_rules_without_cost_change_nothing() {
+        let yaml = "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: gcra}\n";
+        let clock = Arc::new(weir_core::ManualClock::new(0));
+        let e = on_clock(yaml, &clock);
+        for _ in 0..3 {
+            assert!(!e.decide(&ask(1, None)).await.unwrap().over_limit);
+        }
+        assert!(!e.decide(&ask(5, Some(true))).await.unwrap().over_limit);
+        assert!(
+            e.decide(&ask(1, None)).await.unwrap().over_limit,
+            "no refund"
+        );
+        clock.advance(Duration::from_secs(60));
+        assert!(
+            !e.decide(&ask(1_000_000_000_000_000, Some(false)))
+                .await
+                .unwrap()
+                .over_limit
+        );
+        assert!(
+            !e.decide(&ask(1, None)).await.unwrap().over_limit,
+            "no charge"
+        );
+        let m = &e.rules()[0].metrics;
+        assert_eq!(m.settlements_refused.load(Ordering::Relaxed), 2);
+        assert_eq!(m.refunded.load(Ordering::Relaxed), 0);
+    }
+
+    /// `cost.min`: an ask stating less (Envoy's `x-max-tokens: 0`) holds `min`, so concurrent
+    /// asks cannot pass uncounted; its refund gives back what it held.
+    #[tokio::test]
+    async fn asks_below_the_floor_hold_the_floor() {
+        let yaml = "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10000, algorithm: gcra, burst: 2000, cost: {min: 500, max: 4000}}\n";
+        let clock = Arc::new(weir_core::ManualClock::new(0));
+        let e = on_clock(yaml, &clock);
+        let admitted = {
+            let mut n = 0;
+            for _ in 0..50 {
+                if !e.decide(&ask(0, None)).await.unwrap().over_limit {
+                    n += 1;
+                }
+            }
+            n
+        };
+        assert_eq!(admitted, 4, "2 000 of burst in asks of 500");
+        // Each refund of 0 gives back the 500 its ask held.
+        assert!(!e.decide(&ask(0, Some(true))).await.unwrap().over_limit);
+        assert!(!e.decide(&ask(0, None)).await.unwrap().over_limit);
+        assert!(e.decide(&ask(0, None)).await.unwrap().over_limit);
     }
 
     #[test]

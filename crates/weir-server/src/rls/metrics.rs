@@ -16,7 +16,7 @@ use super::server::Service;
 #[derive(Debug)]
 pub struct RlsCollector(pub Weak<Service>);
 
-const RULE_FAMILIES: [(&str, &str); 4] = [
+const RULE_FAMILIES: [(&str, &str); 7] = [
     ("weir_rls_hits", "Hits counted, by rule (or value) label."),
     ("weir_rls_over_limit", "Hits answered OVER_LIMIT."),
     (
@@ -27,6 +27,18 @@ const RULE_FAMILIES: [(&str, &str); 4] = [
         "weir_rls_shadow_over_limit",
         "Hits over the limit in shadow mode (answered OK).",
     ),
+    (
+        "weir_rls_refunded_units",
+        "Units given back by settlements (is_negative_hits) on rules with cost.",
+    ),
+    (
+        "weir_rls_charged_units",
+        "Units charged by settlements (weir_cost=settle) on rules with cost, whatever the limit.",
+    ),
+    (
+        "weir_rls_settlements_refused",
+        "Settlements refused in whole or part: the rule has no cost, or a refund passed what the key's asks charged.",
+    ),
 ];
 
 impl Collector for RlsCollector {
@@ -36,7 +48,7 @@ impl Collector for RlsCollector {
         };
         let engine = service.engine();
         // One series per label: a per-value label two rules share adds up, as one counter.
-        let mut rules: BTreeMap<String, [u64; 4]> = BTreeMap::new();
+        let mut rules: BTreeMap<String, [u64; 7]> = BTreeMap::new();
         for rule in engine.rules() {
             rule.metric_series(|label, m| {
                 let row = rules.entry(label.to_string()).or_default();
@@ -46,6 +58,9 @@ impl Collector for RlsCollector {
                     &m.over_limit,
                     &m.near_limit,
                     &m.shadow_over_limit,
+                    &m.refunded,
+                    &m.charged,
+                    &m.settlements_refused,
                 ]) {
                     *v += load(c);
                 }

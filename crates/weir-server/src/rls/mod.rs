@@ -9,6 +9,7 @@ pub mod grpc;
 pub mod latency;
 pub mod metrics;
 pub mod server;
+pub mod settlement;
 pub mod store;
 
 pub use embed::{BuildError, Builder, Server};

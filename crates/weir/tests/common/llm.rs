@@ -127,10 +127,11 @@ async fn serve(
     let (tokens, failed, millis, parts) = {
         let mut r = rng.lock();
         let tokens = r.tokens();
-        // `/cut…` always fails midway, `/whole…` never; others one in twenty.
+        // `/cut…` always fails midway, `/whole…` and `/late-trailer…` never; others one in
+        // twenty.
         let failed = match () {
             _ if path.starts_with("/cut") => true,
-            _ if path.starts_with("/whole") => false,
+            _ if path.starts_with("/whole") || path.starts_with("/late-trailer") => false,
             _ => r.next_f64() < 0.05,
         };
         let millis = 50 + (r.next_f64() * 250.0) as u64;
@@ -169,6 +170,11 @@ async fn serve(
     s.write_all(send(usage).as_bytes()).await?;
     match trailer {
         Some(t) => {
+            if path.starts_with("/late-trailer") {
+                // The trailer comes after the client has read every event.
+                s.flush().await?;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
             s.write_all(format!("0\r\n{t}: {tokens}\r\n\r\n").as_bytes())
                 .await?
         }
