@@ -419,6 +419,18 @@ impl LeaseTable {
         now < self.learning_until && self.config.capacity > 0.0
     }
 
+    /// The earliest time the table may have no holder and no learning left: the latest
+    /// holder's expiry or the end of learning, whichever is later (a refresh only moves it
+    /// later).
+    pub fn lapses_at(&self) -> Nanos {
+        self.holders
+            .iter()
+            .map(|h| h.expires_at)
+            .max()
+            .unwrap_or(0)
+            .max(self.learning_until)
+    }
+
     /// The unexpired grants, one row per client.
     pub fn holders(&self) -> &[Holder] {
         &self.holders

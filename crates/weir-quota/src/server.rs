@@ -151,6 +151,19 @@ impl Instances {
     }
 }
 
+/// When the template instances may next be swept for room (see
+/// [`LeaseServer::make_room_for_instance`]).
+#[derive(Debug, Default)]
+struct InstanceSweep {
+    /// No instance can lapse before this time: a newcomer refused earlier costs no sweep.
+    next: Nanos,
+    /// Sweeps run.
+    runs: u64,
+}
+
+/// Least time between two sweeps of the template instances for room, whatever lapses.
+const INSTANCE_SWEEP_EVERY: Nanos = 100_000_000;
+
 /// At most `n` bytes of `s`, cut at a character boundary.
 fn truncated(s: &str, n: usize) -> &str {
     let mut end = n.min(s.len());
@@ -182,6 +195,9 @@ pub struct LeaseServer {
     leases: std::sync::atomic::AtomicUsize,
     /// When every table was last swept because the bound was reached.
     swept_at: Mutex<Nanos>,
+    /// Template instances swept for room: no sweep before this time (nothing could have
+    /// lapsed), and how many sweeps ran.
+    instance_sweep: Mutex<InstanceSweep>,
     /// Under a parent (a tree of servers): per resource, the capacity leased from it and the
     /// time no lease may outlive; `None`: capacities are the file's.
     leased: Mutex<Option<HashMap<String, Leased>>>,
@@ -214,6 +230,7 @@ impl LeaseServer {
             hold: Mutex::new(None),
             leases: std::sync::atomic::AtomicUsize::new(0),
             swept_at: Mutex::new(0),
+            instance_sweep: Mutex::new(InstanceSweep::default()),
             leased: Mutex::new(None),
         }
     }
@@ -505,6 +522,7 @@ impl LeaseServer {
         self.recount(&tables);
         groups.rebuild(&tables, |name| config.level_params(name));
         *self.started_at.lock() = None;
+        self.instance_sweep.lock().next = 0;
     }
 
     /// Checks that `client` may create the template instance `resource`, dropping lapsed
@@ -521,20 +539,28 @@ impl LeaseServer {
         let full = |i: &Instances| {
             i.len() >= MAX_RESOURCES || i.created_by(client) >= MAX_INSTANCES_PER_CLIENT
         };
-        if full(&instances) {
-            // Make room: instances whose leases all lapsed.
+        // Make room: instances whose leases all lapsed — swept only once one can have lapsed
+        // (and at most every INSTANCE_SWEEP_EVERY), so a newcomer refused at the cap costs
+        // O(1) under the lock, however many arrive.
+        let mut sweep = self.instance_sweep.lock();
+        if full(&instances) && now >= sweep.next {
+            sweep.runs += 1;
             let mut dropped = Vec::new();
+            let mut next = Nanos::MAX;
             tables.retain(|name, t| {
                 if !instances.contains(name) {
                     return true;
                 }
                 t.expire(now);
                 let keep = !t.holders().is_empty() || t.learning(now);
-                if !keep {
+                if keep {
+                    next = next.min(t.lapses_at());
+                } else {
                     dropped.push(name.clone());
                 }
                 keep
             });
+            sweep.next = next.max(now.saturating_add(INSTANCE_SWEEP_EVERY));
             let nested = dropped.iter().any(|n| n.contains('/'));
             for name in dropped {
                 instances.remove(&name);
@@ -546,6 +572,7 @@ impl LeaseServer {
                 instances = self.instances.lock();
             }
         }
+        drop(sweep);
         if instances.len() >= MAX_RESOURCES {
             return Err(Refusal::Full {
                 resource: resource.to_string(),
@@ -589,6 +616,8 @@ impl LeaseServer {
         self.recount(&tables);
         groups.rebuild(&tables, |name| config.level_params(name));
         *self.config.lock() = config;
+        // Lease lengths may have changed: the next newcomer at the cap sweeps.
+        self.instance_sweep.lock().next = 0;
     }
 
     /// `client` refreshes `asks` at `now`: one answer per ask, in order.
@@ -1091,6 +1120,19 @@ mod tests {
             matches!(&new[0], Err(Refusal::Full { reason, .. }) if reason.contains("resources named in the quota file are not affected"))
         );
         assert_eq!(new[1].as_ref().unwrap().granted, 4.0);
+        // Refusing newcomers at the cap costs no sweep of the tables until a lease can have
+        // lapsed: 10 000 more, from clients old and new, ran at most the one sweep above.
+        let swept = s.instance_sweep.lock().runs;
+        for c in 0..10 {
+            let asks: Vec<(String, Ask)> = (0..1_000)
+                .map(|i| ask(&format!("tenant-new{c}-{i}"), 1.0))
+                .collect();
+            let answers = s.refresh_held(&format!("newcomer{c}"), &asks, S + c);
+            assert!(answers
+                .iter()
+                .all(|a| matches!(a, Err(Refusal::Full { .. }))));
+        }
+        assert!(s.instance_sweep.lock().runs <= swept + 1);
         // Once their leases lapse, the instances make room.
         let later = 100 * S;
         let new = s.refresh_held("alice", &[ask("tenant-alice", 1.0)], later);

@@ -43,6 +43,8 @@ pub enum Code {
     Unauthenticated = 16,
     /// A lease-API call from a client id the quota file does not allow.
     PermissionDenied = 7,
+    /// The server failed to answer (its lease server's work did not complete).
+    Internal = 13,
 }
 
 /// The message of a unary request body: exactly one uncompressed length-prefixed message.

@@ -145,7 +145,14 @@ where
     }
     if let Some((api, refresh)) = quota {
         return match unframe(&body.bytes) {
-            Ok(m) => crate::quota::grpc::call(api, refresh, m, bearer.as_deref()),
+            Ok(m) => {
+                // Off the workers that decisions run on: lease-server work never stalls them.
+                let api = api.clone();
+                let call = move || crate::quota::grpc::call(&api, refresh, m, bearer.as_deref());
+                crate::quota::off_the_workers(call)
+                    .await
+                    .unwrap_or_else(|| status(Code::Internal, "the lease server failed"))
+            }
             Err((code, m)) => status(code, m),
         };
     }

@@ -679,6 +679,15 @@ fn bad(message: String) -> axum::response::Response {
         .into_response()
 }
 
+/// The answer when the lease server's work did not complete (it panicked).
+fn failed() -> axum::response::Response {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        axum::Json(json!({"error": "the lease server failed"})),
+    )
+        .into_response()
+}
+
 /// The answer to a call refused as a whole.
 fn refused(e: CallError) -> axum::response::Response {
     use weir_quota::clients::Denied;
@@ -765,7 +774,18 @@ async fn refresh(
             server_fields(i, &ServerFields::of_json(r), ask).unwrap_or_default()
         })
         .collect();
-    let answers = match api.refresh(&b.client, token.as_deref(), count, &mut asks, parts, now) {
+    // Off the workers that decisions run on: lease-server work never stalls them.
+    let work = {
+        let (api, client) = (api.clone(), b.client.clone());
+        move || {
+            let answers = api.refresh(&client, token.as_deref(), count, &mut asks, parts, now);
+            (answers, asks)
+        }
+    };
+    let Some((answers, asks)) = crate::quota::off_the_workers(work).await else {
+        return failed();
+    };
+    let answers = match answers {
         Ok(a) => a,
         Err(e) => return refused(e),
     };

@@ -8,3 +8,12 @@ pub mod api;
 pub mod grpc;
 pub mod ha;
 pub mod rlqs;
+
+/// Runs lease-server work (a refresh: allocation under the server's locks) on tokio's blocking
+/// pool, so that however long it takes it never holds a worker thread the rate-limit decisions
+/// of `weir serve` need; `None` if the work panicked.
+pub(crate) async fn off_the_workers<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    tokio::task::spawn_blocking(work).await.ok()
+}
