@@ -319,24 +319,62 @@ impl SseScan {
     }
 }
 
+/// Where the bytes [`ReadJsonLayer`] holds are counted — per connection and per process in
+/// `weir proxy` — so that requests whose bodies arrive slowly (or never end) cannot make it
+/// hold more than a budget, whatever their number.
+pub trait ReadBudget: Send + Sync + 'static {
+    /// Takes `n` more bytes; `false`: over budget, nothing taken.
+    fn take(&self, n: usize) -> bool;
+    /// Gives back `n` bytes taken.
+    fn give(&self, n: usize);
+}
+
+/// Bytes a read body holds against a [`ReadBudget`], given back when dropped (once the bytes
+/// were handed on, or the body dropped).
+struct BudgetHold {
+    budget: Arc<dyn ReadBudget>,
+    bytes: usize,
+}
+
+impl Drop for BudgetHold {
+    fn drop(&mut self) {
+        self.budget.give(self.bytes);
+    }
+}
+
 /// Reads the first [`MAX_COST_JSON`] bytes of JSON request bodies into a [`RequestJson`]
 /// extension, for rules whose estimate is a JSON field (`estimate_from: {json: …}`), then
-/// hands the body on whole ([`ReplayBody`]). Reads only while `wanted()` says so (e.g.
-/// [`weir_rules::engine::Rules::reads_request_json`]) and only bodies whose content type is
-/// JSON; a body slower than `timeout` to arrive is handed on with what came.
+/// hands the body on whole ([`ReplayBody`]). Reads only requests `wanted` picks — those routed
+/// to a resource that takes its estimate from the body (e.g.
+/// [`crate::rules::RulesLayer::reads_request_json`]) — and only bodies whose content type is
+/// JSON; a body slower than `timeout` to arrive is handed on with what came. With a budget
+/// ([`ReadJsonLayer::with_budget`]) the bytes held count against it; a body that would pass it
+/// is handed on unread (its call holds the rule's own estimate).
 #[derive(Clone)]
 pub struct ReadJsonLayer {
-    wanted: Arc<dyn Fn() -> bool + Send + Sync>,
+    wanted: Arc<dyn Fn(&http::request::Parts) -> bool + Send + Sync>,
     timeout: Duration,
+    budget: Option<Arc<dyn ReadBudget>>,
 }
 
 impl ReadJsonLayer {
-    /// Reads JSON bodies while `wanted()`, waiting at most `timeout` for their first bytes.
-    pub fn new(wanted: impl Fn() -> bool + Send + Sync + 'static, timeout: Duration) -> Self {
+    /// Reads the JSON bodies of requests `wanted` picks (given the request's head), waiting
+    /// at most `timeout` for their first bytes.
+    pub fn new(
+        wanted: impl Fn(&http::request::Parts) -> bool + Send + Sync + 'static,
+        timeout: Duration,
+    ) -> Self {
         Self {
             wanted: Arc::new(wanted),
             timeout,
+            budget: None,
         }
+    }
+
+    /// Counts the bytes held against `budget` (e.g. one connection's share of the process's).
+    pub fn with_budget(mut self, budget: Arc<dyn ReadBudget>) -> Self {
+        self.budget = Some(budget);
+        self
     }
 }
 
@@ -385,51 +423,71 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        if !is_json(&req) || !(self.layer.wanted)() {
+        if !is_json(&req) {
             return ReadJsonFuture::Direct {
                 f: self.inner.call(req.map(ReplayBody::whole)),
+            };
+        }
+        let (parts, body) = req.into_parts();
+        if !(self.layer.wanted)(&parts) {
+            let req = Request::from_parts(parts, ReplayBody::whole(body));
+            return ReadJsonFuture::Direct {
+                f: self.inner.call(req),
             };
         }
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let timeout = self.layer.timeout;
+        let budget = self.layer.budget.clone();
         ReadJsonFuture::Reading {
             f: Box::pin(async move {
-                let (mut parts, mut body) = req.into_parts();
+                let (mut parts, mut body) = (parts, body);
                 let mut prefix = BytesMut::new();
                 let mut trailers = None;
                 let mut ended = false;
+                let mut hold = budget.map(|budget| BudgetHold { budget, bytes: 0 });
                 let read = async {
                     while prefix.len() < MAX_COST_JSON {
                         match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
                             Some(Ok(f)) => match f.into_data() {
-                                Ok(d) => prefix.extend_from_slice(&d),
+                                Ok(d) => {
+                                    if let Some(h) = &mut hold {
+                                        if !h.budget.take(d.len()) {
+                                            // Over budget: hand on what came, unread.
+                                            prefix.extend_from_slice(&d);
+                                            return Ok(false);
+                                        }
+                                        h.bytes += d.len();
+                                    }
+                                    prefix.extend_from_slice(&d);
+                                }
                                 Err(f) => {
                                     trailers = f.into_trailers().ok();
                                     ended = true;
-                                    return Ok(());
+                                    return Ok(true);
                                 }
                             },
                             Some(Err(e)) => return Err(e),
                             None => {
                                 ended = true;
-                                return Ok(());
+                                return Ok(true);
                             }
                         }
                     }
-                    Ok(())
+                    Ok(true)
                 };
-                let failed = match tokio::time::timeout(timeout, read).await {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e),
-                    Err(_) => None,
+                let (failed, within) = match tokio::time::timeout(timeout, read).await {
+                    Ok(Ok(within)) => (None, within),
+                    Ok(Err(e)) => (Some(e), true),
+                    Err(_) => (None, true),
                 };
                 let prefix = prefix.freeze();
-                if ended && prefix.len() <= MAX_COST_JSON {
+                if ended && within && prefix.len() <= MAX_COST_JSON {
                     parts.extensions.insert(RequestJson(prefix.clone()));
                 }
                 let body = ReplayBody::Replay {
                     prefix: Some(prefix),
+                    hold: hold.map(Box::new),
                     failed,
                     trailers,
                     rest: (!ended).then_some(body),
@@ -477,6 +535,8 @@ pin_project_lite::pin_project! {
         /// trailers), then the rest of the body if it had not ended.
         Replay {
             prefix: Option<Bytes>,
+            // The budget the bytes read hold until they are handed on.
+            hold: Option<Box<BudgetHold>>,
             failed: Option<B::Error>,
             trailers: Option<HeaderMap>,
             rest: Option<B>,
@@ -503,11 +563,15 @@ impl<B: Body<Data = Bytes> + Unpin> Body for ReplayBody<B> {
             ReplayProj::Whole { body } => body.poll_frame(cx),
             ReplayProj::Replay {
                 prefix,
+                hold,
                 failed,
                 trailers,
                 rest,
             } => {
-                if let Some(p) = prefix.take().filter(|p| !p.is_empty()) {
+                let p = prefix.take();
+                // Handed on: the budget is free again.
+                hold.take();
+                if let Some(p) = p.filter(|p| !p.is_empty()) {
                     return Poll::Ready(Some(Ok(Frame::data(p))));
                 }
                 if let Some(e) = failed.take() {
@@ -532,6 +596,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for ReplayBody<B> {
                 failed,
                 trailers,
                 rest,
+                ..
             } => {
                 prefix.as_ref().is_none_or(Bytes::is_empty)
                     && failed.is_none()
@@ -579,7 +644,7 @@ mod tests {
                     Ok::<_, std::convert::Infallible>((seen, hint.lower(), hint.upper(), got))
                 },
             );
-            let svc = ReadJsonLayer::new(|| true, Duration::from_secs(1)).layer(inner);
+            let svc = ReadJsonLayer::new(|_| true, Duration::from_secs(1)).layer(inner);
             let req = Request::post("/")
                 .header("content-type", "application/json; charset=utf-8")
                 .body(http_body_util::Full::new(body.clone()))

@@ -32,6 +32,7 @@ use http_body::Body;
 use tower::{Layer, Service};
 use weir_core::stats::Outcome;
 use weir_core::{Clock, Criticality, MonotonicClock};
+use weir_rules::config::EstimateFrom;
 use weir_rules::config::Param;
 use weir_rules::engine::{Block, Context as CallContext, Guard, Resolved, RuleKind, Rules};
 
@@ -503,6 +504,38 @@ impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
     pub fn rules(&self) -> &Arc<Rules<C>> {
         &self.rules
     }
+
+    /// Whether the request with head `parts` goes to a resource whose `cost:` rules take their
+    /// estimate from a JSON request body: the requests a
+    /// [`ReadJsonLayer`](crate::cost::ReadJsonLayer) in front should read, and no others
+    /// (an unrouted request's body is never held).
+    pub fn reads_request_json(&self, parts: &http::request::Parts) -> bool {
+        if !self.rules.reads_request_json() {
+            return false;
+        }
+        let json = |sources: Option<&weir_rules::config::CostSources>| {
+            sources.is_some_and(|s| matches!(s.estimate, Some(EstimateFrom::Json(_))))
+        };
+        let head = Head {
+            method: &parts.method,
+            uri: &parts.uri,
+            headers: &parts.headers,
+            extensions: &parts.extensions,
+        };
+        match &*self.classifier {
+            Classifier::Routes(routes) => {
+                let mut cache = None;
+                let table = routes.table(&mut cache);
+                let path = crate::path::match_path(parts.uri.path());
+                table
+                    .find(head, &path)
+                    .is_some_and(|i| json(table.routes[i].resolved.cost_sources()))
+            }
+            Classifier::Custom(c) => c
+                .classify(head)
+                .is_some_and(|t| json(self.rules.resolve(t.resource).cost_sources())),
+        }
+    }
 }
 
 impl<S, C: Clock + Clone> Layer<S> for RulesLayer<C> {
@@ -617,6 +650,10 @@ where
             }),
         };
         drop(path);
+        // The body's JSON was read for the estimate: not held any longer than the decision.
+        if self.layer.rules.reads_request_json() {
+            req.extensions_mut().remove::<crate::cost::RequestJson>();
+        }
         let head = req.method() == Method::HEAD;
         match entry {
             None => RulesFuture::Pass {

@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -19,7 +20,7 @@ use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 use weir_core::ManualClock;
 use weir_rules::config::RuleSet;
 use weir_rules::engine::Rules;
-use weir_tower::cost::ReadJsonLayer;
+use weir_tower::cost::{ReadBudget, ReadJsonLayer};
 use weir_tower::rules::RulesLayer;
 
 /// Per user, 1 000 units a minute (fixed window: what is left is exact).
@@ -144,15 +145,31 @@ async fn call(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (StatusCode, String, Result<Bytes, String>) {
-    let r = rules.clone();
+    call_within(rules, path, headers, body, None).await
+}
+
+/// [`call`] with the JSON reader's bytes counted against `budget`.
+async fn call_within(
+    rules: &Arc<Rules<Arc<ManualClock>>>,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+    budget: Option<Arc<Budget>>,
+) -> (StatusCode, String, Result<Bytes, String>) {
+    let layer = RulesLayer::new(rules.clone());
+    let routes = layer.clone();
+    let mut read = ReadJsonLayer::new(
+        move |parts| routes.reads_request_json(parts),
+        Duration::from_secs(5),
+    );
+    if let Some(b) = budget {
+        read = read.with_budget(b);
+    }
     let svc = ServiceBuilder::new()
-        .layer(ReadJsonLayer::new(
-            move || r.reads_request_json(),
-            Duration::from_secs(5),
-        ))
-        .layer(RulesLayer::new(rules.clone()))
+        .layer(read)
+        .layer(layer)
         .service(service_fn(upstream));
-    let mut req = Request::get(path).header("x-user", "ann");
+    let mut req = Request::post(path).header("x-user", "ann");
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -173,6 +190,76 @@ async fn call(
         .map(|b| b.to_bytes())
         .map_err(|e| e.to_string());
     (status, limit, body)
+}
+
+/// A byte budget that counts what it lent at most.
+#[derive(Default)]
+struct Budget {
+    cap: usize,
+    used: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl ReadBudget for Budget {
+    fn take(&self, n: usize) -> bool {
+        let ok = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                (u + n <= self.cap).then_some(u + n)
+            })
+            .is_ok();
+        self.peak
+            .fetch_max(self.used.load(Ordering::Acquire), Ordering::AcqRel);
+        ok
+    }
+
+    fn give(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
+/// Only requests routed to a resource taking its estimate from the body have it read, and the
+/// bytes read count against the budget: past it, the body passes unread (the rule's estimate
+/// holds) and everything lent comes back.
+#[tokio::test]
+async fn bodies_are_read_only_for_their_routes_and_within_the_budget() {
+    let (rules, _clock) = rules();
+    let body = "{\"model\": \"m\", \"max_tokens\": 250, \"messages\": []}";
+    let json = [("content-type", "application/json")];
+    let budget = Arc::new(Budget {
+        cap: 1 << 20,
+        ..Budget::default()
+    });
+    // No route, or a route whose rules read no JSON: not read.
+    for path in ["/anything", "/sse?sse&n=1"] {
+        let _ = call_within(&rules, path, &json, body, Some(budget.clone())).await;
+        assert_eq!(budget.peak.load(Ordering::Acquire), 0, "{path} was read");
+    }
+    // The JSON route: read (250 held), and given back once handed on.
+    let (_, limit, _) = call_within(
+        &rules,
+        "/json?json&n=250",
+        &json,
+        body,
+        Some(budget.clone()),
+    )
+    .await;
+    assert_eq!(limit, "\"json-user\";r=750;t=60");
+    assert_eq!(budget.peak.load(Ordering::Acquire), body.len());
+    assert_eq!(budget.used.load(Ordering::Acquire), 0);
+    // A budget too small: passed on unread, the rule's estimate (100) held.
+    let small = Arc::new(Budget {
+        cap: 10,
+        ..Budget::default()
+    });
+    let (status, limit, reply) =
+        call_within(&rules, "/json?json&n=100", &json, body, Some(small.clone())).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(limit, "\"json-user\";r=650;t=60");
+    assert!(String::from_utf8(reply.unwrap().to_vec())
+        .unwrap()
+        .starts_with(&format!("{{\"echo\": {}", body.len())));
+    assert_eq!(small.used.load(Ordering::Acquire), 0);
 }
 
 fn cost(rules: &Rules<Arc<ManualClock>>, resource: &str) -> (u64, u64, u64) {

@@ -343,7 +343,8 @@ async fn llm_budgets_through_envoy_and_weir_serve() {
             .collect();
         let admitted = zero
             .into_iter()
-            .filter(|t| matches!(t.join(), Ok(200)))
+            .map(|t| t.join())
+            .filter(|r| matches!(r, Ok(200)))
             .count() as u64;
         println!("x-max-tokens: 0 from 20 clients at once: {admitted} admitted (cost.min {MIN}, burst {BURST})");
         assert!(admitted <= BURST / MIN + 1, "{admitted} admitted");

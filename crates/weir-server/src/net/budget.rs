@@ -102,6 +102,27 @@ fn take(used: &AtomicUsize, n: usize, cap: usize) -> bool {
     .is_ok()
 }
 
+/// The bytes `weir proxy` reads of JSON request bodies for cost estimates count against the
+/// same budgets as every buffered body: a read that would pass either is not made.
+impl weir_tower::cost::ReadBudget for ConnectionBudget {
+    fn take(&self, n: usize) -> bool {
+        let limits = self.process.limits;
+        if !take(&self.used, n, limits.per_connection) {
+            return false;
+        }
+        if !take(&self.process.used, n, limits.total) {
+            self.used.fetch_sub(n, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    fn give(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+        self.process.used.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
 /// Bytes held against a connection's and the process's budgets, given back on drop.
 #[derive(Debug)]
 pub struct Reservation {

@@ -68,6 +68,9 @@ pub struct Settings {
     pub max_upstream_per_address: usize,
     /// How a request body streamed to the upstream must keep arriving (then 408).
     pub body_pace: paced::Pace,
+    /// Most bytes of request bodies held at once, process-wide, to read JSON cost estimates
+    /// (each connection at most [`BodyLimits::default`]'s per-connection bytes).
+    pub max_buffered_bytes: usize,
     /// The quota server (`http://HOST:PORT` of `weir serve --quota`) for `cluster` flow rules.
     pub quota_server: Option<String>,
     /// This proxy's client id at the quota server.
@@ -752,11 +755,17 @@ impl Proxy {
         let (forward, gutter) = (self.forward.clone(), self.gutter.clone());
         let layer = RulesLayer::new(self.rules.clone());
         // JSON request bodies are read first only while a rule takes its estimate from one.
-        let rules = self.rules.clone();
+        // Only for routes whose resource takes its estimate from the body, and within the
+        // budgets every connection draws on.
+        let routes = layer.clone();
         let read_json = weir_tower::cost::ReadJsonLayer::new(
-            move || rules.reads_request_json(),
+            move |parts| routes.reads_request_json(parts),
             s.body_pace.idle,
         );
+        let budget = crate::net::budget::Budget::new(crate::net::budget::BodyLimits {
+            total: s.max_buffered_bytes,
+            ..crate::net::budget::BodyLimits::default()
+        });
         // One worker thread per core, each a current-thread runtime with its own listener
         // (SO_REUSEPORT) and upstream pools: a request is served start to end on one thread,
         // without cross-thread wake-ups (docs/proxy.md, "Where the time goes").
@@ -795,6 +804,7 @@ impl Proxy {
                 gutter: gutter.as_ref().map(|g| g.with_own_pools(s)),
                 layer: layer.clone(),
                 read_json: read_json.clone(),
+                budget: budget.clone(),
             };
             let (slots, shutdown) = (slots.clone(), shutdown.clone());
             let spawned = std::thread::Builder::new()
@@ -988,6 +998,8 @@ struct Worker {
     gutter: Option<Forward>,
     layer: RulesLayer<weir_core::AnyClock>,
     read_json: weir_tower::cost::ReadJsonLayer,
+    /// The process's budget of read request bytes (shared by every worker).
+    budget: Arc<crate::net::budget::Budget>,
 }
 
 impl Worker {
@@ -1023,6 +1035,7 @@ impl Worker {
                 gutter,
                 layer,
                 read_json,
+                budget,
             } = self;
             // Idle upstream connections close on their age or the upstream's close even when no
             // request comes to take them.
@@ -1036,6 +1049,7 @@ impl Worker {
                 "proxy",
                 shutdown,
                 move |stream, peer, sd, conn| {
+                    let read_json = read_json.clone().with_budget(budget.connection());
                     let svc = client_service(&forward, gutter.as_ref(), &layer, &read_json, peer);
                     crate::net::accept::serve_http(stream, svc, timeouts, sd, conn)
                 },

@@ -103,6 +103,11 @@ pub(crate) struct ProxyArgs {
     /// second than this on average (0: no rate).
     #[arg(long, value_name = "BYTES", default_value_t = 1_024)]
     pub(crate) body_min_rate: u64,
+    /// Most bytes of request bodies held at once by the whole process to read a JSON cost
+    /// estimate (`estimate_from: {json: …}`; each connection at most 4 MiB, each body 64 KiB);
+    /// past it a body is passed on unread and its call holds the rule's estimate.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    pub(crate) max_buffered_bytes: usize,
     /// The quota server for `cluster` flow rules: http://HOST:PORT of `weir serve --quota`.
     #[arg(long, value_name = "URL")]
     pub(crate) quota_server: Option<String>,

@@ -106,6 +106,7 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> ExitCode {
             idle: args.body_idle_timeout,
             min_rate: args.body_min_rate,
         },
+        max_buffered_bytes: args.max_buffered_bytes,
         quota_client_id: args.quota_client_id.unwrap_or_else(|| {
             let host = std::fs::read_to_string("/etc/hostname")
                 .map(|h| h.trim().to_string())
