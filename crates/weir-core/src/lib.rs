@@ -50,6 +50,7 @@ pub mod fixed_window;
 pub mod gcra;
 pub mod keyed;
 pub mod limiter;
+pub mod log_gate;
 pub mod pacing;
 pub mod pair_window;
 pub mod rate;

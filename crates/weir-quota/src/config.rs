@@ -494,6 +494,23 @@ impl QuotaConfig {
         out
     }
 
+    /// What the file allows that is likely a mistake, one line each (`weir check-config`
+    /// prints them; `weir serve --quota` logs them): a `clients` entry with `own_values` and
+    /// no token lets any caller claiming a matching id choose its own weight, priority, parts
+    /// and failover term — e.g. take a whole capacity with one heavy part.
+    pub fn warnings(&self) -> Vec<String> {
+        self.clients
+            .iter()
+            .filter(|c| c.own_values && c.token_sha256.is_none())
+            .map(|c| {
+                format!(
+                    "clients: {:?} has own_values: true and no token_sha256: any caller claiming such an id chooses its own weight, priority and parts (give it a token)",
+                    c.id
+                )
+            })
+            .collect()
+    }
+
     /// Parses and validates a quota file's text.
     pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedErrors> {
         let raw: RawConfig = yaml::parse_all(file, text)?;

@@ -189,7 +189,8 @@ pub struct Holder {
     /// A lease server below: its demand in [`Part`]s, divided as if they were clients (empty:
     /// `demand` and `needs` alone).
     pub parts: Vec<Part>,
-    /// The newest failover term a lease server below asked in ([`Ask::term`]; 0: none).
+    /// The newest failover term a lease server below asked in while presenting this row's
+    /// lease id ([`Ask::term`]; 0: none yet).
     pub term: u64,
 }
 
@@ -698,7 +699,10 @@ impl LeaseTable {
             lease_id: self.ids.make(),
             keeps: 0.0,
             parts: Vec::new(),
-            term: ask.term,
+            // A term counts only from the holder of the row's lease (a refresh presenting its
+            // id): a caller claiming the row's client id cannot freeze the real holder's asks
+            // with a huge term.
+            term: 0,
         });
         self.index
             .insert(client.to_string(), self.holders.len() - 1);
@@ -1002,6 +1006,30 @@ mod tests {
             5.0
         );
         assert_eq!(t.outstanding(), 10.0);
+    }
+
+    /// A term counts only from the holder of the row's lease: a caller claiming a child's id
+    /// with a huge term (and no lease id) cannot freeze the real child's asks.
+    #[test]
+    fn a_term_counts_only_from_the_leases_holder() {
+        let mut t = LeaseTable::resume(config(10.0), Vec::new());
+        let ask = |lease_id, term| Ask {
+            lease_id,
+            term,
+            ..Ask::wants(4.0)
+        };
+        let id = t.refresh("child", ask(0, 3), 0).unwrap().lease_id;
+        let id = t.refresh("child", ask(id, 3), S).unwrap().lease_id;
+        // The impostor takes the row (it has the child's id) but its term is not recorded.
+        t.refresh("child", ask(0, 1 << 63), 2 * S).unwrap();
+        assert!(t.refresh("child", ask(id, 3), 3 * S).is_ok(), "frozen");
+        // A proven term still fences a deposed leader's late asks.
+        let id = t.holder("child").unwrap().lease_id;
+        t.refresh("child", ask(id, 4), 4 * S).unwrap();
+        assert!(matches!(
+            t.refresh("child", ask(id, 3), 5 * S),
+            Err(QuotaError::Superseded { got: 3, newer: 4 })
+        ));
     }
 
     #[test]

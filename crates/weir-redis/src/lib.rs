@@ -505,6 +505,9 @@ fn decision(value: &redis::Value) -> Result<(Decision, u64), StoreError> {
     Ok((d, u64::try_from(v[5]).unwrap_or(0)))
 }
 
+/// Logs of malformed Redis answers: at most one line a second.
+static ANSWER_LOG: weir_core::log_gate::LogGate = weir_core::log_gate::LogGate::new(1_000_000_000);
+
 impl Inner {
     fn now_arg(&self) -> String {
         match self.config.time {
@@ -527,7 +530,10 @@ impl Inner {
         let kind = ERROR_KINDS[k];
         metrics::counter!("weir_redis_errors_total", "kind" => kind).increment(1);
         if kind == "answer" {
-            tracing::error!(target: "weir_redis", "redis call failed: {e}");
+            // A Redis answering garbage does so to every call: a line a second, not one each.
+            if let Some(held) = ANSWER_LOG.open(weir_core::MonotonicClock::default().now()) {
+                tracing::error!(target: "weir_redis", "redis call failed: {e} ({held} more such failures not logged since the last line)");
+            }
             return;
         }
         if self.healthy.swap(false, Ordering::AcqRel) {

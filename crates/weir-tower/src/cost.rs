@@ -13,7 +13,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -60,25 +59,23 @@ pub fn parse_cost(text: &[u8]) -> Result<u64, BadCost> {
     }
 }
 
-/// Unix second of the last bad-cost log line (at most one a second).
-static LAST_LOG: AtomicU64 = AtomicU64::new(0);
+/// Bad-cost log lines: at most one a second, whatever an attacker sends.
+static BAD_COST_LOG: weir_core::log_gate::LogGate =
+    weir_core::log_gate::LogGate::new(1_000_000_000);
 
-/// Logs a bad cost (at most once a second, whatever an attacker sends).
-fn log_bad(what: &str, place: &str, why: BadCost) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let last = LAST_LOG.load(Ordering::Relaxed);
-    if now != last
-        && LAST_LOG
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
-        tracing::warn!(
-            "{what} cost in {place} is {}: counted as the estimate",
-            why.as_str()
-        );
-    }
+/// Logs a bad cost `value` (its first 32 bytes, escaped) read from `place`.
+fn log_bad(what: &str, place: &str, value: &[u8], why: BadCost) {
+    use weir_core::Clock;
+    let Some(held) = BAD_COST_LOG.open(weir_core::MonotonicClock::new().now()) else {
+        return;
+    };
+    let shown = String::from_utf8_lossy(&value[..value.len().min(32)]);
+    let more = if value.len() > 32 { "…" } else { "" };
+    tracing::warn!(
+        "{what} cost in {place} is {} ({:?}{more}): counted as the estimate ({held} more bad costs not logged since the last line)",
+        why.as_str(),
+        shown
+    );
 }
 
 /// Reads a header holding a cost; absent or bad (logged): `None`.
@@ -87,7 +84,7 @@ fn header_cost(headers: &HeaderMap, name: &str, what: &str) -> Option<u64> {
     match parse_cost(v.as_bytes()) {
         Ok(n) => Some(n),
         Err(e) => {
-            log_bad(what, name, e);
+            log_bad(what, name, v.as_bytes(), e);
             None
         }
     }
@@ -104,20 +101,28 @@ pub fn json_cost(doc: &[u8], path: &str) -> Option<u64> {
     let n = match at {
         serde_json::Value::Number(n) => n,
         serde_json::Value::Null => return None,
-        _ => {
-            log_bad("a JSON", path, BadCost::NotANumber);
+        other => {
+            log_bad(
+                "a JSON",
+                path,
+                other.to_string().as_bytes(),
+                BadCost::NotANumber,
+            );
             return None;
         }
     };
     match n.as_u64() {
         Some(n) => Some(n),
-        None => match parse_cost(n.to_string().as_bytes()) {
-            Ok(n) => Some(n),
-            Err(e) => {
-                log_bad("a JSON", path, e);
-                None
+        None => {
+            let text = n.to_string();
+            match parse_cost(text.as_bytes()) {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    log_bad("a JSON", path, text.as_bytes(), e);
+                    None
+                }
             }
-        },
+        }
     }
 }
 

@@ -398,10 +398,16 @@ impl Dashboard {
             .filter(|(r, _)| omitted == 0 || shown.contains(r.as_str()))
             .take(MAX_ROWS)
             .map(|(r, c)| {
-                let top: Vec<Value> = c
-                    .top
+                // By what is certain (count less the sketch's possible overcount): one-off
+                // spenders cannot lift a name to the top.
+                let mut heavy: Vec<&weir_core::top_k::Heavy> = c.top.iter().collect();
+                heavy.sort_by_key(|e| std::cmp::Reverse(e.count - e.error));
+                let top: Vec<Value> = heavy
                     .iter()
-                    .map(|e| json!({"value": e.value, "count": e.count, "error": e.error}))
+                    .map(|e| {
+                        json!({"value": e.value, "count": e.count, "error": e.error,
+                               "certain": e.count - e.error})
+                    })
                     .collect();
                 json!({"resource": r, "admitted": c.admitted, "refunded": c.refunded,
                        "owed": c.owed, "top": top})

@@ -679,7 +679,10 @@ async fn grpc_asks_carry_needs_parts_holds_and_terms_as_json_ones_do() {
             ..ResourceAsk::default()
         }],
     };
+    // (A term counts from the holder of the row's lease: the second ask, presenting it.)
     let r = refresh(below(2, 0)).await;
+    assert!(r.error.is_empty(), "{r:?}");
+    let r = refresh(below(2, r.lease_id)).await;
     assert!(r.error.is_empty(), "{r:?}");
     let r = refresh(below(1, r.lease_id)).await;
     assert!(r.error.contains("term 1 is older than term 2"), "{r:?}");
@@ -1307,4 +1310,53 @@ async fn lease_api_callers_authenticate_with_tokens_the_quota_file_names() {
     let (leases, failures) = counts(&without);
     assert!(leases == 0 && failures > 0, "{leases} {failures}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A tree's child trusted with its own values but no token: `check-config` warns (any caller
+/// claiming a matching id could take the whole capacity with one heavy part).
+#[test]
+fn check_config_warns_of_own_values_without_a_token() {
+    let dir = common::tempdir("own-values");
+    let file = dir.join("quota.yaml");
+    std::fs::write(
+        &file,
+        "resources:\n  - {name: api, capacity: 100/s}\nclients:\n  - {id: 'region-*', own_values: true}\n  - {id: '*'}\n",
+    )
+    .unwrap();
+    let (code, out, err) = weir(&["check-config", file.to_str().unwrap()], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("client region-*"), "{out}");
+    assert!(
+        err.contains("warning")
+            && err.contains("\"region-*\" has own_values: true and no token_sha256"),
+        "{err}"
+    );
+}
+
+/// A lease server told to lease from itself is refused at start, naming both flags.
+#[test]
+fn a_lease_server_is_not_its_own_parent() {
+    let dir = common::tempdir("self-parent");
+    let file = dir.join("quota.yaml");
+    std::fs::write(&file, "resources:\n  - {name: api, capacity: 100/s}\n").unwrap();
+    let port = common::free_port();
+    let (code, _, err) = weir(
+        &[
+            "serve",
+            "--quota",
+            file.to_str().unwrap(),
+            "--http-addr",
+            &format!("0.0.0.0:{port}"),
+            "--grpc-addr",
+            &format!("127.0.0.1:{}", common::free_port()),
+            "--parent",
+            &format!(
+                "http://127.0.0.1:{}, http://localhost:{port}",
+                common::free_port()
+            ),
+        ],
+        "",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("is this server's own --http-addr"), "{err}");
 }

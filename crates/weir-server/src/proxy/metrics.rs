@@ -139,16 +139,29 @@ impl Collector for Scrape {
                     None,
                 )?;
         }
-        let mut m = enc.encode_descriptor(
-            "weir_resource_cost_top_spender",
-            "Units charged to the resource's heaviest spenders (a hot-parameter value, else the origin; at most 10 per resource, an upper bound).",
-            None,
-            MetricType::Gauge,
-        )?;
-        for r in resources {
-            for h in &r.cost.top {
-                m.encode_family(&[("resource", r.name.as_str()), ("spender", h.value.as_str())])?
-                    .encode_gauge(&(i64::try_from(h.count).unwrap_or(i64::MAX)))?;
+        // What is certain of each heavy spender's count, and beside it the sketch's possible
+        // overcount (units of the values it replaced): one-off names cannot claim the top.
+        for (name, help, of) in [
+            (
+                "weir_resource_cost_top_spender",
+                "Units certainly charged to the resource's heaviest spenders (a hot-parameter value, else the origin; at most 10 per resource; a lower bound).",
+                (|h| h.count - h.error) as fn(&weir_core::top_k::Heavy) -> u64,
+            ),
+            (
+                "weir_resource_cost_top_spender_error",
+                "How many more units a heavy spender may have been charged than weir_resource_cost_top_spender says (the sketch's possible overcount).",
+                |h| h.error,
+            ),
+        ] {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for r in resources {
+                for h in &r.cost.top {
+                    m.encode_family(&[
+                        ("resource", r.name.as_str()),
+                        ("spender", h.value.as_str()),
+                    ])?
+                    .encode_gauge(&(i64::try_from(of(h)).unwrap_or(i64::MAX)))?;
+                }
             }
         }
         for (name, help, field) in RULE_COUNTERS {
@@ -303,7 +316,7 @@ mod tests {
                     top: vec![weir_core::top_k::Heavy {
                         value: "ann".into(),
                         count: 550,
-                        error: 0,
+                        error: 30,
                     }],
                 },
             }],
@@ -334,7 +347,8 @@ mod tests {
             "weir_resource_cost_admitted_total{resource=\"a\\\"b\"} 700",
             "weir_resource_cost_refunded_total{resource=\"a\\\"b\"} 200",
             "weir_resource_cost_owed_total{resource=\"a\\\"b\"} 50",
-            "weir_resource_cost_top_spender{resource=\"a\\\"b\",spender=\"ann\"} 550",
+            "weir_resource_cost_top_spender{resource=\"a\\\"b\",spender=\"ann\"} 520",
+            "weir_resource_cost_top_spender_error{resource=\"a\\\"b\",spender=\"ann\"} 30",
             "# EOF",
         ] {
             assert!(

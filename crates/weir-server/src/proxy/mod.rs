@@ -698,7 +698,7 @@ impl Proxy {
     /// cluster rules and the file's watcher, and makes the upstream clients.
     pub fn build(s: Settings) -> Result<Self, StartError> {
         let upstream = parse_upstream(&s.upstream).map_err(usage)?;
-        if points_at(&upstream, s.listen) {
+        if crate::net::points_at(&upstream, s.listen) {
             return Err(usage(format_args!(
                 "--upstream {} is this proxy's own --listen address: every request would loop",
                 s.upstream
@@ -1239,22 +1239,6 @@ fn client_service(
 /// Idle pooled connections kept to the upstream per worker (for bodiless requests: at least
 /// this many, or the worker's share of `--max-upstream-requests`).
 pub const MAX_IDLE_UPSTREAM: usize = 256;
-
-/// Whether `upstream` names the address the proxy listens on (the same port on the same IP,
-/// or on a loopback / unspecified listen address).
-fn points_at(upstream: &Uri, listen: SocketAddr) -> bool {
-    let port = upstream.port_u16().unwrap_or(80);
-    if port != listen.port() {
-        return false;
-    }
-    let host = upstream.host().unwrap_or("").trim_matches(['[', ']']);
-    match host.parse::<IpAddr>() {
-        Ok(ip) => ip == listen.ip() || (ip.is_loopback() && listen.ip().is_unspecified()),
-        Err(_) => {
-            host == "localhost" && (listen.ip().is_loopback() || listen.ip().is_unspecified())
-        }
-    }
-}
 
 /// Most connections to the admin listener at once.
 pub const ADMIN_CONNECTIONS: usize = 64;

@@ -171,6 +171,9 @@ impl QuotaApi {
 
     fn open(path: PathBuf, ha: Option<crate::quota::ha::Ha>) -> Result<Arc<Self>, String> {
         let config = QuotaConfig::load(&path).map_err(|e| e.to_string())?;
+        for w in config.warnings() {
+            tracing::warn!("{}: {w}", path.display());
+        }
         let clock = MonotonicClock::new();
         Ok(Arc::new(Self {
             server: Arc::new(LeaseServer::new(config, clock.now())),
@@ -263,6 +266,9 @@ impl QuotaApi {
     fn reload(&self) -> Result<(), Vec<String>> {
         let config = QuotaConfig::load(&self.path)
             .map_err(|e| e.0.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        for w in config.warnings() {
+            tracing::warn!("{}: {w}", self.path.display());
+        }
         self.server.reload(config);
         Ok(())
     }

@@ -225,8 +225,9 @@ pub(crate) struct ServeArgs {
     /// regional server of a tree of lease servers (docs/quota.md).
     #[arg(long, value_name = "URL[,URL…]")]
     pub(crate) parent: Option<String>,
-    /// With --parent: this server's client id at the parent (default: weir-serve-<--http-addr>;
-    /// keep it stable across restarts, and the same for the servers of one failover group).
+    /// With --parent: this server's client id at the parent (default: weir-serve-HOSTNAME-ADDR,
+    /// unique per host; on Redis, where the servers of one failover group share it,
+    /// weir-serve-ADDR). Keep it stable across restarts.
     #[arg(long, value_name = "ID")]
     pub(crate) parent_client_id: Option<String>,
     /// With --parent: a file holding the bearer token to present to the parent.

@@ -92,6 +92,9 @@ pub(crate) fn check_quota(path: &std::path::Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for w in config.warnings() {
+        eprintln!("weir: warning: {}: {w}", path.display());
+    }
     let mut out = io::stdout().lock();
     let _ = writeln!(out, "weir quota: {}", path.display());
     let _ = write!(out, "{}", config.describe());

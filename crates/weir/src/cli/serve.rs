@@ -147,6 +147,24 @@ fn on_redis(args: &ServeArgs) -> bool {
     args.store.starts_with("redis://") || args.store.starts_with("redis+cluster://")
 }
 
+/// A lease server's client id at its parent unless `--parent-client-id` says. A failover
+/// group (on Redis) shares one, `weir-serve-ADDR`, so a standby elected leader takes over the
+/// group's lease; a lone server's is unique per host, `weir-serve-HOSTNAME-ADDR`, stable across
+/// restarts, so two hosts binding the same `--http-addr` (0.0.0.0:8080) are two clients, not
+/// one whose leases alternate.
+fn default_parent_client_id(http_addr: std::net::SocketAddr, group: bool) -> String {
+    if group {
+        return format!("weir-serve-{http_addr}");
+    }
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("weir-serve-{host}-{http_addr}")
+}
+
 /// The lease server of `--quota`, watched, failing over through the Redis store when there is
 /// one.
 fn lease_server(args: &ServeArgs, path: std::path::PathBuf) -> Result<Arc<QuotaApi>, ExitCode> {
@@ -155,6 +173,15 @@ fn lease_server(args: &ServeArgs, path: std::path::PathBuf) -> Result<Arc<QuotaA
         builder = builder.failover(failover(args)?);
     }
     if let Some(endpoint) = &args.parent {
+        if endpoint.split(',').any(|url| {
+            url.trim()
+                .parse::<http::Uri>()
+                .is_ok_and(|uri| weir_server::net::points_at(&uri, args.http_addr))
+        }) {
+            return Err(fail(format_args!(
+                "--parent {endpoint} is this server's own --http-addr: it would lease from itself and grant nothing"
+            )));
+        }
         let token = match &args.parent_token_file {
             None => None,
             Some(f) => match std::fs::read_to_string(f) {
@@ -178,7 +205,7 @@ fn lease_server(args: &ServeArgs, path: std::path::PathBuf) -> Result<Arc<QuotaA
             client_id: args
                 .parent_client_id
                 .clone()
-                .unwrap_or_else(|| format!("weir-serve-{}", args.http_addr)),
+                .unwrap_or_else(|| default_parent_client_id(args.http_addr, on_redis(args))),
             token,
         });
     } else if args.parent_client_id.is_some() || args.parent_token_file.is_some() {
