@@ -277,6 +277,9 @@ pub struct LeaseTable {
     /// Refreshes answered and leases expired since the table was made.
     refreshes: u64,
     expirations: u64,
+    /// Refreshes that presented a lease id other than their row's (see
+    /// [`LeaseTable::stale_ids`]).
+    stale_ids: u64,
     /// Makes lease ids.
     ids: LeaseIds,
 }
@@ -345,6 +348,7 @@ impl LeaseTable {
             external: None,
             refreshes: 0,
             expirations: 0,
+            stale_ids: 0,
             ids: LeaseIds::new(),
         };
         t.holders.truncate(MAX_HOLDERS);
@@ -400,6 +404,13 @@ impl LeaseTable {
     /// Leases that lapsed without a refresh since the table was made.
     pub fn expirations(&self) -> u64 {
         self.expirations
+    }
+
+    /// Refreshes that presented a lease id, but not the one their client's row holds: a
+    /// client that lost its lease (it expired, another took the row), or two processes
+    /// sharing one client id, each taking the row from the other in turn.
+    pub fn stale_ids(&self) -> u64 {
+        self.stale_ids
     }
 
     /// The resource's parameters.
@@ -680,6 +691,9 @@ impl LeaseTable {
             if ask.lease_id != 0 && ask.lease_id == self.holders[i].lease_id {
                 self.holders[i].term = term.max(ask.term);
                 return Ok(i);
+            }
+            if ask.lease_id != 0 {
+                self.stale_ids += 1;
             }
             self.release(client, 0);
         }

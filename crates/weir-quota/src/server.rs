@@ -198,6 +198,9 @@ pub struct LeaseServer {
     /// Template instances swept for room: no sweep before this time (nothing could have
     /// lapsed), and how many sweeps ran.
     instance_sweep: Mutex<InstanceSweep>,
+    /// Refreshes presenting another lease id than their row's since the last
+    /// [`LeaseServer::take_stale_ids`], and the last client that did.
+    stale: Mutex<(u64, Option<String>)>,
     /// Under a parent (a tree of servers): per resource, the capacity leased from it and the
     /// time no lease may outlive; `None`: capacities are the file's.
     leased: Mutex<Option<HashMap<String, Leased>>>,
@@ -231,6 +234,7 @@ impl LeaseServer {
             leases: std::sync::atomic::AtomicUsize::new(0),
             swept_at: Mutex::new(0),
             instance_sweep: Mutex::new(InstanceSweep::default()),
+            stale: Mutex::new((0, None)),
             leased: Mutex::new(None),
         }
     }
@@ -732,6 +736,7 @@ impl LeaseServer {
                     .get_mut(resource)
                     .ok_or_else(|| Refusal::UnknownResource(resource.clone()))?;
                 let before = table.holders().len();
+                let stale = table.stale_ids();
                 if self.leases() >= MAX_LEASES && table.holder(client).is_none() {
                     return Err(Refusal::Full {
                         resource: resource.clone(),
@@ -747,6 +752,13 @@ impl LeaseServer {
                 };
                 let after = tables.get(resource).map_or(before, |t| t.holders().len());
                 self.counted(before, after);
+                if tables.get(resource).is_some_and(|t| t.stale_ids() > stale) {
+                    let mut s = self.stale.lock();
+                    s.0 += 1;
+                    if s.1.as_deref() != Some(client) {
+                        s.1 = Some(client.to_string());
+                    }
+                }
                 answer.map_err(|e| match e {
                     crate::allocate::QuotaError::Full(_) => Refusal::Full {
                         resource: resource.clone(),
@@ -759,6 +771,17 @@ impl LeaseServer {
                 })
             })
             .collect()
+    }
+
+    /// How many refreshes presented a lease id other than the one their row holds since the
+    /// last call, and the last client that did (`None`: none). Many from one client id mean
+    /// two processes share it — each takes the row from the other and both get a fraction —
+    /// or a client whose leases keep lapsing; the front end warns.
+    pub fn take_stale_ids(&self) -> Option<(u64, String)> {
+        let mut s = self.stale.lock();
+        let n = std::mem::take(&mut s.0);
+        let client = s.1.take()?;
+        (n > 0).then_some((n, client))
     }
 
     /// `client` gives back its leases on `resources` (shutting down), each with the lease id
@@ -950,6 +973,31 @@ mod tests {
 
     fn ask(resource: &str, wants: f64) -> (String, Ask) {
         (resource.to_string(), Ask::wants(wants))
+    }
+
+    /// Two processes sharing one client id take the row from each other in turn: counted, so
+    /// the front end can say so.
+    #[test]
+    fn two_processes_sharing_a_client_id_are_noticed() {
+        let s = LeaseServer::new(config("resources:\n  - {name: a, capacity: 10}\n"), 0);
+        s.restore(Vec::new(), 0);
+        let with = |id: u64| {
+            let (r, a) = ask("a", 5.0);
+            vec![(r, Ask { lease_id: id, ..a })]
+        };
+        let mut ids = [0u64; 2];
+        for round in 0..4 {
+            for id in &mut ids {
+                *id = s.refresh("region", &with(*id), round * S)[0]
+                    .as_ref()
+                    .unwrap()
+                    .lease_id;
+            }
+        }
+        let (n, client) = s.take_stale_ids().expect("noticed");
+        assert!(n >= 6, "{n}");
+        assert_eq!(client, "region");
+        assert!(s.take_stale_ids().is_none(), "taken");
     }
 
     #[test]

@@ -685,6 +685,25 @@ fn bad(message: String) -> axum::response::Response {
         .into_response()
 }
 
+/// Warnings of refreshes presenting stale lease ids: at most one a minute.
+static STALE_IDS_LOG: weir_core::log_gate::LogGate =
+    weir_core::log_gate::LogGate::new(60_000_000_000);
+
+/// Warns (at most once a minute) when refreshes presented lease ids other than their rows':
+/// two lease servers (or clients) sharing one client id take the row from each other in
+/// turn and waste most of the capacity.
+pub(crate) fn warn_of_stale_ids(api: &QuotaApi, now: weir_core::Nanos) {
+    if STALE_IDS_LOG.open(now).is_none() {
+        return;
+    }
+    if let Some((n, client)) = api.server.take_stale_ids() {
+        tracing::warn!(
+            client = %client,
+            "{n} refreshes presented a lease id that is not their row's (last from {client:?}): two processes may share one client id (give each its own: --parent-client-id, --quota-client-id)"
+        );
+    }
+}
+
 /// The answer when the lease server's work did not complete (it panicked).
 fn failed() -> axum::response::Response {
     (
@@ -791,6 +810,7 @@ async fn refresh(
     let Some((answers, asks)) = crate::quota::off_the_workers(work).await else {
         return failed();
     };
+    warn_of_stale_ids(&api, now);
     let answers = match answers {
         Ok(a) => a,
         Err(e) => return refused(e),

@@ -129,6 +129,7 @@ pub fn call(
         Ok(a) => a,
         Err(e) => return refused(e),
     };
+    crate::quota::api::warn_of_stale_ids(api, now);
     let leases = answers
         .into_iter()
         .zip(asks)
