@@ -63,7 +63,15 @@ impl ClientIp {
 
     /// The client address from a request's headers and extensions.
     pub fn client_of(&self, headers: &http::HeaderMap, ext: &http::Extensions) -> Option<IpAddr> {
-        let peer = peer(ext)?;
+        Some(self.client_from(peer(ext)?, headers))
+    }
+
+    /// The client address of a request from `peer` with `headers`.
+    pub fn client_from(&self, peer: IpAddr, headers: &http::HeaderMap) -> IpAddr {
+        self.forwarded(peer, headers).unwrap_or(peer)
+    }
+
+    fn forwarded(&self, peer: IpAddr, headers: &http::HeaderMap) -> Option<IpAddr> {
         if !self.trusted(peer) {
             return Some(peer);
         }

@@ -505,6 +505,21 @@ impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
         &self.rules
     }
 
+    /// The client address of a request from the connection's `peer` (headers `headers`): the
+    /// peer, unless it is one of the rule file's `http.trusted_proxies` — then the address
+    /// `X-Forwarded-For` names ([`ClientIp`]). What per-address bounds in front of the
+    /// service should count by.
+    pub fn client_ip(&self, peer: std::net::IpAddr, headers: &HeaderMap) -> std::net::IpAddr {
+        let Classifier::Routes(routes) = &*self.classifier else {
+            return peer;
+        };
+        let mut cache = None;
+        routes
+            .table(&mut cache)
+            .client_ip
+            .client_from(peer, headers)
+    }
+
     /// Whether the request with head `parts` goes to a resource whose `cost:` rules take their
     /// estimate from a JSON request body: the requests a
     /// [`ReadJsonLayer`](crate::cost::ReadJsonLayer) in front should read, and no others

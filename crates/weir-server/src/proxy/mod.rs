@@ -9,6 +9,7 @@
 //! serves the live dashboard (weir-tower's `dashboard`), `/metrics` (Prometheus text) and
 //! `/healthz`; `--admin-token` puts the dashboard's data and `/metrics` behind a bearer token.
 
+pub mod ahead;
 pub mod h1_client;
 mod metrics;
 pub mod paced;
@@ -41,6 +42,7 @@ use weir_tower::key::PeerAddr;
 use weir_tower::rules::RulesLayer;
 
 use crate::admin::switches;
+use ahead::AheadBody;
 use paced::PacedBody;
 use slots::{AddressSlot, AddressSlots};
 
@@ -181,6 +183,11 @@ struct Forward {
     per_client: Arc<Semaphore>,
     /// The client connection's peer (none in the workers' prototypes).
     peer: Option<Peer>,
+    /// The connection's share of the bytes bodies may hold before their request takes an
+    /// upstream slot (none in the workers' prototypes).
+    budget: Option<Arc<crate::net::budget::ConnectionBudget>>,
+    /// The rules: whose client address a request from a trusted proxy is.
+    rules: Option<RulesLayer<weir_core::AnyClock>>,
 }
 
 /// A client connection's address, and its text for `X-Forwarded-For` (formatted once per
@@ -320,8 +327,27 @@ fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
 impl Forward {
     async fn forward(self, req: Request<ClientBody>) -> Response<ProxyBody> {
         let to = &*self.to;
+        // A body's first bytes before any upstream slot (see `ahead`): a slow body holds none.
+        let req = if is_bodiless(&req) || !req.headers().contains_key(header::CONTENT_LENGTH) {
+            // Nothing to read, or a stream of unknown length (a gRPC or chunked stream may
+            // wait for the answer before sending more): passed on as it comes.
+            req.map(AheadBody::whole)
+        } else {
+            let (parts, body) = req.into_parts();
+            match AheadBody::read(body, to.pace, self.budget.as_ref()).await {
+                Ok(body) => Request::from_parts(parts, body),
+                Err(e) => return body_failed(to, &*e),
+            }
+        };
         let address: Result<Option<AddressSlot>, ()> = match &self.peer {
-            Some(p) => to.per_address.try_acquire(p.ip).map(Some).ok_or(()),
+            Some(p) => {
+                // Behind a trusted proxy (a load balancer), the client it names.
+                let ip = match &self.rules {
+                    Some(r) => r.client_ip(p.ip, req.headers()),
+                    None => p.ip,
+                };
+                to.per_address.try_acquire(ip).map(Some).ok_or(())
+            }
             None => Ok(None),
         };
         let permits = match (
@@ -429,14 +455,7 @@ impl Forward {
                 strip_hop_by_hop(r.headers_mut());
                 weir_tower::body::HeldBody::wrap(r, Some(permits), head_request).map(BodyExt::boxed)
             }
-            Ok(Err(e)) if too_slow(&*e).is_some() => {
-                to.stats.body_too_slow.fetch_add(1, Ordering::Relaxed);
-                let why = too_slow(&*e).map(ToString::to_string).unwrap_or_default();
-                let mut r = problem(StatusCode::REQUEST_TIMEOUT, &why);
-                r.headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                r
-            }
+            Ok(Err(e)) if too_slow(&*e).is_some() => body_failed(to, &*e),
             Ok(Err(e)) => {
                 to.stats
                     .upstream_unreachable
@@ -479,6 +498,25 @@ fn is_bodiless<B: http_body::Body>(req: &Request<B>) -> bool {
             .headers()
             .get(header::CONTENT_LENGTH)
             .is_none_or(|v| v.as_bytes() == b"0")
+}
+
+/// The answer to a request whose body failed: 408 (the connection closed) when it was too
+/// slow, else 400.
+fn body_failed(to: &ForwardTo, e: &(dyn std::error::Error + 'static)) -> Response<ProxyBody> {
+    let (status, why) = match too_slow(e) {
+        Some(t) => {
+            to.stats.body_too_slow.fetch_add(1, Ordering::Relaxed);
+            (StatusCode::REQUEST_TIMEOUT, t.to_string())
+        }
+        None => (
+            StatusCode::BAD_REQUEST,
+            format!("request body: {}", error_chain(e)),
+        ),
+    };
+    let mut r = problem(status, &why);
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 /// The request body's [`paced::TooSlow`], if that is what failed the upstream request.
@@ -1049,8 +1087,16 @@ impl Worker {
                 "proxy",
                 shutdown,
                 move |stream, peer, sd, conn| {
-                    let read_json = read_json.clone().with_budget(budget.connection());
-                    let svc = client_service(&forward, gutter.as_ref(), &layer, &read_json, peer);
+                    let conn_budget = budget.connection();
+                    let read_json = read_json.clone().with_budget(conn_budget.clone());
+                    let svc = client_service(
+                        &forward,
+                        gutter.as_ref(),
+                        &layer,
+                        &read_json,
+                        &conn_budget,
+                        peer,
+                    );
                     crate::net::accept::serve_http(stream, svc, timeouts, sd, conn)
                 },
             )
@@ -1079,7 +1125,7 @@ pub fn bind_shared(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener>
 }
 
 /// hyper's pooled client, for requests with a body and h2c.
-type PooledClient = Client<HttpConnector, PacedBody<ClientBody>>;
+type PooledClient = Client<HttpConnector, PacedBody<AheadBody>>;
 
 /// Clients to an upstream with idle connections of their own: bodiless HTTP/1.1, pooled
 /// HTTP/1.1 and h2c.
@@ -1122,6 +1168,8 @@ impl Forward {
             }),
             per_client: self.per_client.clone(),
             peer: self.peer.clone(),
+            budget: self.budget.clone(),
+            rules: self.rules.clone(),
         }
     }
 }
@@ -1148,6 +1196,8 @@ fn primary(s: &Settings, upstream: Uri, stats: &Arc<ProxyStats>) -> Forward {
         }),
         per_client: Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT)),
         peer: None,
+        budget: None,
+        rules: None,
     }
 }
 
@@ -1182,6 +1232,8 @@ fn gutter(
         }),
         per_client: primary.per_client.clone(),
         peer: None,
+        budget: None,
+        rules: None,
     }))
 }
 
@@ -1192,6 +1244,7 @@ fn client_service(
     gutter: Option<&Forward>,
     layer: &RulesLayer<weir_core::AnyClock>,
     read_json: &weir_tower::cost::ReadJsonLayer,
+    budget: &Arc<crate::net::budget::ConnectionBudget>,
     peer: SocketAddr,
 ) -> impl Service<
     Request<Incoming>,
@@ -1206,6 +1259,8 @@ fn client_service(
     let primary = Forward {
         per_client: per_client.clone(),
         peer: Some(client.clone()),
+        budget: Some(budget.clone()),
+        rules: Some(layer.clone()),
         ..forward.clone()
     };
     let via = primary.to.via.clone();
@@ -1216,6 +1271,8 @@ fn client_service(
             Forward {
                 per_client,
                 peer: Some(client),
+                budget: Some(budget.clone()),
+                rules: Some(layer.clone()),
                 ..g.clone()
             },
         ))),

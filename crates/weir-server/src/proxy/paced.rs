@@ -67,6 +67,13 @@ impl<B> PacedBody<B> {
     }
 }
 
+impl<B> PacedBody<B> {
+    /// The body inside (its pace forgotten).
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
 fn deadline(pace: Pace, started: Instant, received: u64, last: Instant) -> (Instant, TooSlow) {
     let idle = (last + pace.idle, TooSlow::Idle(pace.idle));
     if pace.min_rate == 0 {
