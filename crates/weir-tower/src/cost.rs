@@ -324,29 +324,6 @@ impl SseScan {
     }
 }
 
-/// Where the bytes [`ReadJsonLayer`] holds are counted — per connection and per process in
-/// `weir proxy` — so that requests whose bodies arrive slowly (or never end) cannot make it
-/// hold more than a budget, whatever their number.
-pub trait ReadBudget: Send + Sync + 'static {
-    /// Takes `n` more bytes; `false`: over budget, nothing taken.
-    fn take(&self, n: usize) -> bool;
-    /// Gives back `n` bytes taken.
-    fn give(&self, n: usize);
-}
-
-/// Bytes a read body holds against a [`ReadBudget`], given back when dropped (once the bytes
-/// were handed on, or the body dropped).
-struct BudgetHold {
-    budget: Arc<dyn ReadBudget>,
-    bytes: usize,
-}
-
-impl Drop for BudgetHold {
-    fn drop(&mut self) {
-        self.budget.give(self.bytes);
-    }
-}
-
 /// Reads the first [`MAX_COST_JSON`] bytes of JSON request bodies into a [`RequestJson`]
 /// extension, for rules whose estimate is a JSON field (`estimate_from: {json: …}`), then
 /// hands the body on whole ([`ReplayBody`]). Reads only requests `wanted` picks — those routed
@@ -359,7 +336,7 @@ impl Drop for BudgetHold {
 pub struct ReadJsonLayer {
     wanted: Arc<dyn Fn(&http::request::Parts) -> bool + Send + Sync>,
     timeout: Duration,
-    budget: Option<Arc<dyn ReadBudget>>,
+    budget: Option<Arc<dyn crate::prefix::ReadBudget>>,
 }
 
 impl ReadJsonLayer {
@@ -377,7 +354,7 @@ impl ReadJsonLayer {
     }
 
     /// Counts the bytes held against `budget` (e.g. one connection's share of the process's).
-    pub fn with_budget(mut self, budget: Arc<dyn ReadBudget>) -> Self {
+    pub fn with_budget(mut self, budget: Arc<dyn crate::prefix::ReadBudget>) -> Self {
         self.budget = Some(budget);
         self
     }
@@ -418,6 +395,7 @@ where
     S: Service<Request<ReplayBody<B>>> + Clone + Send + 'static,
     S::Future: Send,
     B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Send,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -447,52 +425,22 @@ where
         ReadJsonFuture::Reading {
             f: Box::pin(async move {
                 let (mut parts, mut body) = (parts, body);
-                let mut prefix = BytesMut::new();
-                let mut trailers = None;
-                let mut ended = false;
-                let mut hold = budget.map(|budget| BudgetHold { budget, bytes: 0 });
-                let read = async {
-                    while prefix.len() < MAX_COST_JSON {
-                        match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-                            Some(Ok(f)) => match f.into_data() {
-                                Ok(d) => {
-                                    if let Some(h) = &mut hold {
-                                        if !h.budget.take(d.len()) {
-                                            // Over budget: hand on what came, unread.
-                                            prefix.extend_from_slice(&d);
-                                            return Ok(false);
-                                        }
-                                        h.bytes += d.len();
-                                    }
-                                    prefix.extend_from_slice(&d);
-                                }
-                                Err(f) => {
-                                    trailers = f.into_trailers().ok();
-                                    ended = true;
-                                    return Ok(true);
-                                }
-                            },
-                            Some(Err(e)) => return Err(e),
-                            None => {
-                                ended = true;
-                                return Ok(true);
-                            }
-                        }
-                    }
-                    Ok(true)
-                };
-                let (failed, within) = match tokio::time::timeout(timeout, read).await {
-                    Ok(Ok(within)) => (None, within),
-                    Ok(Err(e)) => (Some(e), true),
-                    Err(_) => (None, true),
-                };
-                let prefix = prefix.freeze();
-                if ended && within && prefix.len() <= MAX_COST_JSON {
-                    parts.extensions.insert(RequestJson(prefix.clone()));
+                // A body slower than the timeout is handed on with what came.
+                let crate::prefix::Prefix {
+                    bytes,
+                    hold,
+                    trailers,
+                    ended,
+                    failed,
+                    ..
+                } = crate::prefix::read_prefix(&mut body, MAX_COST_JSON, budget, Some(timeout))
+                    .await;
+                if ended && failed.is_none() {
+                    parts.extensions.insert(RequestJson(bytes.clone()));
                 }
                 let body = ReplayBody::Replay {
-                    prefix: Some(prefix),
                     hold: hold.map(Box::new),
+                    prefix: Some(bytes),
                     failed,
                     trailers,
                     rest: (!ended).then_some(body),
@@ -541,7 +489,7 @@ pin_project_lite::pin_project! {
         Replay {
             prefix: Option<Bytes>,
             // The budget the bytes read hold until they are handed on.
-            hold: Option<Box<BudgetHold>>,
+            hold: Option<Box<crate::prefix::BudgetHold>>,
             failed: Option<B::Error>,
             trailers: Option<HeaderMap>,
             rest: Option<B>,

@@ -54,6 +54,7 @@ pub mod key;
 pub mod limit;
 /// Path normal form (shared with the rule files' route prefixes).
 pub use weir_rules::path;
+pub mod prefix;
 pub mod problem;
 pub mod rules;
 pub mod shed;

@@ -979,3 +979,93 @@ async fn slow_uploads_behind_one_address_leave_its_ready_requests_their_slots() 
     eprintln!("one address, 1 000 slow uploads: {served} of 25 GETs served ({statuses:?})");
     assert_eq!(served, 25, "{statuses:?}");
 }
+
+/// A request body that sends its first bytes, then never ends.
+struct Stalled(Option<bytes::Bytes>);
+
+impl hyper::body::Body for Stalled {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        match self.0.take() {
+            Some(b) => std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(b)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+/// The resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+/// JSON bodies that never end, sent to the route whose estimate is read from them and to no
+/// route at all: 20 h2c connections × 200 streams × 65 000 bytes (260 MB if every body were
+/// read) leave the proxy holding what its budget allows (16 MiB read) beside what the streams
+/// cost with nothing read (about 57 MB: HTTP/2's windows and stream state), and unrouted bodies
+/// are not read at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_json_bodies_hold_at_most_the_budgets() {
+    let up = upstream().await;
+    let file = rules_file(
+        "json-budget",
+        "resources:
+  - name: chat
+    hot_params:
+      - {id: tokens, param: 0, threshold: 100000000, window: 1m, algorithm: gcra,
+         cost: {estimate: 500, max: 4000, estimate_from: {json: max_tokens}}}
+http:
+  routes:
+    - {resource: chat, prefix: /v1/chat, params: [{header: x-user}]}
+",
+    );
+    // 16 MiB of bodies read at most, process-wide.
+    let p = Proxy::start(
+        &file,
+        &format!("http://127.0.0.1:{up}"),
+        &["--max-buffered-bytes", "16777216"],
+    );
+    let pid = p.child.id();
+    let before = rss(pid);
+    let mut tasks = Vec::new();
+    for c in 0..20 {
+        // One client each: one connection each.
+        let client = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build_http::<Stalled>();
+        for s in 0..200 {
+            let path = if s % 4 == 0 { "/anything" } else { "/v1/chat" };
+            let req = http::Request::post(format!("http://127.0.0.1:{}{path}", p.port))
+                .header("content-type", "application/json")
+                .header("x-user", format!("u{c}"))
+                .body(Stalled(Some(bytes::Bytes::from(vec![b' '; 65_000]))))
+                .unwrap();
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(6), client.request(req)).await;
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let grown = rss(pid).saturating_sub(before);
+    eprintln!(
+        "4 000 unfinished 65 000-byte JSON bodies: the proxy grew by {} MB",
+        grown / 1_000_000
+    );
+    assert!(grown < 16_777_216 + 100_000_000, "grew by {grown} bytes");
+    // Still answering.
+    assert_eq!(get_url(p.port, "/v1/other", false, &[]).await.0, 200);
+    for t in tasks {
+        t.abort();
+    }
+}

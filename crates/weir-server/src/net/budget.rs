@@ -104,7 +104,7 @@ fn take(used: &AtomicUsize, n: usize, cap: usize) -> bool {
 
 /// The bytes `weir proxy` reads of JSON request bodies for cost estimates count against the
 /// same budgets as every buffered body: a read that would pass either is not made.
-impl weir_tower::cost::ReadBudget for ConnectionBudget {
+impl weir_tower::prefix::ReadBudget for ConnectionBudget {
     fn take(&self, n: usize) -> bool {
         let limits = self.process.limits;
         if !take(&self.used, n, limits.per_connection) {

@@ -15,10 +15,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use weir_tower::cost::ReadBudget;
+use weir_tower::prefix::{read_prefix, BudgetHold, ReadBudget};
 
 use super::paced::{Pace, PacedBody};
 use super::ClientBody;
@@ -32,20 +32,9 @@ pub const READ_AHEAD: usize = 64 * 1024;
 pub struct AheadBody {
     prefix: Option<Bytes>,
     /// What the bytes read hold of the budgets until they are handed on.
-    hold: Option<Hold>,
+    hold: Option<BudgetHold>,
     trailers: Option<HeaderMap>,
     rest: Option<ClientBody>,
-}
-
-struct Hold {
-    budget: Arc<ConnectionBudget>,
-    bytes: usize,
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.budget.give(self.bytes);
-    }
 }
 
 impl AheadBody {
@@ -68,43 +57,16 @@ impl AheadBody {
         budget: Option<&Arc<ConnectionBudget>>,
     ) -> Result<Self, BoxError> {
         let mut paced = PacedBody::new(body, pace);
-        let mut prefix = BytesMut::new();
-        let mut hold = budget.map(|b| Hold {
-            budget: b.clone(),
-            bytes: 0,
-        });
-        let mut trailers = None;
-        let mut ended = false;
-        while prefix.len() < READ_AHEAD {
-            match std::future::poll_fn(|cx| Pin::new(&mut paced).poll_frame(cx)).await {
-                None => {
-                    ended = true;
-                    break;
-                }
-                Some(Err(e)) => return Err(e),
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => {
-                        prefix.extend_from_slice(&data);
-                        match &mut hold {
-                            Some(h) if h.budget.take(data.len()) => h.bytes += data.len(),
-                            // Over budget: no further read ahead.
-                            Some(_) => break,
-                            None => {}
-                        }
-                    }
-                    Err(frame) => {
-                        trailers = frame.into_trailers().ok();
-                        ended = true;
-                        break;
-                    }
-                },
-            }
+        let budget = budget.map(|b| b.clone() as Arc<dyn ReadBudget>);
+        let read = read_prefix(&mut paced, READ_AHEAD, budget, None).await;
+        if let Some(e) = read.failed {
+            return Err(e);
         }
         Ok(Self {
-            prefix: Some(prefix.freeze()),
-            hold,
-            trailers,
-            rest: (!ended).then(|| paced.into_inner()),
+            prefix: Some(read.bytes),
+            hold: read.hold,
+            trailers: read.trailers,
+            rest: (!read.ended).then(|| paced.into_inner()),
         })
     }
 }
