@@ -72,7 +72,9 @@ pub enum QuotaError {
         value: f64,
     },
     /// A weight not positive or not finite.
-    #[error("client {client}: weight must be a finite number > 0, got {value}")]
+    #[error(
+        "client {client}: weight must be a finite number > 0 (a part's at most 10^6), got {value}"
+    )]
     Weight {
         /// Index of the client.
         client: usize,

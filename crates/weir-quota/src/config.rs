@@ -366,7 +366,7 @@ fn parse_clients(raw: &[RawClient], problems: &mut Vec<(String, String)>) -> Vec
                 }
             }
             if let Some(w) = c.weight {
-                if w.is_finite() && w > 0.0 && w <= 1e6 {
+                if w.is_finite() && w > 0.0 && w <= crate::lease::MAX_WEIGHT {
                     rule.weight = w;
                 } else {
                     problems.push((at("weight"), format!("{w}: a number > 0 and ≤ 1000000")));

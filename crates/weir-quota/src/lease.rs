@@ -132,6 +132,11 @@ impl Ask {
 /// Most [`Part`]s one ask may carry.
 pub const MAX_PARTS: usize = 64;
 
+/// Largest weight: of a client in the quota file's `clients` section, and of one [`Part`] a
+/// lease server below states (a heavier part is refused: what a child states decides the
+/// division, so it is bounded as the file's own weights are).
+pub const MAX_WEIGHT: f64 = 1e6;
+
 /// One part of a lease server's demand on its parent (a tree of servers): a group of its
 /// clients alike in band and in demand per weight, so the parent divides its capacity among
 /// the clients of all its children nearly as if they were its own (exactly, when each part's
@@ -839,7 +844,7 @@ impl LeaseTable {
                     });
                 }
             }
-            if !(p.weight.is_finite() && p.weight > 0.0) {
+            if !(p.weight.is_finite() && p.weight > 0.0 && p.weight <= MAX_WEIGHT) {
                 return Err(QuotaError::Weight {
                     client: i,
                     value: p.weight,

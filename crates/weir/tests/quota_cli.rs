@@ -697,6 +697,18 @@ async fn grpc_asks_carry_needs_parts_holds_and_terms_as_json_ones_do() {
         e.message().contains("resources[0].parts[1].weight"),
         "{e:?}"
     );
+    // A part heavier than any client of the file may be: refused, named.
+    let mut bad = below(3, 0);
+    bad.resources[0].parts[1].weight = 1e12;
+    let e = common::quota_grpc::<_, RefreshResponse>(s.2, REFRESH_PATH, bad)
+        .await
+        .unwrap_err();
+    assert!(
+        e.message().contains(
+            "resources[0].parts[1].weight: 1000000000000: a finite number > 0 and ≤ 1000000"
+        ),
+        "{e:?}"
+    );
     let mut bad = below(3, 0);
     bad.resources[0].parts[0].priority = 9;
     let e = common::quota_grpc::<_, RefreshResponse>(s.2, REFRESH_PATH, bad)

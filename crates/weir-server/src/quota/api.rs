@@ -626,11 +626,15 @@ pub(crate) fn server_fields(
                 .priority
                 .clone()
                 .map_err(|e| format!("{}: {e}", at("priority")))?;
-            if !(p.weight.is_finite() && p.weight > 0.0) {
+            if !(p.weight.is_finite()
+                && p.weight > 0.0
+                && p.weight <= weir_quota::lease::MAX_WEIGHT)
+            {
                 return Err(format!(
-                    "{}: {}: a finite number > 0",
+                    "{}: {}: a finite number > 0 and ≤ {}",
                     at("weight"),
-                    p.weight
+                    p.weight,
+                    weir_quota::lease::MAX_WEIGHT
                 ));
             }
             let wants = number(&format!("parts[{j}].wants"), p.wants)?;
