@@ -5,8 +5,9 @@
 //! fits, so concurrent requests cannot overrun the limit on the strength of costs nobody has
 //! counted yet. When the cost is known, [`CostReservation::settle`] charges the difference:
 //!
-//! - actual < estimate: the rest is given back ([`Settle::refund`]), but never more than the
-//!   state still holds of the charge (time that has passed since is not given back);
+//! - actual < estimate: the rest is given back ([`Settle::refund`]) whenever the work ends,
+//!   unless the limiter is already full (it never holds more than its burst); a fixed window
+//!   that ended has nothing to give back;
 //! - actual > estimate: the excess is charged whatever the limit ([`Settle::charge`]): a
 //!   debt later requests wait out, never a negative count that admits more;
 //! - [`CostReservation::cancel`]: everything back (the work failed before it cost anything).
@@ -28,13 +29,19 @@
 //! ```
 //!
 //! **Bound.** Count each unit when it is charged: estimates when admitted, excesses when
-//! settled, less refunds. Admissions only ever fit the algorithm's own bound, so over any
-//! window the units charged are at most what the algorithm admits in a window (GCRA:
-//! `burst + limit`; fixed window: `limit` per aligned window) plus the excesses settled in
-//! that window. With one request in flight per key that is the limit plus the largest single
-//! excess; with `c` in flight at most `c` excesses. GCRA and the token bucket carry a debt
-//! past the window until it is paid; a fixed window forgets it when its window ends.
-//! `tests/cost.rs` checks the bound on random timelines.
+//! settled, less refunds. From any moment `t0` the limiter was full (for GCRA and the token
+//! bucket), the units charged since, net of refunds, are at most `burst + rate × (t − t0)`
+//! plus the excesses settled since — admissions fit the algorithm's own bound, a refund frees
+//! no more than it took, and a full limiter takes none. Equivalently, the tokens the calls
+//! admitted since `t0` actually cost (their actual costs, and the estimates of those still
+//! running) are at most `burst + rate × (t − t0)` plus the excesses settled since, plus the
+//! refunds since of calls admitted before `t0` (their room was charged before). The same holds
+//! over any window `[t1, t)` whether or not the limiter was full at `t1`: what the window's
+//! calls cost is at most `burst + rate × (t − t1)` + the window's excesses + the estimates
+//! outstanding at `t1`. A fixed window: `limit` per aligned window, plus its excesses (its
+//! refunds come only from calls of the same window). With one request in flight per key the
+//! excess is one call's; with `c` in flight at most `c` excesses. `tests/cost.rs` checks these
+//! on random timelines with calls lasting from 1 ms to 100 × (estimate ÷ rate).
 
 use crate::algorithm::Algorithm;
 use crate::cell::StateCell;
@@ -52,9 +59,9 @@ pub trait Settle: Algorithm {
     /// estimate. Past the limit it is a debt later requests wait out.
     fn charge(&self, state: &mut Self::State, units: u64, now: Nanos);
 
-    /// Gives back `units` of `charge`: what the request did not use. Never more than the
-    /// state still holds of that charge (a window that ended, or time that passed since,
-    /// gives nothing back).
+    /// Gives back `units` of `charge`: what the request did not use, whenever it ends. Never
+    /// more than the charge, never past a full state (a limiter holds at most its burst), and
+    /// nothing from a window that ended.
     fn refund(&self, state: &mut Self::State, units: u64, charge: Held, now: Nanos);
 }
 
@@ -209,16 +216,13 @@ pub(crate) fn charge_time(state: &mut u64, units: u64, interval: Nanos, now: Nan
         .min(now.saturating_add(u64::MAX / 4));
 }
 
-/// Refunds `units` of `held` to a "next free time" state: only the part of the charge still
-/// ahead of `now` (the charge began at `held.taken` at the earliest, so at least
-/// `taken + estimate·interval − now` of it is), never back past `now`.
+/// Refunds `units` of `held` (at most its estimate) to a "next free time" state: the time
+/// they took is given back whenever the call ends — a call that ran for minutes gives back what
+/// it did not use as one that ran for milliseconds — but never past `now`: a limiter already
+/// full (its state at or before `now`) stays full, it never holds more than its burst.
 pub(crate) fn refund_time(state: &mut u64, units: u64, held: Held, interval: Nanos, now: Nanos) {
-    let end = held
-        .taken
-        .saturating_add(held.estimate.saturating_mul(interval));
-    let ahead = end.saturating_sub(now) / interval.max(1);
-    let span = units.min(ahead).saturating_mul(interval);
     if *state > now {
+        let span = units.min(held.estimate).saturating_mul(interval);
         *state = state.saturating_sub(span).max(now);
     }
 }

@@ -1,11 +1,19 @@
-//! Cost reservations (`weir_core::cost`) on a manual clock: refunds give room back, excesses
-//! are debts, and on random timelines of concurrent reservations the units charged in any
-//! window (estimates when admitted, excesses when settled, less refunds) never pass the
-//! algorithm's own bound plus the excesses settled in that window.
+//! Cost reservations (`weir_core::cost`) on a manual clock: refunds give room back whenever a
+//! call ends (nothing to a full limiter), excesses are debts, and on random timelines of
+//! concurrent reservations lasting from 1 ms to 100 × (estimate ÷ rate): the units charged in
+//! any window (estimates when admitted, excesses when settled, less refunds) never pass the
+//! algorithm's own bound plus the excesses settled in that window, and what the calls of any
+//! window cost never passes `burst + rate × window` plus its excesses plus the estimates
+//! outstanding at its start.
 
 use std::time::Duration;
 
 use proptest::prelude::*;
+
+mod support;
+use support::cost_bound::{
+    run_timeline, steps, tokens_used_per_window, tokens_used_within, Entry, Step,
+};
 use weir_core::cost::Settle;
 use weir_core::{Algorithm, FixedWindow, Gcra, Limiter, ManualClock, Quota, TokenBucket};
 
@@ -55,17 +63,34 @@ fn dropped_reservations_keep_their_estimate_and_cancelled_ones_give_it_all_back(
     assert_eq!(window.acquire(0).remaining(), 50);
 }
 
+/// A call that runs far longer than its estimate takes to refill gives back what it did not
+/// use all the same (a budget counts tokens, not `max_tokens`) — in saturation too, where the
+/// limiter's state is ahead of now.
 #[test]
-fn time_that_passed_is_not_given_back() {
+fn a_long_calls_refund_gives_back_what_it_did_not_use() {
     let clock = ManualClock::new(SECOND);
     let gcra = Limiter::with_clock(Gcra::new(quota(), 100).unwrap(), &clock);
-    let first = gcra.reserve_cost(50).unwrap();
-    gcra.reserve_cost(50).unwrap().settle(50);
-    // 400 ms later 40 of the first 50 units' time has passed: only the 10 still ahead can
-    // come back, so 50 fit now (the 40 refilled and the 10), not 90.
-    clock.advance(Duration::from_millis(400));
-    first.settle(0);
-    assert!(gcra.reserve_cost(50).is_ok());
+    let long = gcra.reserve_cost(100).unwrap();
+    // 30 s later (30 × estimate ÷ rate) another call fills the burst: saturated.
+    clock.advance(Duration::from_secs(30));
+    let busy = gcra.reserve_cost(100).unwrap();
+    assert!(!gcra.acquire(1).allowed());
+    // The long call used 10: its 90 come back at once.
+    long.settle(10);
+    assert!(gcra.reserve_cost(90).is_ok());
+    assert!(!gcra.acquire(1).allowed());
+    busy.settle(100);
+}
+
+/// A limiter already full gets nothing back: it never holds more than its burst.
+#[test]
+fn a_full_limiter_gets_nothing_back() {
+    let clock = ManualClock::new(SECOND);
+    let gcra = Limiter::with_clock(Gcra::new(quota(), 100).unwrap(), &clock);
+    let call = gcra.reserve_cost(50).unwrap();
+    clock.advance(Duration::from_secs(2));
+    call.settle(0);
+    assert!(gcra.reserve_cost(100).is_ok());
     assert!(!gcra.acquire(1).allowed());
 }
 
@@ -111,103 +136,24 @@ fn keyed_reservations_settle_per_key_and_a_refund_never_stores_a_key() {
     assert!(log.reserve_cost_at("k", 1, now).is_err());
 }
 
-/// One step of a timeline: wait `dt` ms, then ask for `estimate` (to cost `actual`, settled
-/// `hold` ms later).
-#[derive(Debug, Clone)]
-struct Step {
-    dt: u64,
-    estimate: u64,
-    actual: u64,
-    hold: u64,
-}
-
-fn steps() -> impl Strategy<Value = Vec<Step>> {
-    prop::collection::vec(
-        (0u64..40, 1u64..60, 0u64..120, 0u64..1500).prop_map(|(dt, estimate, actual, hold)| Step {
-            dt,
-            estimate,
-            actual,
-            hold,
-        }),
-        1..300,
-    )
-}
-
-/// A ledger entry: at `t`, `units` charged (negative: refunded), `excess` forced past the
-/// limit.
-struct Entry {
-    t: u64,
-    units: i64,
-    excess: u64,
-    admission: bool,
-}
-
-/// Runs `steps` on `limiter`, settling each reservation `hold` ms after it was made (at most
-/// several in flight at once); answers the ledger.
+/// Runs `steps` on `limiter` (see [`run_timeline`]).
 fn run<A: Settle>(
     limiter: &Limiter<A, &ManualClock>,
     clock: &ManualClock,
     steps: &[Step],
 ) -> Vec<Entry> {
-    let mut ledger = Vec::new();
-    let mut open: Vec<(
-        u64,
-        weir_core::cost::CostReservation<'_, A, &ManualClock>,
-        u64,
-    )> = Vec::new();
-    let settle_due = |open: &mut Vec<(
-        u64,
-        weir_core::cost::CostReservation<'_, A, &ManualClock>,
-        u64,
-    )>,
-                      ledger: &mut Vec<Entry>,
-                      now: u64| {
-        let mut i = 0;
-        while i < open.len() {
-            if open[i].0 <= now {
-                let (at, r, actual) = open.swap_remove(i);
-                let estimate = r.estimate();
-                r.settle_at(actual, at);
-                let units = actual as i64 - estimate as i64;
-                ledger.push(Entry {
-                    t: at,
-                    units,
-                    excess: actual.saturating_sub(estimate),
-                    admission: false,
-                });
-            } else {
-                i += 1;
-            }
-        }
-    };
-    for s in steps {
-        let now = weir_core::Clock::now(clock) + s.dt * 1_000_000;
-        // Settle in time order what falls due before the next request.
-        let mut due: Vec<u64> = open.iter().map(|o| o.0).filter(|t| *t <= now).collect();
-        due.sort_unstable();
-        for t in due {
-            clock.set(t.max(weir_core::Clock::now(clock)));
-            settle_due(&mut open, &mut ledger, t);
-        }
-        clock.set(now);
-        if let Ok(r) = limiter.reserve_cost_at(s.estimate, now) {
-            ledger.push(Entry {
-                t: now,
-                units: s.estimate as i64,
-                excess: 0,
-                admission: true,
-            });
-            open.push((now + s.hold * 1_000_000, r, s.actual));
-        }
-    }
-    let mut rest: Vec<u64> = open.iter().map(|o| o.0).collect();
-    rest.sort_unstable();
-    for t in rest {
-        clock.set(t.max(weir_core::Clock::now(clock)));
-        settle_due(&mut open, &mut ledger, t);
-    }
-    // In the order things happened (times never decrease).
-    ledger
+    run_timeline(
+        steps,
+        weir_core::Clock::now(clock),
+        |estimate, now| {
+            clock.set(now);
+            limiter.reserve_cost_at(estimate, now).ok()
+        },
+        |r, actual, now| {
+            clock.set(now.max(weir_core::Clock::now(clock)));
+            r.settle_at(actual, now);
+        },
+    )
 }
 
 /// The largest `net charged − excess` over windows `[start, start + window)` with `start`
@@ -263,6 +209,7 @@ proptest! {
         let w = worst(&ledger, SECOND, false);
         prop_assert!(w <= bound, "{} charged past the excesses in one window, bound {}", w, bound);
         prop_assert_eq!(debts_paid(&ledger, SECOND / 100, 50), Ok(()));
+        prop_assert_eq!(tokens_used_within(&ledger, SECOND / 100, 50, 0), Ok(()));
     }
 
     #[test]
@@ -273,6 +220,7 @@ proptest! {
         let ledger = run(&limiter, &clock, &steps);
         let w = worst(&ledger, SECOND, false);
         prop_assert!(w <= 100 + 50 + 59, "{} charged past the excesses in one window", w);
+        prop_assert_eq!(tokens_used_within(&ledger, SECOND / 100, 50, 59), Ok(()));
     }
 
     #[test]
@@ -282,5 +230,6 @@ proptest! {
         let ledger = run(&limiter, &clock, &steps);
         let w = worst(&ledger, SECOND, true);
         prop_assert!(w <= 100, "{} charged past the excesses in one aligned window", w);
+        prop_assert_eq!(tokens_used_per_window(&ledger, SECOND, 100), Ok(()));
     }
 }

@@ -1,7 +1,8 @@
 //! Cost reservations on Redis (weir-core's `cost` model): [`RedisLimiter::reserve_cost`]
 //! holds an estimate with the rule's own script, [`RedisLimiter::settle`] corrects it to the
 //! actual cost with one atomic script (`lua/settle.lua`): an excess charged whatever the limit
-//! (a debt every instance sees), a refund of only what the state still holds of the charge.
+//! (a debt every instance sees), a refund of what the call did not use, whenever it ends (never
+//! past a full state, never to a fixed window that ended).
 //!
 //! While Redis is unreachable the reservation is the fallback's (this instance's share, or
 //! fail-open / fail-closed) and is settled there. A settlement that cannot reach Redis is

@@ -129,3 +129,151 @@ async fn adjustments_charge_past_the_limit_and_refund_only_what_is_held() {
         assert!(b.check(&r, "k", 990).await.allowed(), "{algorithm}");
     }
 }
+
+#[path = "../../weir-core/tests/support/cost_bound.rs"]
+mod cost_bound;
+
+/// A small deterministic generator (xorshift64*), for timelines run in real time.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The settle script keeps the bound of docs/cost.md on a real Redis: timelines of 120 calls
+/// (estimates 1–59, actual costs 0–119) at 10 000 units/s with a burst of 500, each call lasting
+/// from 1 ms to 100 × (estimate ÷ rate), run in real time one Redis call after another — what
+/// the calls of any window cost is at most `burst + rate × window` plus the window's excesses
+/// plus the estimates outstanding at its start (the window measured from the first call's
+/// sending to the last's: a round trip's worth of units allowed for Redis's own clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_on_redis_keep_the_bound_on_timelines_of_long_calls() {
+    use tokio::time::Instant;
+    let redis = support::Redis::start();
+    let config = RedisConfig {
+        over_limit_cache: false,
+        ..config()
+    };
+    let limiter = RedisLimiter::connect(&redis.url(), config).await.unwrap();
+    const INTERVAL: u64 = 100_000; // ns: 10 000 units/s
+    for (n, algorithm) in [RateAlgorithm::Gcra, RateAlgorithm::TokenBucket]
+        .into_iter()
+        .cycle()
+        .take(6)
+        .enumerate()
+    {
+        let spec = RateSpec::new(algorithm, 10_000, Duration::from_secs(1)).with_burst(500);
+        let r = RedisRule::new(&format!("timeline-{n}"), &spec, RuleOptions::default()).unwrap();
+        let mut rng = Rng(0x9e37_79b9 + n as u64);
+        // (at, estimate, actual, hold), ms from the start.
+        let mut plan = Vec::new();
+        let mut at = 0.0;
+        for _ in 0..120 {
+            at += rng.next() * 2.0;
+            let estimate = 1 + (rng.next() * 59.0) as u64;
+            let actual = (rng.next() * 120.0) as u64;
+            let x = rng.next();
+            let hold = 1.0 + x * x * x * estimate as f64 * 10.0;
+            plan.push((at, estimate, actual, hold));
+        }
+        let start = Instant::now();
+        let mut ledger = Vec::new();
+        let mut open: Vec<(f64, weir_redis::CostHeld, u64, usize, u64)> = Vec::new();
+        let mut rtt = Duration::ZERO;
+        let ns = |i: Instant| (i - start).as_nanos() as u64;
+        let mut next = 0;
+        while next < plan.len() || !open.is_empty() {
+            let settle_first = open
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1 .0.total_cmp(&b.1 .0))
+                .filter(|(_, o)| next >= plan.len() || o.0 <= plan[next].0)
+                .map(|(i, _)| i);
+            if let Some(i) = settle_first {
+                let (due, held, actual, call, estimate) = open.swap_remove(i);
+                tokio::time::sleep_until(start + Duration::from_secs_f64(due / 1e3)).await;
+                let sent = Instant::now();
+                limiter.settle(&r, "k", held, actual).await;
+                rtt = rtt.max(sent.elapsed());
+                ledger.push(cost_bound::Entry {
+                    t: ns(sent),
+                    units: actual as i64 - estimate as i64,
+                    excess: actual.saturating_sub(estimate),
+                    admission: false,
+                    call,
+                    estimate,
+                    actual,
+                });
+                continue;
+            }
+            let (at, estimate, actual, hold) = plan[next];
+            tokio::time::sleep_until(start + Duration::from_secs_f64(at / 1e3)).await;
+            let sent = Instant::now();
+            let held = limiter.reserve_cost(&r, "k", estimate).await;
+            rtt = rtt.max(sent.elapsed());
+            if let Ok(held) = held {
+                ledger.push(cost_bound::Entry {
+                    t: ns(sent),
+                    units: estimate as i64,
+                    excess: 0,
+                    admission: true,
+                    call: next,
+                    estimate,
+                    actual,
+                });
+                open.push((
+                    ns(Instant::now()) as f64 / 1e6 + hold,
+                    held,
+                    actual,
+                    next,
+                    estimate,
+                ));
+            }
+            next += 1;
+        }
+        let slack = rtt.as_nanos() as u64 / INTERVAL + 1;
+        // Guava's token bucket lends its last grant (≤ 59).
+        let credit = slack
+            + if algorithm == RateAlgorithm::TokenBucket {
+                59
+            } else {
+                0
+            };
+        assert!(ledger.iter().filter(|e| e.admission).count() > 10);
+        assert_eq!(
+            cost_bound::tokens_used_within(&ledger, INTERVAL, 500, credit),
+            Ok(()),
+            "{algorithm}, round trips up to {rtt:?}"
+        );
+    }
+}
+
+/// A call that outlasts the refill of its estimate gives back what it did not use on Redis as
+/// in memory, whichever instance settles it (a budget counts tokens, not `max_tokens`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_calls_refund_gives_back_what_it_did_not_use() {
+    let redis = support::Redis::start();
+    let config = RedisConfig {
+        over_limit_cache: false,
+        ..config()
+    };
+    let a = RedisLimiter::connect(&redis.url(), config).await.unwrap();
+    let b = RedisLimiter::connect(&redis.url(), config).await.unwrap();
+    // 100 a second, a burst of 50: an estimate of 50 refills in half a second.
+    let spec = RateSpec::new(RateAlgorithm::Gcra, 100, Duration::from_secs(1)).with_burst(50);
+    let r = RedisRule::new("long-call", &spec, RuleOptions::default()).unwrap();
+    let long = a.reserve_cost(&r, "k", 50).await.unwrap();
+    // Twice its refill later, another call fills the burst.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let busy = b.reserve_cost(&r, "k", 50).await.unwrap();
+    assert!(!b.check(&r, "k", 5).await.allowed());
+    // The long call used 5: 45 come back at once.
+    a.settle(&r, "k", long, 5).await;
+    assert!(b.reserve_cost(&r, "k", 40).await.is_ok());
+    b.settle(&r, "k", busy, 50).await;
+}

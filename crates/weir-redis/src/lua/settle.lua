@@ -3,7 +3,8 @@
 -- the time from which units are free) or 'window' (fixed window: {i, c}); ARGV[6]: the
 -- interval per unit, or the window (us); ARGV[7]: the estimate held; ARGV[8]: when it was
 -- taken (us, the reservation's script time; -1: now). An excess is charged whatever the limit (a
--- debt); a refund gives back only what the state still holds of the charge.
+-- debt); a refund gives back what was not used, whenever the call ends, but never past a full
+-- state ('time': not before now) and never to a fixed window that ended.
 local kind = ARGV[5]
 local p = tonumber(ARGV[6])
 local estimate = tonumber(ARGV[7])
@@ -18,8 +19,7 @@ if kind == 'time' then
     t = math.max(t, now) + (actual - estimate) * p
     redis.call('SET', KEYS[1], t, 'PX', weir_ms(t - now))
   elseif actual < estimate and t > now then
-    local ahead = math.max(math.floor((taken + estimate * p - now) / p), 0)
-    t = math.max(t - math.min(estimate - actual, ahead) * p, now)
+    t = math.max(t - (estimate - actual) * p, now)
     if t > now then
       redis.call('SET', KEYS[1], t, 'PX', weir_ms(t - now))
     else
