@@ -431,6 +431,14 @@ impl<C: Clock + Clone> Guard<C> {
             .cost(spender.as_deref().unwrap_or(""), estimate, first);
     }
 
+    /// Counts the call, refused, as answered by a fallback on its resource (for a caller that
+    /// serves a fallback after the guard's own decision, e.g. a `shared: true` rule's refusal).
+    pub fn count_fallback(&self) {
+        if let Some(r) = &self.resource {
+            r.stats.fallback();
+        }
+    }
+
     /// Whether the call holds estimates of `cost:` rules not yet settled.
     pub fn holds_cost(&self) -> bool {
         self.extra.as_ref().is_some_and(|e| !e.costs.is_empty())

@@ -681,13 +681,13 @@ where
                 // that was made ready (boxed: rare).
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
-                let grpc = is_grpc(&req);
                 RulesFuture::Deciding {
                     deciding: Some(Box::new(Deciding {
                         decide: Box::pin(decide_shared(guard)),
                         svc: ready,
                         req,
-                        grpc,
+                        fallback,
+                        layer: self.layer.clone(),
                     })),
                 }
             }
@@ -710,41 +710,65 @@ where
                     })),
                 }
             }
-            Some(Err(block)) => {
-                let fallback = fallback.filter(|f| f.kinds.contains(&block.kind));
-                if let Some(f) = &fallback {
-                    self.layer.rules.fallback_served(&f.resource);
-                    if let Some(upstream) = &f.upstream {
-                        req.extensions_mut().insert(Degraded {
-                            block,
-                            upstream: Some(upstream.clone()),
-                        });
-                        return RulesFuture::Pass {
-                            inner: self.inner.call(req),
-                            guard: Pending(None),
-                            head,
-                        };
-                    }
-                }
-                if fallback.is_none() && self.layer.pass_blocked {
-                    req.extensions_mut().insert(Degraded {
-                        block,
-                        upstream: None,
-                    });
-                    return RulesFuture::Pass {
-                        inner: self.inner.call(req),
-                        guard: Pending(None),
-                        head,
-                    };
-                }
-                RulesFuture::Blocked {
-                    grpc: is_grpc(&req),
-                    block: Some(Box::new(block)),
-                    fallback,
-                }
-            }
+            // (A block passed on was counted at the entry.)
+            Some(Err(block)) => match on_block(&self.layer, fallback, req, block) {
+                Ok((req, _)) => RulesFuture::Pass {
+                    inner: self.inner.call(req),
+                    guard: Pending(None),
+                    head,
+                },
+                Err(answer) => RulesFuture::Blocked {
+                    grpc: answer.grpc,
+                    block: Some(Box::new(answer.block)),
+                    fallback: answer.fallback,
+                },
+            },
         }
     }
+}
+
+/// A blocked request the layer answers itself: with its route's fallback, or the block.
+struct Answer {
+    block: Block,
+    fallback: Option<Arc<Fallback>>,
+    grpc: bool,
+}
+
+/// What becomes of a request `block` refused, whatever refused it (a local rule, a cost rule, a
+/// cluster rule, a `shared: true` rule deciding later): `Ok` — the request to call the inner
+/// service with, carrying [`Degraded`] — when its route's `fallback` (covering the block's
+/// kind) names an upstream, or the layer passes blocked requests on (`with_fallback`; then
+/// `true`: the caller counts it as served by a fallback); otherwise the answer (the route's
+/// fallback response, or the block's). A route's fallback serving it is counted here.
+fn on_block<C: Clock + Clone, B>(
+    layer: &RulesLayer<C>,
+    fallback: Option<Arc<Fallback>>,
+    mut req: Request<B>,
+    block: Block,
+) -> Result<(Request<B>, bool), Answer> {
+    let fallback = fallback.filter(|f| f.kinds.contains(&block.kind));
+    if let Some(f) = &fallback {
+        layer.rules.fallback_served(&f.resource);
+        if let Some(upstream) = &f.upstream {
+            req.extensions_mut().insert(Degraded {
+                block,
+                upstream: Some(upstream.clone()),
+            });
+            return Ok((req, false));
+        }
+    }
+    if fallback.is_none() && layer.pass_blocked {
+        req.extensions_mut().insert(Degraded {
+            block,
+            upstream: None,
+        });
+        return Ok((req, true));
+    }
+    Err(Answer {
+        grpc: is_grpc(&req),
+        block,
+        fallback,
+    })
 }
 
 /// Whether `req` is a gRPC call (answered the gRPC way when blocked).
@@ -754,10 +778,15 @@ fn is_grpc<B>(req: &Request<B>) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-/// The guard once its shared rules decided (or the block).
-async fn decide_shared<C: Clock + Clone>(mut guard: Guard<C>) -> Result<Guard<C>, Block> {
-    guard.decide_shared().await?;
-    Ok(guard)
+/// The guard once its shared rules decided, or the block (with the guard, which gave back
+/// what the call held).
+async fn decide_shared<C: Clock + Clone>(
+    mut guard: Guard<C>,
+) -> Result<Guard<C>, (Block, Guard<C>)> {
+    match guard.decide_shared().await {
+        Ok(()) => Ok(guard),
+        Err(block) => Err((block, guard)),
+    }
 }
 
 /// Replaces the path of `uri`, keeping its query (and scheme and authority, if any).
@@ -815,11 +844,13 @@ impl<C: Clock + Clone> Drop for Pending<C> {
 }
 
 /// A call waiting for its shared rules' decision.
-pub struct Deciding<S, Req, C: Clock> {
-    decide: Pin<Box<dyn Future<Output = Result<Guard<C>, Block>> + Send>>,
+pub struct Deciding<S, Req, C: Clock + Clone> {
+    decide: Pin<Box<dyn Future<Output = Result<Guard<C>, (Block, Guard<C>)>> + Send>>,
     svc: S,
     req: Req,
-    grpc: bool,
+    /// What a refusal of the shared rules becomes: the route's fallback, the layer's pass-on.
+    fallback: Option<Arc<Fallback>>,
+    layer: RulesLayer<C>,
 }
 
 /// A paced call waiting for its turn.
@@ -921,7 +952,11 @@ where
                         return Poll::Pending;
                     };
                     let Deciding {
-                        mut svc, req, grpc, ..
+                        mut svc,
+                        req,
+                        fallback,
+                        layer,
+                        ..
                     } = *d;
                     match decided {
                         Ok(guard) if guard.wait().is_zero() => {
@@ -941,11 +976,27 @@ where
                                 guard,
                             })),
                         }),
-                        Err(block) => self.set(RulesFuture::Blocked {
-                            block: Some(Box::new(block)),
-                            grpc,
-                            fallback: None,
-                        }),
+                        // Refused by a shared rule: the route's fallback as for any block.
+                        Err((block, guard)) => match on_block(&layer, fallback, req, block) {
+                            Ok((req, passed)) => {
+                                if passed {
+                                    guard.count_fallback();
+                                }
+                                drop(guard);
+                                let head = req.method() == Method::HEAD;
+                                let inner = svc.call(req);
+                                self.set(RulesFuture::Pass {
+                                    inner,
+                                    guard: Pending(None),
+                                    head,
+                                });
+                            }
+                            Err(answer) => self.set(RulesFuture::Blocked {
+                                block: Some(Box::new(answer.block)),
+                                grpc: answer.grpc,
+                                fallback: answer.fallback,
+                            }),
+                        },
                     }
                 }
                 RulesProj::Blocked {

@@ -72,3 +72,92 @@ http:
         assert_eq!((r.blocks, r.fallbacks), (1, 1), "{name}");
     }
 }
+
+/// A store where every shared rule refuses (a budget other processes spent).
+struct Spent;
+
+impl weir_rules::shared::SharedStore for Spent {
+    fn acquire<'a>(
+        &'a self,
+        _: &'a weir_rules::shared::SharedRule,
+        _: &'a str,
+        _: u64,
+        _: bool,
+    ) -> weir_rules::shared::Deciding<'a> {
+        Box::pin(std::future::ready((
+            weir_core::Decision::never(10, 0, 1_000_000_000),
+            None,
+        )))
+    }
+
+    fn settle(
+        &self,
+        _: &weir_rules::shared::SharedRule,
+        _: &str,
+        _: weir_rules::shared::SharedHeld,
+        _: u64,
+    ) {
+    }
+}
+
+/// A refusal decided by a `shared: true` rule (after the local rules admitted the call) gets
+/// the route's fallback as any other block: its fallback upstream (a cheaper model), or its
+/// configured answer — not a bare 429 — and is counted as served by a fallback.
+#[tokio::test]
+async fn a_shared_rules_refusal_gets_the_routes_fallback() {
+    let yaml = "resources:
+  - name: chat
+    hot_params:
+      - {id: tokens, param: 0, threshold: 10, window: 1m, algorithm: gcra, shared: true, cost: {estimate: 5}}
+  - name: page
+    flow:
+      - {id: page-rate, qps: 10, window: 1m, algorithm: gcra, shared: true}
+http:
+  routes:
+    - resource: chat
+      prefix: /chat
+      params: [{header: x-user}]
+      fallback: {on: [hot_param], upstream: 'http://127.0.0.1:9001'}
+    - resource: page
+      prefix: /page
+      fallback: {on: [flow], status: 200, body: cached page}
+";
+    let rules =
+        Arc::new(Rules::new(&RuleSet::from_yaml(Path::new("r.yaml"), yaml).unwrap()).unwrap());
+    rules.set_shared(Spent);
+    let main = tower::service_fn(|req: Request<String>| async move {
+        let answer = match req.extensions().get::<Degraded>() {
+            Some(d) => format!(
+                "degraded to {} ({})",
+                d.upstream.as_deref().unwrap_or("-"),
+                d.block.rule
+            ),
+            None => "main".to_string(),
+        };
+        Ok::<_, Infallible>(Response::new(answer))
+    });
+    let svc = RulesLayer::new(rules.clone()).layer(main);
+    let call = |path: &str| {
+        let svc = svc.clone();
+        let req = Request::get(path)
+            .header("x-user", "ann")
+            .body(String::new())
+            .unwrap();
+        async move { body(svc.oneshot(req).await.unwrap()).await }
+    };
+    assert_eq!(
+        call("/chat").await,
+        (
+            StatusCode::OK,
+            "degraded to http://127.0.0.1:9001 (tokens)".to_string()
+        )
+    );
+    assert_eq!(
+        call("/page").await,
+        (StatusCode::OK, "cached page".to_string())
+    );
+    let snap = rules.snapshot();
+    for r in ["chat", "page"] {
+        assert_eq!(snap.resource(r).unwrap().fallbacks, 1, "{r}");
+    }
+}
