@@ -49,6 +49,7 @@ pub mod error;
 pub mod fixed_window;
 pub mod gcra;
 pub mod keyed;
+pub mod learned;
 pub mod limiter;
 pub mod log_gate;
 pub mod pacing;

@@ -168,7 +168,7 @@ async fn settlements_on_redis_keep_the_bound_on_timelines_of_long_calls() {
         .enumerate()
     {
         let spec = RateSpec::new(algorithm, 10_000, Duration::from_secs(1)).with_burst(500);
-        let r = RedisRule::new(&format!("timeline-{n}"), &spec, RuleOptions::default()).unwrap();
+        let r = RedisRule::new(format!("timeline-{n}"), &spec, RuleOptions::default()).unwrap();
         let mut rng = Rng(0x9e37_79b9 + n as u64);
         // (at, estimate, actual, hold), ms from the start.
         let mut plan = Vec::new();

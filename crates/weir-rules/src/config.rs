@@ -29,6 +29,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
+use weir_core::learned::Quantiles;
 
 use crate::yaml::{self, LocatedErrors};
 
@@ -206,9 +207,10 @@ pub struct FlowRule {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostRule {
-    /// The estimate of a call that states none (default 1).
-    #[serde(default = "one")]
-    pub estimate: u64,
+    /// The estimate of a call that states none (default 1), or `learned`: what recent calls
+    /// of the resource actually cost ([`Estimate::Learned`]).
+    #[serde(default)]
+    pub estimate: Estimate,
     /// The least a call holds, whatever it states; by default `estimate` when clients state
     /// their estimates over HTTP (`estimate_from`), else 1. A client stating less —
     /// `max_tokens: 0`, say — holds this: an estimate it chooses can never make its call a
@@ -224,6 +226,62 @@ pub struct CostRule {
     /// Where an HTTP response states what the call actually cost (weir-tower, `weir proxy`);
     /// absent: the estimate stays charged.
     pub actual_from: Option<ActualFrom>,
+}
+
+/// `cost.estimate`: what a call holds when it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Estimate {
+    /// A number of units (for a call stating none; a call stating more holds more).
+    Units(u64),
+    /// `learned`: the 95th percentile of what the resource's recent calls actually cost
+    /// (weir-core's `learned`), capped by what the call states, and at least the median (a
+    /// client stating less than a typical call holds a typical call) unless `min` says
+    /// otherwise. Until 16 calls settled: what the call states, else `max`.
+    Learned,
+}
+
+impl std::fmt::Display for Estimate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Units(n) => write!(f, "{n}"),
+            Self::Learned => f.write_str("learned"),
+        }
+    }
+}
+
+impl Default for Estimate {
+    fn default() -> Self {
+        Self::Units(1)
+    }
+}
+
+impl<'de> Deserialize<'de> for Estimate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Estimate;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a whole number of units ≥ 1, or `learned`")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Estimate, E> {
+                Ok(Estimate::Units(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Estimate, E> {
+                u64::try_from(v).map(Estimate::Units).map_err(|_| {
+                    E::custom(format!("{v}: a whole number of units ≥ 1, or `learned`"))
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Estimate, E> {
+                match v {
+                    "learned" => Ok(Estimate::Learned),
+                    _ => Err(E::custom(format!(
+                        "{v:?}: a whole number of units ≥ 1, or `learned`"
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Where an HTTP request states its cost estimate (`cost.estimate_from`).
@@ -327,28 +385,37 @@ impl CostSources {
     }
 }
 
-fn one() -> u64 {
-    1
-}
-
 impl CostRule {
-    /// The least a call holds: `min`; else `estimate` when clients state their estimates
-    /// (`estimate_from`), 1 when the caller's own code does (never 0).
-    pub fn floor(&self) -> u64 {
-        let default = match self.estimate_from {
-            Some(_) => self.estimate,
-            None => 1,
+    /// The least a call holds: `min`; else, for a fixed estimate, the estimate when clients
+    /// state their estimates (`estimate_from`), 1 when the caller's own code does; for a learned
+    /// one, the median of recent costs once learned (`learned`), else 1. Never 0.
+    pub fn floor(&self, learned: Option<Quantiles>) -> u64 {
+        let default = match (self.estimate, learned) {
+            (Estimate::Units(e), _) if self.estimate_from.is_some() => e,
+            (Estimate::Units(_), _) => 1,
+            (Estimate::Learned, Some(q)) => q.typical,
+            (Estimate::Learned, None) => 1,
         };
         self.min.unwrap_or(default).max(1)
     }
 
-    /// The units a call stating `given` (or nothing) holds: at least [`CostRule::floor`], at
-    /// most `max`.
-    pub fn estimate_of(&self, given: Option<u64>, max: u64) -> u64 {
-        given
-            .unwrap_or(self.estimate)
-            .max(self.floor())
-            .min(self.max.unwrap_or(max))
+    /// Whether the estimate is learned from recent calls.
+    pub fn learns(&self) -> bool {
+        self.estimate == Estimate::Learned
+    }
+
+    /// The units a call stating `given` (or nothing) holds, at most `max` (the rule's `max`
+    /// when set): a fixed estimate — what it states, else `estimate`; a learned one — the high
+    /// quantile of `learned` capped by what it states (before anything is learned: what it
+    /// states, else `max`); never below [`CostRule::floor`].
+    pub fn estimate_of(&self, given: Option<u64>, max: u64, learned: Option<Quantiles>) -> u64 {
+        let cap = self.max.unwrap_or(max);
+        let held = match (self.estimate, learned) {
+            (Estimate::Units(e), _) => given.unwrap_or(e),
+            (Estimate::Learned, Some(q)) => given.unwrap_or(cap).min(q.high),
+            (Estimate::Learned, None) => given.unwrap_or(cap),
+        };
+        held.max(self.floor(learned)).min(cap)
     }
 
     /// The units an actual cost of `actual` counts for, at most `max`.
@@ -1122,6 +1189,11 @@ fn cost_rules<'a>(r: &'a ResourceConfig, at: &str) -> Vec<(String, &'a CostRule)
 }
 
 impl ResourceConfig {
+    /// Whether any of its `cost:` rules learns its estimate (`estimate: learned`).
+    pub fn learns_costs(&self) -> bool {
+        cost_rules(self, "").iter().any(|(_, c)| c.learns())
+    }
+
     /// Where HTTP calls to this resource state their costs: the first `estimate_from` and
     /// `actual_from` among its `cost:` rules (a valid set states at most one of each).
     pub fn cost_sources(&self) -> CostSources {
@@ -1206,10 +1278,14 @@ fn validate_cost(
             "cost needs algorithm gcra, token_bucket or fixed_window (the others cannot give back what they counted)",
         );
     }
-    if c.estimate == 0 {
+    let estimate = match c.estimate {
+        Estimate::Units(e) => e,
+        Estimate::Learned => 1,
+    };
+    if estimate == 0 {
         fail(format!("{p}.estimate"), "must be ≥ 1");
     }
-    if c.max.is_some_and(|m| m < c.estimate.max(1)) {
+    if c.max.is_some_and(|m| m < estimate.max(1)) {
         fail(format!("{p}.max"), "must be ≥ 1 and ≥ estimate");
     }
     if c.min == Some(0) {

@@ -18,6 +18,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use weir_core::adaptive::cpu::CpuSource;
 use weir_core::breaker::{Breaker, Call, Transition};
+use weir_core::learned::Quantiles;
 use weir_core::stats::Outcome;
 use weir_core::{
     Clock, ConcurrencyConfig, ConcurrencyLimiter, ConfigError, Criticality, Decision,
@@ -178,6 +179,8 @@ struct Resource<C: Clock> {
     switch: Option<Switch>,
     /// Where HTTP calls state their costs, when its `cost:` rules say.
     cost_sources: Option<Arc<CostSources>>,
+    /// A `cost:` rule learns its estimate from the resource's recent costs.
+    learns: bool,
 }
 
 /// A compiled switch: its state is shared by every rule set with the same id, so a run-time
@@ -394,7 +397,7 @@ impl<C: Clock + Clone> Guard<C> {
     /// each held is corrected to `actual` (at most the rule's `cost.max`): the rest given back,
     /// an excess charged as a debt. Once; a guard never settled keeps its estimates.
     pub fn settle_cost(&mut self, actual: u64) {
-        self.settle_each(|_| actual);
+        self.settle_each(|_| actual, true);
     }
 
     /// Settles a call abandoned before its cost was known (the client went away mid-stream):
@@ -402,17 +405,22 @@ impl<C: Clock + Clone> Guard<C> {
     /// limit), so leaving early never costs less than finishing; a rule without a bound (a
     /// cluster rule without `max`) keeps the estimate.
     pub fn settle_abandoned(&mut self) {
-        self.settle_each(|c| {
-            if c.cap == u64::MAX {
-                c.held.estimate
-            } else {
-                c.cap
-            }
-        });
+        // Not a cost anything learns from: nobody knows what the call cost.
+        self.settle_each(
+            |c| {
+                if c.cap == u64::MAX {
+                    c.held.estimate
+                } else {
+                    c.cap
+                }
+            },
+            false,
+        );
     }
 
-    /// Settles every held estimate to `actual(hold)` (capped at the hold's `max`), once.
-    fn settle_each(&mut self, actual: impl Fn(&CostHold<C>) -> u64) {
+    /// Settles every held estimate to `actual(hold)` (capped at the hold's `max`), once; with
+    /// `known`, the cost is what the call really cost (a learned estimate learns it).
+    fn settle_each(&mut self, actual: impl Fn(&CostHold<C>) -> u64, known: bool) {
         let Some(extra) = self.extra.as_mut().filter(|e| !e.costs.is_empty()) else {
             return;
         };
@@ -429,6 +437,9 @@ impl<C: Clock + Clone> Guard<C> {
         }
         res.stats
             .cost(spender.as_deref().unwrap_or(""), estimate, first);
+        if known && res.learns {
+            res.stats.learn(first);
+        }
     }
 
     /// Counts the call, refused, as answered by a fallback on its resource (for a caller that
@@ -477,14 +488,9 @@ impl<C: Clock + Clone> Guard<C> {
         f: &Flow<C>,
         key: Option<&str>,
         d: &Decision,
-        given: Option<u64>,
+        estimate: u64,
         now: Nanos,
     ) {
-        let estimate = f
-            .config
-            .cost
-            .as_ref()
-            .map_or(1, |c| c.estimate_of(given, f.cost_cap()));
         let on = match key {
             None => CostOn::Flow(f.state.clone()),
             Some(k) => CostOn::FlowKey(f.state.clone(), k.into()),
@@ -1086,6 +1092,7 @@ impl<C: Clock + Clone> Rules<C> {
         res: &Resource<C>,
         ctx: &Context<'_>,
         now: Nanos,
+        learned: Option<Quantiles>,
         guard: &mut Guard<C>,
     ) -> Result<(), Block> {
         for (config, h, id, shared) in &res.hot {
@@ -1099,7 +1106,9 @@ impl<C: Clock + Clone> Rules<C> {
             let value = &*value;
             let n = match &config.cost {
                 None => 1,
-                Some(c) => c.estimate_of(ctx.cost, config.burst.unwrap_or(config.threshold)),
+                Some(c) => {
+                    c.estimate_of(ctx.cost, config.burst.unwrap_or(config.threshold), learned)
+                }
             };
             if let Some(rule) = shared {
                 if self.ask_shared_hot(config, h, id, rule, value, n, guard) {
@@ -1163,6 +1172,7 @@ impl<C: Clock + Clone> Rules<C> {
         f: &Flow<C>,
         key: Option<&str>,
         ctx: &Context<'_>,
+        learned: Option<Quantiles>,
         guard: &mut Guard<C>,
     ) -> bool {
         let (Some(rule), Some(store)) = (&f.shared, self.shared.store.load_full()) else {
@@ -1170,7 +1180,7 @@ impl<C: Clock + Clone> Rules<C> {
         };
         let n = match &f.config.cost {
             None => 1,
-            Some(c) => c.estimate_of(ctx.cost, f.cost_cap()),
+            Some(c) => c.estimate_of(ctx.cost, f.cost_cap(), learned),
         };
         guard.ask_shared(SharedAsk {
             store,
@@ -1229,7 +1239,13 @@ impl<C: Clock + Clone> Rules<C> {
         now: Nanos,
         guard: &mut Guard<C>,
     ) -> Result<(), Block> {
-        self.check_hot(res, ctx, now, guard)?;
+        // What the resource's calls cost lately, read once: every rule holds the same.
+        let learned = if res.learns {
+            res.stats.learned()
+        } else {
+            None
+        };
+        self.check_hot(res, ctx, now, learned, guard)?;
         // Borrowed unless the origin is too long to store as is.
         let origin_key = self.shared.keys.bounded(ctx.origin);
         for f in &res.flows {
@@ -1263,7 +1279,7 @@ impl<C: Clock + Clone> Rules<C> {
                 // the rule's own limiter at its safe capacity — never unlimited.
                 let n = match &f.config.cost {
                     None => 1,
-                    Some(cost) => cost.estimate_of(ctx.cost, f.cost_cap()),
+                    Some(cost) => cost.estimate_of(ctx.cost, f.cost_cap(), learned),
                 };
                 let handle = self.shared.cluster.load();
                 let leased = handle
@@ -1287,24 +1303,25 @@ impl<C: Clock + Clone> Rules<C> {
                 verdict(ok, f.config.shadow, &f.state.stats, || {
                     block(Some(stats.window.bucket_duration()))
                 })?;
-            } else if f.shared.is_some() && self.ask_shared_flow(f, key, ctx, guard) {
+            } else if f.shared.is_some() && self.ask_shared_flow(f, key, ctx, learned, guard) {
                 // Left to the shared store.
-            } else if let Some(d) = {
+            } else if let Some((d, n)) = {
                 let n = match &f.config.cost {
                     None => 1,
-                    Some(c) => c.estimate_of(ctx.cost, f.cost_cap()),
+                    Some(c) => c.estimate_of(ctx.cost, f.cost_cap(), learned),
                 };
-                match (&f.state.single, &f.state.rate, key) {
+                let d = match (&f.state.single, &f.state.rate, key) {
                     (Some(single), _, _) => Some(single.acquire_at(n, now)),
                     (None, Some(rate), Some(key)) => Some(rate.acquire_at(key, n, now)),
                     _ => None,
-                }
+                };
+                d.map(|d| (d, n))
             } {
                 verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
                     block(d.retry_after())
                 })?;
                 if f.config.cost.is_some() && d.allowed() {
-                    guard.hold_flow(f, key, &d, ctx.cost, now);
+                    guard.hold_flow(f, key, &d, n, now);
                 }
                 guard.wait = guard
                     .wait
@@ -1705,6 +1722,7 @@ fn compile_resource<'a, C: Clock + Clone>(
         cost_sources: Some(r.cost_sources())
             .filter(|c| !c.is_empty())
             .map(Arc::new),
+        learns: r.learns_costs(),
     })
 }
 

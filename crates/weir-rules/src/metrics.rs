@@ -95,6 +95,9 @@ pub struct ResourceStats {
     touched: std::sync::atomic::AtomicBool,
     /// What calls under `cost:` rules cost.
     cost: CostStats,
+    /// What its calls recently cost, for `estimate: learned` (made on the first settlement of
+    /// a resource that learns; kept across reloads with the stats).
+    learned: std::sync::OnceLock<Box<weir_core::learned::LearnedCost>>,
 }
 
 /// How many of a resource's heaviest spenders are kept.
@@ -148,7 +151,18 @@ impl ResourceStats {
             rt: RtHistogram::default(),
             touched: std::sync::atomic::AtomicBool::new(true),
             cost: CostStats::default(),
+            learned: std::sync::OnceLock::new(),
         }
+    }
+
+    /// A call's cost became known: `estimate: learned` learns it.
+    pub(crate) fn learn(&self, actual: u64) {
+        self.learned.get_or_init(Box::default).record(actual);
+    }
+
+    /// What its calls recently cost (`None` until enough settled).
+    pub(crate) fn learned(&self) -> Option<weir_core::learned::Quantiles> {
+        self.learned.get()?.quantiles()
     }
 
     /// A call under `cost:` rules that held `estimate` cost `actual` (charged to `spender`).

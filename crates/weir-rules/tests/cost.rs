@@ -340,3 +340,51 @@ fn estimates_below_the_floor_hold_the_floor() {
     let e = RuleSet::from_yaml(Path::new("r.yaml"), &file(", min: 0")).unwrap_err();
     assert!(e.to_string().contains("min"), "{e}");
 }
+
+/// `estimate: learned`: once 16 calls settled, a call holds the 95th percentile of what recent
+/// calls cost (capped by what it states), never less than the median — not the `max_tokens`
+/// clients state at 10 × what they use. Before that, what it states.
+#[test]
+fn learned_estimates_hold_what_calls_cost_not_what_they_state() {
+    let (r, clock) = rules(
+        "resources:
+  - name: chat
+    hot_params:
+      - {id: per-user, param: 0, threshold: 10000, window: 1m, algorithm: gcra, burst: 2000,
+         cost: {estimate: learned, max: 4000, estimate_from: {json: max_tokens}}}
+",
+    );
+    let pause = |s| clock.advance(std::time::Duration::from_secs(s));
+    let call = |n| Context {
+        params: &["ann"],
+        cost: Some(n),
+        ..Context::default()
+    };
+    // Nothing learned: a call stating 1 500 holds 1 500, so two do not fit the burst.
+    let first = r.entry("chat", &call(1_500)).unwrap();
+    assert_eq!(first.budget().unwrap().remaining, 500);
+    assert!(r.entry("chat", &call(1_500)).is_err());
+    let mut first = first;
+    first.settle_cost(100);
+    first.complete(Outcome::Success);
+    // 16 calls stating 1 500 settle at 100–250.
+    for i in 0..16u64 {
+        pause(2);
+        let mut g = r.entry("chat", &call(1_500)).unwrap();
+        g.settle_cost(100 + i * 10);
+        g.complete(Outcome::Success);
+    }
+    pause(60);
+    // Learned: median 170, 95th percentile 250 (of the 17 so far). A call stating 1 500 holds
+    // 250, one stating 50 holds the median: seven calls at once where one fitted before.
+    let held: Vec<_> = (0..7)
+        .map(|_| r.entry("chat", &call(1_500)).unwrap())
+        .collect();
+    assert_eq!(held[0].budget().unwrap().remaining, 2_000 - 250);
+    let cheap = r.entry("chat", &call(50)).unwrap();
+    assert_eq!(
+        cheap.budget().unwrap().remaining,
+        2_000 - 7 * 250 - 170,
+        "a call stating less than the median holds the median"
+    );
+}

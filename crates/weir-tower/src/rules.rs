@@ -780,9 +780,7 @@ fn is_grpc<B>(req: &Request<B>) -> bool {
 
 /// The guard once its shared rules decided, or the block (with the guard, which gave back
 /// what the call held).
-async fn decide_shared<C: Clock + Clone>(
-    mut guard: Guard<C>,
-) -> Result<Guard<C>, (Block, Guard<C>)> {
+async fn decide_shared<C: Clock + Clone>(mut guard: Guard<C>) -> SharedDecision<C> {
     match guard.decide_shared().await {
         Ok(()) => Ok(guard),
         Err(block) => Err((block, guard)),
@@ -843,9 +841,12 @@ impl<C: Clock + Clone> Drop for Pending<C> {
     }
 }
 
+/// The guard once its shared rules admitted the call, or the block with the guard.
+type SharedDecision<C> = Result<Guard<C>, (Block, Guard<C>)>;
+
 /// A call waiting for its shared rules' decision.
 pub struct Deciding<S, Req, C: Clock + Clone> {
-    decide: Pin<Box<dyn Future<Output = Result<Guard<C>, (Block, Guard<C>)>> + Send>>,
+    decide: Pin<Box<dyn Future<Output = SharedDecision<C>> + Send>>,
     svc: S,
     req: Req,
     /// What a refusal of the shared rules becomes: the route's fallback, the layer's pass-on.
