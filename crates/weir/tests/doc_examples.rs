@@ -178,6 +178,7 @@ fn run(example: &Example, n: usize) -> Result<(), String> {
     // Stop what the example left running in the background (its process group).
     let _ = Command::new("kill")
         .args(["-TERM", "--", &format!("-{pid}")])
+        .stderr(Stdio::null())
         .status();
     let _ = child.kill();
     let _ = child.wait();
