@@ -83,6 +83,10 @@ pub struct Block {
     /// The rate that was exceeded (units, window), for rate rules: what `RateLimit-Policy`
     /// headers announce.
     pub rate: Option<(u64, Duration)>,
+    /// What the rule had left for the call's key, for rate rules (`RateLimit`'s `r=`). With
+    /// no `retry_after`, the call asked for more than the rule can ever hold (a cost estimate
+    /// above its burst): no wait lets it pass.
+    pub remaining: Option<u64>,
 }
 
 /// Who a flow rule counts.
@@ -560,6 +564,7 @@ impl<C: Clock + Clone> Guard<C> {
                 kind,
                 retry_after: d.retry_after(),
                 rate: Some((d.limit(), ask.window)),
+                remaining: Some(d.remaining()),
             });
             if let Err(block) = decided {
                 let now = self.resource.as_ref().map_or(0, |r| r.clock.now());
@@ -1021,6 +1026,7 @@ impl<C: Clock + Clone> Rules<C> {
                     kind: RuleKind::Switch,
                     retry_after: None,
                     rate: None,
+                    remaining: None,
                 };
                 return Err(blocked(res.as_deref(), resource, block));
             }
@@ -1040,6 +1046,7 @@ impl<C: Clock + Clone> Rules<C> {
                     kind: RuleKind::Authority,
                     retry_after: None,
                     rate: None,
+                    remaining: None,
                 })
                 .map_err(|b| blocked(Some(r), resource, b))?;
             }
@@ -1066,6 +1073,7 @@ impl<C: Clock + Clone> Rules<C> {
                             .max_qps
                             .filter(|_| part == Part::MaxQps)
                             .map(|n| (n, ONE_SECOND)),
+                        remaining: None,
                     };
                     return Err(blocked(res.as_deref(), resource, block));
                 }
@@ -1129,6 +1137,7 @@ impl<C: Clock + Clone> Rules<C> {
                             kind: RuleKind::HotParam,
                             retry_after: Some(Duration::ZERO),
                             rate: None,
+                            remaining: None,
                         })?;
                         continue;
                     }
@@ -1144,6 +1153,7 @@ impl<C: Clock + Clone> Rules<C> {
                 kind: RuleKind::HotParam,
                 retry_after: d.retry_after(),
                 rate: Some((d.limit(), config.window.unwrap_or(ONE_SECOND))),
+                remaining: Some(d.remaining()),
             })?;
             if let (Some(rule), true) = (&config.cost, d.allowed()) {
                 let budget = Budget::after(id, &d, config.window.unwrap_or(ONE_SECOND));
@@ -1265,7 +1275,7 @@ impl<C: Clock + Clone> Rules<C> {
                     }
                 }
             };
-            let block = |retry_after| Block {
+            let block = |retry_after, remaining| Block {
                 rule: f.id.clone(),
                 kind: RuleKind::Flow,
                 retry_after,
@@ -1273,6 +1283,7 @@ impl<C: Clock + Clone> Rules<C> {
                     .config
                     .qps
                     .map(|q| (q, f.config.window.unwrap_or(ONE_SECOND))),
+                remaining,
             };
             if let Some(c) = &f.config.cluster {
                 // Not leased (no quota client, or one that does not know the resource yet):
@@ -1288,7 +1299,7 @@ impl<C: Clock + Clone> Rules<C> {
                 let d = leased.or_else(|| f.state.single.as_ref().map(|s| s.acquire_at(n, now)));
                 let ok = d.is_none_or(|d| d.allowed());
                 verdict(ok, f.config.shadow, &f.state.stats, || {
-                    block(d.and_then(|d| d.retry_after()))
+                    block(d.and_then(|d| d.retry_after()), d.map(|d| d.remaining()))
                 })?;
                 if let (Some(_), Some(d)) = (&f.config.cost, d.filter(Decision::allowed)) {
                     let on = match (leased, handle.as_ref()) {
@@ -1301,7 +1312,7 @@ impl<C: Clock + Clone> Rules<C> {
                 let qps = f.config.qps.unwrap_or(u64::MAX);
                 let ok = stats.window.snapshot(now).pass < qps;
                 verdict(ok, f.config.shadow, &f.state.stats, || {
-                    block(Some(stats.window.bucket_duration()))
+                    block(Some(stats.window.bucket_duration()), None)
                 })?;
             } else if f.shared.is_some() && self.ask_shared_flow(f, key, ctx, learned, guard) {
                 // Left to the shared store.
@@ -1318,7 +1329,7 @@ impl<C: Clock + Clone> Rules<C> {
                 d.map(|d| (d, n))
             } {
                 verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
-                    block(d.retry_after())
+                    block(d.retry_after(), Some(d.remaining()))
                 })?;
                 if f.config.cost.is_some() && d.allowed() {
                     guard.hold_flow(f, key, &d, n, now);
@@ -1333,7 +1344,7 @@ impl<C: Clock + Clone> Rules<C> {
                         guard.permit = Some(p);
                     }
                     Err(d) => verdict(false, f.config.shadow, &f.state.stats, || {
-                        block(d.retry_after())
+                        block(d.retry_after(), None)
                     })?,
                 }
             }
@@ -1349,6 +1360,7 @@ impl<C: Clock + Clone> Rules<C> {
                     kind: RuleKind::Breaker,
                     retry_after: Some(r.retry_after),
                     rate: None,
+                    remaining: None,
                 })?,
             }
         }

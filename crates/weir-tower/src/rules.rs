@@ -1042,8 +1042,16 @@ pub fn blocked_response<B: From<String>>(block: &Block) -> Response<B> {
         RuleKind::Switch => (StatusCode::SERVICE_UNAVAILABLE, "switched off:"),
     };
     let retry = block.retry_after.map(|r| problem::ceil_secs(r).max(1));
+    // A rate rule that had room left yet refused with no retry time: the call asked for more
+    // than the rule can ever hold (a cost estimate above its burst). Waiting will not help.
+    let never = block.rate.is_some() && retry.is_none() && block.remaining.is_some_and(|r| r > 0);
     let detail = match retry {
         Some(s) => format!("{what} {} exceeded; retry in {s} s", block.rule),
+        None if never => format!(
+            "{what} {}: the call asks for more than the rule can ever hold ({} left now); lower its estimate (max_tokens) — no wait lets it pass",
+            block.rule,
+            block.remaining.unwrap_or(0)
+        ),
         None => format!("{what} {}", block.rule),
     };
     let mut r = problem::problem(status, &detail);
@@ -1057,7 +1065,12 @@ pub fn blocked_response<B: From<String>>(block: &Block) -> Response<B> {
             block.rule,
             problem::ceil_secs(window).max(1)
         );
-        let now = format!("\"{}\";r=0;t={}", block.rule, retry.unwrap_or(0));
+        let now = format!(
+            "\"{}\";r={};t={}",
+            block.rule,
+            block.remaining.unwrap_or(0),
+            retry.unwrap_or(0)
+        );
         if let (Ok(p), Ok(n)) = (HeaderValue::from_str(&policy), HeaderValue::from_str(&now)) {
             r.headers_mut().insert("ratelimit-policy", p);
             r.headers_mut().insert("ratelimit", n);

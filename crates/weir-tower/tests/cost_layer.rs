@@ -423,3 +423,45 @@ async fn a_client_leaving_before_the_answer_pays_the_max() {
     // Stated 0: held the floor (the rule's estimate, 100), then charged the max.
     assert_eq!(cost(&rules, "sse"), (100, 0, 800));
 }
+
+/// An estimate above what the burst can ever hold is refused saying so — what is left is not
+/// 0, and no wait helps: lower `max_tokens`.
+#[tokio::test]
+async fn an_estimate_the_burst_can_never_hold_is_refused_saying_so() {
+    let yaml = "resources:
+  - name: chat
+    hot_params:
+      - {id: tokens-per-user, param: 0, threshold: 10000, window: 1m, algorithm: gcra, burst: 2000,
+         cost: {estimate: 500, max: 4000, estimate_from: {header: x-max-tokens}}}
+http:
+  routes:
+    - {resource: chat, prefix: /chat, params: [{header: x-user}]}
+";
+    let set = RuleSet::from_yaml(Path::new("rules.yaml"), yaml).unwrap();
+    let rules = Arc::new(Rules::with_clock(&set, Arc::new(ManualClock::new(0))).unwrap());
+    let svc = RulesLayer::new(rules).layer(service_fn(upstream));
+    let req = Request::get("/chat?sse&n=5")
+        .header("x-user", "ann")
+        .header("x-max-tokens", "2500")
+        .body(weir_tower::cost::ReplayBody::whole(Full::new(Bytes::new())))
+        .unwrap();
+    let resp = svc.oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    let limit = resp.headers()["ratelimit"].to_str().unwrap().to_string();
+    assert!(resp.headers().get("retry-after").is_none());
+    let body = String::from_utf8(
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    assert_eq!(limit, "\"tokens-per-user\";r=2000;t=0");
+    assert!(
+        body.contains("asks for more than the rule can ever hold")
+            && body.contains("lower its estimate"),
+        "{body}"
+    );
+}

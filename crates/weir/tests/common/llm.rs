@@ -23,6 +23,8 @@ pub struct Served {
     pub tokens: u64,
     /// Cut midway.
     pub failed: bool,
+    /// The request's `max_tokens` (0: none stated).
+    pub stated: u64,
 }
 
 /// A small deterministic generator (xorshift64*).
@@ -124,6 +126,16 @@ async fn serve(
         .to_string();
     let user = field("x-user:").unwrap_or_default();
     let at = Instant::now();
+    let body = String::from_utf8_lossy(&buf[head_end..]).into_owned();
+    let stated: u64 = body
+        .split("\"max_tokens\":")
+        .nth(1)
+        .and_then(|r| {
+            r.split(|c: char| !c.is_ascii_digit())
+                .find(|t| !t.is_empty())
+        })
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
     let (tokens, failed, millis, parts) = {
         let mut r = rng.lock();
         let tokens = r.tokens();
@@ -136,7 +148,17 @@ async fn serve(
         };
         let millis = 50 + (r.next_f64() * 250.0) as u64;
         let parts = 3 + (r.next_f64() * 4.0) as u64;
-        (tokens, failed, millis, parts)
+        if path.starts_with("/long") {
+            // A real LLM stream: 1–60 s (Pareto, shape 1.2: most a few seconds, some a minute),
+            // an event every half second, using a 4th to a 20th of the max_tokens stated.
+            let u = 1.0 - r.next_f64();
+            let millis = ((1_000.0 / u.powf(1.0 / 1.2)) as u64).min(60_000);
+            let k = 4.0 + 16.0 * r.next_f64();
+            let tokens = ((stated.max(1) as f64) / k).ceil() as u64;
+            (tokens, false, millis, (millis / 500).max(2))
+        } else {
+            (tokens, failed, millis, parts)
+        }
     };
     let mut response = String::from(
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n",
@@ -159,6 +181,7 @@ async fn serve(
                 user,
                 tokens: 0,
                 failed: true,
+                stated,
             });
             // Cut: the chunked body never ends.
             return Ok(());
@@ -187,6 +210,7 @@ async fn serve(
         user,
         tokens,
         failed: false,
+        stated,
     });
     Ok(())
 }
