@@ -98,7 +98,7 @@ struct Control {
     /// `wants` of the last ask, and when it was sent.
     last_wants: f64,
     last_ask_at: Option<Nanos>,
-    rng: u64,
+    rng: crate::rng::Rng,
     /// The id of the last lease (proof of holding it, sent back with each ask).
     lease_id: u64,
 }
@@ -144,7 +144,7 @@ impl ResourceClient {
                 samples: [(now, 0); 2],
                 last_wants: 0.0,
                 last_ask_at: None,
-                rng: seed | 1,
+                rng: crate::rng::Rng::new(seed),
                 lease_id: 0,
             }),
             counters: Counters::default(),
@@ -268,10 +268,7 @@ impl ResourceClient {
 
     /// A uniform draw in [1 − jitter, 1 + jitter].
     fn jittered(c: &mut Control, jitter: f64, d: Duration) -> Nanos {
-        c.rng ^= c.rng << 13;
-        c.rng ^= c.rng >> 7;
-        c.rng ^= c.rng << 17;
-        let u = (c.rng >> 11) as f64 / (1u64 << 53) as f64;
+        let u = c.rng.unit();
         (d.as_nanos() as f64 * (1.0 - jitter + 2.0 * jitter * u)) as Nanos
     }
 

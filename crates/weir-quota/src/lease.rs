@@ -965,10 +965,12 @@ impl LeaseTable {
             expires_at,
             refresh,
             // A learning table has seen only some of the clients: the even split it would
-            // advertise is too large, so it never raises what a client already uses alone.
-            safe_capacity: match ask.has.max(ask.safe) {
-                own if learning && own > 0.0 => self.safe_capacity().min(own),
-                _ => self.safe_capacity(),
+            // advertise is too large, so it never advertises more than the grant or what the
+            // client already uses alone (a bare ask: its grant).
+            safe_capacity: if learning {
+                self.safe_capacity().min(ask.has.max(ask.safe).max(granted))
+            } else {
+                self.safe_capacity()
             },
             learning,
             lease_id,
@@ -1085,6 +1087,14 @@ mod tests {
             ..Ask::wants(wants)
         };
         assert!(t.learning(0));
+        // A bare ask (holding nothing, nothing used alone) is told no safe capacity above its
+        // grant.
+        let bare = t.refresh_held("bare", Ask::wants(9.0), S).unwrap();
+        assert!(
+            bare.learning && bare.safe_capacity <= bare.granted,
+            "{bare:?}"
+        );
+        t.release("bare", bare.lease_id);
         // a held 6 before the restart: confirmed; b held 4: confirmed; c held nothing, and
         // nothing is left.
         assert_eq!(t.refresh_held("a", ask(9.0, 6.0), S).unwrap().granted, 6.0);

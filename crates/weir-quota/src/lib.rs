@@ -45,6 +45,7 @@ pub mod net;
 pub mod pattern;
 pub mod proto;
 pub mod rlqs;
+mod rng;
 pub mod server;
 pub mod sim;
 pub mod sim_tree;

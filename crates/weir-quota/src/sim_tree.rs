@@ -122,17 +122,6 @@ struct Client {
 }
 
 /// A small deterministic generator.
-struct Rng(u64);
-
-impl Rng {
-    fn unit(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 fn nanos(d: Duration) -> Nanos {
     Nanos::try_from(d.as_nanos()).unwrap_or(Nanos::MAX)
 }
@@ -172,7 +161,7 @@ pub fn run(s: &TreeSettings) -> Result<TreeReport, String> {
         levels.push(nodes);
     }
     let leaves = *s.shape.last().unwrap_or(&1);
-    let mut rng = Rng(s.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = crate::rng::Rng::new(s.seed);
     // Skewed demands (Pareto, shape 1.5) summing to about 1.5 × the capacity.
     let raw: Vec<f64> = (0..s.clients)
         .map(|_| (1.0 - rng.unit()).max(1e-9).powf(-1.0 / 1.5).min(50.0))

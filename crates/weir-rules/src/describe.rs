@@ -19,6 +19,9 @@ pub struct RuleRow {
     pub detail: String,
     /// Counted but never blocking.
     pub shadow: bool,
+    /// A switch's state set at run time, which wins over the file's `on` (`None`: the file's
+    /// applies): what is in force, as the dashboard and `check-config` show it.
+    pub overridden: Option<bool>,
 }
 
 /// Accumulates `field value` pairs.
@@ -100,6 +103,16 @@ fn cost(d: &mut Detail, c: Option<&crate::config::CostRule>) {
 
 /// Every rule of `set`, resource by resource in file order, the system rule last.
 pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
+    rows_in_force(set, &std::collections::HashMap::new())
+}
+
+/// [`rows`], with the switch states set at run time (`overrides`, by id: what
+/// `Rules::switch_overrides` answers, or the state file beside the rule file) shown beside the
+/// file's.
+pub fn rows_in_force(
+    set: &RuleSet,
+    overrides: &std::collections::HashMap<String, bool>,
+) -> Vec<RuleRow> {
     let mut out = Vec::new();
     for r in &set.resources {
         let row = |id: &str, kind, detail: Detail, shadow| RuleRow {
@@ -108,6 +121,7 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
             resource: r.name.clone(),
             detail: detail.0,
             shadow,
+            overridden: None,
         };
         for f in &r.flow {
             let mut d = Detail::default();
@@ -163,8 +177,22 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
         }
         if let Some(sw) = &r.switch {
             let mut d = Detail::default();
-            d.add("on", if sw.on { "true (blocked)" } else { "false" });
-            out.push(row(&sw.id, "switch", d, false));
+            let set_now = overrides.get(&sw.id).copied();
+            match set_now {
+                Some(on) => {
+                    d.add("on", format!("{} in the file", sw.on)).add(
+                        "set at run time",
+                        if on { "true (blocked)" } else { "false" },
+                    );
+                }
+                None => {
+                    d.add("on", if sw.on { "true (blocked)" } else { "false" });
+                }
+            }
+            out.push(RuleRow {
+                overridden: set_now,
+                ..row(&sw.id, "switch", d, false)
+            });
         }
         if let Some(b) = &r.breaker {
             out.push(row(&b.id, "breaker", breaker_detail(b), b.shadow));
@@ -202,6 +230,7 @@ pub fn rows(set: &RuleSet) -> Vec<RuleRow> {
             resource: String::new(),
             detail: d.0,
             shadow: s.shadow,
+            overridden: None,
         });
     }
     out

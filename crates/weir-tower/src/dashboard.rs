@@ -117,7 +117,9 @@ pub struct RulesSource<C: Clock + Clone> {
     rules: Arc<Rules<C>>,
     file: Option<PathBuf>,
     /// The rule set's generation at the last sample.
-    generation: Mutex<u64>,
+    /// The rules' generation and run-time switch states last reported (the table is sent
+    /// again when either changes).
+    generation: Mutex<(u64, std::collections::HashMap<String, bool>)>,
 }
 
 impl<C: Clock + Clone> RulesSource<C> {
@@ -126,7 +128,7 @@ impl<C: Clock + Clone> RulesSource<C> {
         Self {
             rules,
             file,
-            generation: Mutex::new(u64::MAX),
+            generation: Mutex::new((u64::MAX, std::collections::HashMap::new())),
         }
     }
 }
@@ -135,8 +137,14 @@ impl<C: Clock + Clone + Send + Sync + 'static> Source for RulesSource<C> {
     /// What changed since the last second ([`Rules::changed_snapshot`]); the configuration
     /// table and the members only after a reload.
     fn sample(&self) -> Sample {
+        // A reload, or a switch set at run time, changes what the configuration table shows.
         let generation = self.rules.generation();
-        let changed = std::mem::replace(&mut *self.generation.lock(), generation) != generation;
+        let overrides = self.rules.switch_overrides();
+        let changed = {
+            let mut last = self.generation.lock();
+            let was = std::mem::replace(&mut *last, (generation, overrides.clone()));
+            was != (generation, overrides.clone())
+        };
         let snap = self.rules.changed_snapshot();
         let mut sample = Sample {
             resources: snap.resources,
@@ -148,7 +156,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Source for RulesSource<C> {
         };
         if changed {
             let set = self.rules.rule_set();
-            let rows = weir_rules::describe::rows(&set);
+            let rows = weir_rules::describe::rows_in_force(&set, &overrides);
             let mut config = Map::new();
             if let Some(f) = &self.file {
                 config.insert("file".into(), json!(f.display().to_string()));

@@ -467,8 +467,9 @@ pub fn sim_json(r: &weir_quota::sim::Report) -> String {
     )
 }
 
-/// The report as text: the measures, then one line per second.
-pub fn sim_text(r: &weir_quota::sim::Report, capacity: f64) -> String {
+/// The report's measures, as text (what `weir simulate quota` prints on stderr, beside the
+/// CSV on stdout: `> out.csv` is a CSV file).
+pub fn sim_summary(r: &weir_quota::sim::Report) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(
@@ -499,6 +500,13 @@ pub fn sim_text(r: &weir_quota::sim::Report, capacity: f64) -> String {
             peak * 100.0
         );
     }
+    s
+}
+
+/// The report's seconds as CSV: a header, then one line per second.
+pub fn sim_csv(r: &weir_quota::sim::Report) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
     let _ = writeln!(s, "t_s,demand,granted,admitted,fairness_error,server");
     for x in &r.seconds {
         let _ = writeln!(
@@ -512,7 +520,6 @@ pub fn sim_text(r: &weir_quota::sim::Report, capacity: f64) -> String {
             if x.down { "down" } else { "up" }
         );
     }
-    let _ = capacity;
     s
 }
 

@@ -206,6 +206,28 @@ fn switches_fallbacks_and_a_fallback_upstream() {
     let _again = proxy(&rules, upstream, port, admin_port, Some("t0k"));
     assert_eq!(get(port, "/recs"), (200, "{\"items\":[]}".into()));
     assert_eq!(get(port, "/cart").0, 503);
+    // What is in force is what the dashboard and check-config show: the run-time state beside
+    // the file's.
+    let data = common::request(
+        admin_port,
+        "GET",
+        "/api/v1/dashboard",
+        "Authorization: Bearer t0k\r\n",
+        "",
+    )
+    .unwrap()
+    .1;
+    assert!(
+        data.contains("on false in the file · set at run time true (blocked)")
+            && data.contains("\"overridden\":true"),
+        "{data}"
+    );
+    let out = common::run(&["check-config", rules.to_str().unwrap()], "");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("recs-off: on false in the file · set at run time true (blocked)"),
+        "{shown}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

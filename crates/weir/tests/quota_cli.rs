@@ -310,9 +310,41 @@ fn simulate_quota_on_the_built_in_scenario_meets_its_goals() {
         common::json_number(&out, "converge_ms_p99") <= 10_000.0,
         "{out}"
     );
-    // Deterministic for a seed.
+    // As text: the CSV alone on stdout (`> out.csv` is a CSV file), the measures on stderr.
+    let (code, csv, summary) = weir(&["simulate", "quota", "--capacity", "1000"], "");
+    assert_eq!(code, 0, "{summary}");
+    assert!(
+        csv.starts_with("t_s,demand,granted,admitted,fairness_error,server\n"),
+        "{csv}"
+    );
+    assert!(summary.contains("utilisation"), "{summary}");
+    // Deterministic for a seed, and every seed its own run (seeds 0 and 1, 2 and 3, … too).
     let (_, again, _) = weir(&["simulate", "quota", "--capacity", "1000", "--json"], "");
     assert_eq!(out, again);
+    let runs: Vec<String> = (0..4)
+        .map(|seed| {
+            let seed = seed.to_string();
+            let (code, out, err) = weir(
+                &[
+                    "simulate",
+                    "quota",
+                    "--capacity",
+                    "1000",
+                    "--seed",
+                    &seed,
+                    "--json",
+                ],
+                "",
+            );
+            assert_eq!(code, 0, "{err}");
+            out
+        })
+        .collect();
+    for (i, a) in runs.iter().enumerate() {
+        for (j, b) in runs.iter().enumerate().skip(i + 1) {
+            assert_ne!(a, b, "seeds {i} and {j} gave the same run");
+        }
+    }
     let (code, out, _) = weir(
         &[
             "simulate",

@@ -913,8 +913,13 @@ pub async fn run(s: Settings) -> Result<(), StartError> {
     };
     let local = listener.local_addr().map_or(listen, |a| a);
     println!(
-        "weir proxy: http://{local} -> {} (rules: {}{})",
+        "weir proxy: http://{local} -> {}{} (rules: {}{})",
         proxy.forward.to.upstream,
+        proxy
+            .gutter
+            .as_ref()
+            .map(|g| format!(", gutter {}", g.to.upstream))
+            .unwrap_or_default(),
         proxy.settings.rules.display(),
         admin
             .as_ref()

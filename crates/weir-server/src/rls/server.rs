@@ -630,7 +630,17 @@ pub async fn serve_http(
 
 /// Binds an address, naming it in the error.
 pub async fn bind(addr: SocketAddr, what: &str) -> Result<tokio::net::TcpListener, String> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen for {what} on {addr}: {e}"))
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        // Another server on this host has the port: say which flag moves this one.
+        let hint = match (e.kind(), what) {
+            (std::io::ErrorKind::AddrInUse, "gRPC") => {
+                " (another server has it: choose another port with --grpc-addr)"
+            }
+            (std::io::ErrorKind::AddrInUse, "HTTP") => {
+                " (another server has it: choose another port with --http-addr)"
+            }
+            _ => "",
+        };
+        format!("cannot listen for {what} on {addr}: {e}{hint}")
+    })
 }

@@ -26,8 +26,8 @@ pub(crate) enum Command {
     Simulate(SimulateArgs),
     /// Run the Envoy rate-limit service (gRPC RLS v3) with an HTTP API and metrics.
     Serve(ServeArgs),
-    /// Check a configuration: a weir rule file, or a Lyft-format rate-limit YAML file (or a
-    /// directory of them); the format is told by the top-level keys.
+    /// Check a configuration: a weir rule file, a Lyft-format rate-limit YAML file (or a
+    /// directory of them) or a quota file; the format is told by the top-level keys.
     CheckConfig(CheckConfigArgs),
     /// A reverse proxy applying a weir rule file to every request (HTTP/1.1 and h2c).
     Proxy(Box<ProxyArgs>),

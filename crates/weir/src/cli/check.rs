@@ -119,7 +119,17 @@ pub(crate) fn check_rules(path: &std::path::Path) -> ExitCode {
         return fail(format_args!("{}: {e}", path.display()));
     }
     // Every rule as in force (presets filled in), in weir-rules' wording, the dashboard's.
-    let rows = weir_rules::describe::rows(&set);
+    // Switch states set at run time (`PUT /api/v1/switches/…`) are kept beside the file and
+    // win over it: shown as in force.
+    let state = weir_server::admin::switches::state_path(path);
+    let overrides = match state.exists() {
+        true => match weir_server::admin::switches::load(&state) {
+            Ok(o) => o,
+            Err(e) => return fail(e),
+        },
+        false => Default::default(),
+    };
+    let rows = weir_rules::describe::rows_in_force(&set, &overrides);
     let mut out = io::stdout().lock();
     let _ = writeln!(out, "weir rules: {}", path.display());
     let line = |row: &weir_rules::describe::RuleRow| {

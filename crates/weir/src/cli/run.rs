@@ -269,7 +269,8 @@ pub(crate) fn run_quota_sim(args: QuotaSimArgs) -> ExitCode {
     if args.json {
         println!("{}", quota::sim_json(&report));
     } else {
-        print!("{}", quota::sim_text(&report, args.capacity));
+        eprint!("{}", quota::sim_summary(&report));
+        print!("{}", quota::sim_csv(&report));
     }
     ExitCode::SUCCESS
 }

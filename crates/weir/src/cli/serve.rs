@@ -274,17 +274,26 @@ fn announce(args: &ServeArgs, server: &rls::Server, g: SocketAddr, h: SocketAddr
     );
     if let Some(q) = &args.quota {
         println!(
-            "weir serve: quota {}: lease API on http://{h}/quota/v1/refresh and gRPC weir.quota.v1.QuotaService on {g}{}",
+            "weir serve: quota {}: lease API on http://{h}/quota/v1/refresh and gRPC weir.quota.v1.QuotaService on {g}{}{}",
             q.display(),
             if service.quota().is_some_and(|q| q.serves_rlqs()) {
                 format!(", Envoy RLQS on {g}")
             } else {
                 String::new()
+            },
+            match &args.parent {
+                Some(p) => format!(", leasing from the parent {p}"),
+                None => String::new(),
             }
         );
+        // A lease server's first call: a lease, not the bundled Lyft example's decision.
+        println!(
+            "try: curl -s -XPOST http://{h}/quota/v1/refresh -d '{{\"client\":\"me\",\"resources\":[{{\"resource\":\"NAME\",\"wants\":10}}]}}'   (send the answer's leaseId back with the next refresh)"
+        );
+    } else {
+        println!(
+            "try: curl -s -XPOST http://{h}/json -d '{{\"domain\":\"{domain}\",\"descriptors\":[{{\"entries\":[{{\"key\":\"remote_address\",\"value\":\"10.0.0.1\"}}]}}]}}'"
+        );
     }
-    println!(
-        "try: curl -s -XPOST http://{h}/json -d '{{\"domain\":\"{domain}\",\"descriptors\":[{{\"entries\":[{{\"key\":\"remote_address\",\"value\":\"10.0.0.1\"}}]}}]}}'"
-    );
     let _ = io::stdout().flush();
 }
