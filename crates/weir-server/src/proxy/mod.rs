@@ -42,7 +42,6 @@ use weir_tower::key::PeerAddr;
 use weir_tower::rules::RulesLayer;
 
 use crate::admin::switches;
-use ahead::AheadBody;
 use paced::PacedBody;
 use slots::{AddressSlot, AddressSlots};
 
@@ -331,10 +330,10 @@ impl Forward {
         let req = if is_bodiless(&req) || !req.headers().contains_key(header::CONTENT_LENGTH) {
             // Nothing to read, or a stream of unknown length (a gRPC or chunked stream may
             // wait for the answer before sending more): passed on as it comes.
-            req.map(AheadBody::whole)
+            req.map(weir_tower::cost::ReplayBody::whole)
         } else {
             let (parts, body) = req.into_parts();
-            match AheadBody::read(body, to.pace, self.budget.as_ref()).await {
+            match ahead::read_ahead(body, to.pace, self.budget.as_ref()).await {
                 Ok(body) => Request::from_parts(parts, body),
                 Err(e) => return body_failed(to, &*e),
             }
@@ -1130,7 +1129,7 @@ pub fn bind_shared(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener>
 }
 
 /// hyper's pooled client, for requests with a body and h2c.
-type PooledClient = Client<HttpConnector, PacedBody<AheadBody>>;
+type PooledClient = Client<HttpConnector, PacedBody<weir_tower::cost::ReplayBody<ClientBody>>>;
 
 /// Clients to an upstream with idle connections of their own: bodiless HTTP/1.1, pooled
 /// HTTP/1.1 and h2c.
