@@ -205,37 +205,17 @@ fn left(http: u16, user: &str) -> u64 {
 /// A call through Envoy that reads every event (to `[DONE]`) and closes before the trailer
 /// comes: its status.
 fn call_leaving_before_the_trailer(port: u16, user: &str, estimate: u64) -> u16 {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return 0;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let req = format!(
-        "POST /late-trailer HTTP/1.1\r\nHost: t\r\nx-user: {user}\r\nx-max-tokens: {estimate}\r\nContent-Length: 2\r\n\r\n{{}}"
-    );
-    if s.write_all(req.as_bytes()).is_err() {
-        return 0;
-    }
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = s.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-        if out.windows(6).any(|w| w == b"[DONE]") {
-            break;
-        }
-    }
-    std::str::from_utf8(out.get(9..12).unwrap_or_default())
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+    call_until(port, "/late-trailer", user, estimate, Some(b"[DONE]"))
 }
 
 /// One call through Envoy with `x-max-tokens: estimate`: its status (the body read to its
 /// end, or to the error that cuts it).
 fn call(port: u16, path: &str, user: &str, estimate: u64) -> u16 {
+    call_until(port, path, user, estimate, None)
+}
+
+/// [`call`], closing as soon as the answer holds `stop` (if given).
+fn call_until(port: u16, path: &str, user: &str, estimate: u64, stop: Option<&[u8]>) -> u16 {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return 0;
@@ -254,6 +234,9 @@ fn call(port: u16, path: &str, user: &str, estimate: u64) -> u16 {
             break;
         }
         out.extend_from_slice(&buf[..n]);
+        if stop.is_some_and(|stop| out.windows(stop.len()).any(|w| w == stop)) {
+            break;
+        }
     }
     std::str::from_utf8(out.get(9..12).unwrap_or_default())
         .ok()
