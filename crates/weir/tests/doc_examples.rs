@@ -88,16 +88,35 @@ fn ports(script: &str) -> Vec<u16> {
     out
 }
 
-/// The script with a wait for `ports` before every foreground command.
+/// The script with a wait for `ports` before every foreground command once a server was
+/// started in the background (none inside a here-document, whose lines are text).
 fn with_waits(script: &str, ports: &[u16]) -> String {
     let list: Vec<String> = ports.iter().map(u16::to_string).collect();
     let mut out = String::from(
         "__wait() { for p in \"$@\"; do for _ in $(seq 300); do (echo > /dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done; done; }\n",
     );
+    let (mut started, mut heredoc): (bool, Option<String>) = (false, None);
     for line in script.lines() {
+        if let Some(end) = &heredoc {
+            if line.trim() == end {
+                heredoc = None;
+            }
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
         let code = line.split(" #").next().unwrap_or("").trim();
-        if !code.is_empty() && !code.starts_with('#') && !code.ends_with('&') && !list.is_empty() {
+        if started
+            && !code.is_empty()
+            && !code.starts_with('#')
+            && !code.ends_with('&')
+            && !list.is_empty()
+        {
             out.push_str(&format!("__wait {}\n", list.join(" ")));
+        }
+        started |= code.ends_with('&');
+        if let Some((_, tag)) = code.split_once("<<") {
+            heredoc = Some(tag.trim().trim_matches(['\'', '"', '-']).to_string());
         }
         out.push_str(line);
         out.push('\n');
