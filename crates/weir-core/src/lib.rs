@@ -13,7 +13,9 @@
 //! - [`rate`]: the one algorithm vocabulary ([`RateAlgorithm`]) and limiters chosen at run
 //!   time from a [`RateSpec`] ([`KeyedRate`], [`SingleRate`]).
 //! - [`cost`]: cost-aware limits — hold an estimate ([`Limiter::reserve_cost`]), settle the
-//!   actual cost (refund or debt) on GCRA, the token bucket and the fixed window.
+//!   actual cost (refund or debt) on GCRA, the token bucket and the fixed window;
+//!   [`learned`]: estimates learned from recent costs; [`log_gate`]: at most one log line per
+//!   interval for input an attacker controls.
 //! - [`ConcurrencyLimiter`]: a bulkhead with an optional FIFO queue and RAII permits.
 //!
 //! ```

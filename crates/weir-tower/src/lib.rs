@@ -15,6 +15,8 @@
 //! - [`cost`]: costs stated over HTTP for rules with `cost:` (request header or JSON body
 //!   field; response header, trailer, JSON field or the last Server-Sent Event), read as the
 //!   body passes and bounded.
+//! - [`prefix`]: a request body's first bytes read within a byte budget (the JSON estimate,
+//!   `weir proxy`'s read-ahead), handed on whole.
 //! - [`concurrency`]: at most N in flight, permits released when the response body ends or is
 //!   dropped; 503 when full.
 //!
