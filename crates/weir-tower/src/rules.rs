@@ -830,7 +830,7 @@ fn admit<C: Clock + Clone>(
 }
 
 /// The guard of a call whose service is answering: dropped before the answer (the client
-/// went away while the upstream worked), the call is [`abandoned`].
+/// went away while the upstream worked), the call is abandoned: charged the rules' `max`.
 pub struct Pending<C: Clock + Clone>(Option<Guard<C>>);
 
 impl<C: Clock + Clone> Drop for Pending<C> {
@@ -1194,7 +1194,8 @@ impl<C: Clock + Clone> crate::body::Held for Admitted<C> {
 }
 
 impl<C: Clock + Clone> Drop for Admitted<C> {
-    /// The response was dropped before its end: see [`abandoned`].
+    /// The response was dropped before its end: the call is charged the cost read so far, else
+    /// the rules' `max`.
     fn drop(&mut self) {
         if let Some(guard) = self.guard.as_mut() {
             abandoned(guard, self.reader.as_deref().and_then(|r| r.known()));
