@@ -200,15 +200,7 @@ async fn settlements_on_redis_keep_the_bound_on_timelines_of_long_calls() {
                 let sent = Instant::now();
                 limiter.settle(&r, "k", held, actual).await;
                 rtt = rtt.max(sent.elapsed());
-                ledger.push(cost_bound::Entry {
-                    t: ns(sent),
-                    units: actual as i64 - estimate as i64,
-                    excess: actual.saturating_sub(estimate),
-                    admission: false,
-                    call,
-                    estimate,
-                    actual,
-                });
+                ledger.push(cost_bound::Entry::settled(ns(sent), call, estimate, actual));
                 continue;
             }
             let (at, estimate, actual, hold) = plan[next];
@@ -217,15 +209,12 @@ async fn settlements_on_redis_keep_the_bound_on_timelines_of_long_calls() {
             let held = limiter.reserve_cost(&r, "k", estimate).await;
             rtt = rtt.max(sent.elapsed());
             if let Ok(held) = held {
-                ledger.push(cost_bound::Entry {
-                    t: ns(sent),
-                    units: estimate as i64,
-                    excess: 0,
-                    admission: true,
-                    call: next,
+                ledger.push(cost_bound::Entry::admitted(
+                    ns(sent),
+                    next,
                     estimate,
                     actual,
-                });
+                ));
                 open.push((
                     ns(Instant::now()) as f64 / 1e6 + hold,
                     held,

@@ -142,8 +142,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Source for RulesSource<C> {
         let overrides = self.rules.switch_overrides();
         let changed = {
             let mut last = self.generation.lock();
-            let was = std::mem::replace(&mut *last, (generation, overrides.clone()));
-            was != (generation, overrides.clone())
+            let changed = last.0 != generation || last.1 != overrides;
+            if changed {
+                *last = (generation, overrides.clone());
+            }
+            changed
         };
         let snap = self.rules.changed_snapshot();
         let mut sample = Sample {

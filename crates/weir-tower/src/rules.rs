@@ -513,11 +513,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
         let Classifier::Routes(routes) = &*self.classifier else {
             return peer;
         };
-        let mut cache = None;
-        routes
-            .table(&mut cache)
-            .client_ip
-            .client_from(peer, headers)
+        // The table last compiled (a reload's trusted proxies apply from the next routed
+        // request): one atomic load, no reference count, on every proxied request.
+        routes.table.load().client_ip.client_from(peer, headers)
     }
 
     /// Whether the request with head `parts` goes to a resource whose `cost:` rules take their
@@ -635,9 +633,12 @@ where
             }
             r
         };
-        // The estimate the request states, for resources whose cost rules say where.
+        // The estimate the request states, for resources whose cost rules say where (noting
+        // whether it came from the body's JSON, which is then dropped below).
+        let read_json = std::cell::Cell::new(false);
         let estimate = |sources: Option<&weir_rules::config::CostSources>| {
             let from = sources?.estimate.as_ref()?;
+            read_json.set(matches!(from, EstimateFrom::Json(_)));
             crate::cost::request_estimate(head.headers, head.extensions, from)
         };
         let entry = match &*self.layer.classifier {
@@ -666,7 +667,7 @@ where
         };
         drop(path);
         // The body's JSON was read for the estimate: not held any longer than the decision.
-        if self.layer.rules.reads_request_json() {
+        if read_json.get() {
             req.extensions_mut().remove::<crate::cost::RequestJson>();
         }
         let head = req.method() == Method::HEAD;

@@ -12,7 +12,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
@@ -37,25 +37,10 @@ async fn clients(port: u16, path: &'static str, user: &'static str, n: usize, un
             let mut rng = llm::Rng::new(1000 + i as u64);
             // Bounded: at most one call every 50 ms per client.
             while Instant::now() < until {
-                let body = format!(
-                    "{{\"model\":\"m\",\"stream\":true,\"max_tokens\":{ESTIMATE},\"messages\":[]}}"
-                );
-                let req = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
-                    .header("x-user", user)
-                    .header("x-max-tokens", ESTIMATE.to_string())
-                    .header("content-type", "application/json")
-                    .body(Full::new(bytes::Bytes::from(body)))
-                    .unwrap();
-                let call = tokio::time::timeout(Duration::from_secs(10), async {
-                    let r = client.request(req).await.ok()?;
-                    let status = r.status().as_u16();
-                    // A cut stream ends in an error: the body is read to its end either way.
-                    let _ = r.into_body().collect().await;
-                    Some(status)
-                })
-                .await;
+                let call =
+                    llm::chat(&client, port, path, user, ESTIMATE, Duration::from_secs(10)).await;
                 let wait = match call {
-                    Ok(Some(200)) => 50,
+                    Some(200) => 50,
                     _ => 100 + (rng.next_f64() * 200.0) as u64,
                 };
                 tokio::time::sleep(Duration::from_millis(wait)).await;

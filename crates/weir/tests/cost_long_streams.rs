@@ -17,7 +17,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
@@ -56,22 +56,9 @@ async fn clients(port: u16, path: &'static str, user: &'static str, n: usize, un
             // Bounded: one call at a time, each at most 70 s, until the run ends.
             while Instant::now() < until {
                 let stated = STATED[(rng.next_f64() * STATED.len() as f64) as usize];
-                let body = format!(
-                    "{{\"model\":\"m\",\"stream\":true,\"max_tokens\":{stated},\"messages\":[]}}"
-                );
-                let req = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
-                    .header("x-user", user)
-                    .header("content-type", "application/json")
-                    .body(Full::new(bytes::Bytes::from(body)))
-                    .unwrap();
-                let call = tokio::time::timeout(Duration::from_secs(70), async {
-                    let r = client.request(req).await.ok()?;
-                    let status = r.status().as_u16();
-                    let _ = r.into_body().collect().await;
-                    Some(status)
-                })
-                .await;
-                if !matches!(call, Ok(Some(200))) {
+                let call =
+                    llm::chat(&client, port, path, user, stated, Duration::from_secs(70)).await;
+                if call != Some(200) {
                     let wait = 100 + (rng.next_f64() * 200.0) as u64;
                     tokio::time::sleep(Duration::from_millis(wait)).await;
                 }

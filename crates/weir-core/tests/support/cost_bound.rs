@@ -19,6 +19,34 @@ pub struct Entry {
     pub actual: u64,
 }
 
+impl Entry {
+    /// Call `call` (to cost `actual`) admitted at `t`, holding `estimate`.
+    pub fn admitted(t: u64, call: usize, estimate: u64, actual: u64) -> Self {
+        Self {
+            t,
+            units: estimate as i64,
+            excess: 0,
+            admission: true,
+            call,
+            estimate,
+            actual,
+        }
+    }
+
+    /// Call `call`, which held `estimate`, settled at `t` to `actual`.
+    pub fn settled(t: u64, call: usize, estimate: u64, actual: u64) -> Self {
+        Self {
+            t,
+            units: actual as i64 - estimate as i64,
+            excess: actual.saturating_sub(estimate),
+            admission: false,
+            call,
+            estimate,
+            actual,
+        }
+    }
+}
+
 /// What the calls admitted in `[t1, t]` cost by `t` — their actual costs once settled, their
 /// estimates while running — against `burst + rate × (t − t1)` plus the excesses settled in
 /// the window plus the estimates outstanding at `t1` (calls admitted before, settled after:
@@ -157,29 +185,13 @@ pub fn run_timeline<H>(
             };
             let (at, held, actual, call, estimate) = open.swap_remove(i);
             settle(held, actual, at);
-            ledger.push(Entry {
-                t: at,
-                units: actual as i64 - estimate as i64,
-                excess: actual.saturating_sub(estimate),
-                admission: false,
-                call,
-                estimate,
-                actual,
-            });
+            ledger.push(Entry::settled(at, call, estimate, actual));
         };
     for (call, s) in steps.iter().enumerate() {
         now += s.dt * 1_000_000;
         settle_until(&mut open, &mut ledger, now);
         if let Some(held) = admit(s.estimate, now) {
-            ledger.push(Entry {
-                t: now,
-                units: s.estimate as i64,
-                excess: 0,
-                admission: true,
-                call,
-                estimate: s.estimate,
-                actual: s.actual,
-            });
+            ledger.push(Entry::admitted(now, call, s.estimate, s.actual));
             open.push((now + s.hold * 1_000_000, held, s.actual, call, s.estimate));
         }
     }

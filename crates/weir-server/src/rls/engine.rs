@@ -1586,6 +1586,11 @@ descriptors:
         r
     }
 
+    /// Whether `e` answers `r` OVER_LIMIT.
+    async fn over(e: &Engine, r: Request) -> bool {
+        e.decide(&r).await.unwrap().over_limit
+    }
+
     /// Envoy's stream-end call on a rule with `cost:`: the estimate given back
     /// (`is_negative_hits`), the actual cost charged whatever the limit (the descriptor ends
     /// with `weir_cost: settle`, not matched) — each bounded.
@@ -1598,7 +1603,7 @@ descriptors:
             // What is left after an ask of 1.
             let left = || async { e.decide(&ask(1, None)).await.unwrap().statuses[0].remaining };
             // 900 held; the call cost 120: 900 back, 120 charged, in one request.
-            assert!(!e.decide(&ask(900, None)).await.unwrap().over_limit);
+            assert!(!over(&e, ask(900, None)).await);
             assert_eq!(left().await, 99, "{algorithm}");
             let mut settle = ask(900, Some(true));
             settle
@@ -1609,7 +1614,7 @@ descriptors:
             assert_eq!(left().await, 878, "{algorithm}");
             // A charge past the limit still counts (a debt), at most `max`: nothing left.
             assert!(!e.decide(&ask(5_000, Some(false))).await.unwrap().over_limit);
-            assert!(e.decide(&ask(1, None)).await.unwrap().over_limit);
+            assert!(over(&e, ask(1, None)).await);
             // A refund gives back at most what ann's asks charged and were not given back
             // (2 units of 1): the debt stands.
             assert!(
@@ -1618,10 +1623,7 @@ descriptors:
                     .unwrap()
                     .over_limit
             );
-            assert!(
-                e.decide(&ask(1, None)).await.unwrap().over_limit,
-                "{algorithm}"
-            );
+            assert!(over(&e, ask(1, None)).await, "{algorithm}");
             let m = &e.rules()[0].metrics;
             assert_eq!(m.refunded.load(Ordering::Relaxed), 902, "{algorithm}");
             assert_eq!(m.charged.load(Ordering::Relaxed), 2_120, "{algorithm}");
@@ -1637,13 +1639,10 @@ descriptors:
         let clock = Arc::new(weir_core::ManualClock::new(0));
         let e = on_clock(yaml, &clock);
         for _ in 0..3 {
-            assert!(!e.decide(&ask(1, None)).await.unwrap().over_limit);
+            assert!(!over(&e, ask(1, None)).await);
         }
         assert!(!e.decide(&ask(5, Some(true))).await.unwrap().over_limit);
-        assert!(
-            e.decide(&ask(1, None)).await.unwrap().over_limit,
-            "no refund"
-        );
+        assert!(over(&e, ask(1, None)).await, "no refund");
         clock.advance(Duration::from_secs(60));
         assert!(
             !e.decide(&ask(1_000_000_000_000_000, Some(false)))
@@ -1651,10 +1650,7 @@ descriptors:
                 .unwrap()
                 .over_limit
         );
-        assert!(
-            !e.decide(&ask(1, None)).await.unwrap().over_limit,
-            "no charge"
-        );
+        assert!(!over(&e, ask(1, None)).await, "no charge");
         let m = &e.rules()[0].metrics;
         assert_eq!(m.settlements_refused.load(Ordering::Relaxed), 2);
         assert_eq!(m.refunded.load(Ordering::Relaxed), 0);
@@ -1670,7 +1666,7 @@ descriptors:
         let admitted = {
             let mut n = 0;
             for _ in 0..50 {
-                if !e.decide(&ask(0, None)).await.unwrap().over_limit {
+                if !over(&e, ask(0, None)).await {
                     n += 1;
                 }
             }
@@ -1679,8 +1675,8 @@ descriptors:
         assert_eq!(admitted, 4, "2 000 of burst in asks of 500");
         // Each refund of 0 gives back the 500 its ask held.
         assert!(!e.decide(&ask(0, Some(true))).await.unwrap().over_limit);
-        assert!(!e.decide(&ask(0, None)).await.unwrap().over_limit);
-        assert!(e.decide(&ask(0, None)).await.unwrap().over_limit);
+        assert!(!over(&e, ask(0, None)).await);
+        assert!(over(&e, ask(0, None)).await);
     }
 
     #[test]

@@ -253,3 +253,40 @@ pub fn spans(
         largest,
     )
 }
+
+/// The HTTP client LLM test clients call with.
+pub type ChatClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// One chat call of `user` to `path` stating `max_tokens` (also in `x-max-tokens`), its
+/// stream read to its end (or to the error that cuts it): the status, `None` when it failed or
+/// took longer than `limit`.
+pub async fn chat(
+    client: &ChatClient,
+    port: u16,
+    path: &str,
+    user: &str,
+    max_tokens: u64,
+    limit: Duration,
+) -> Option<u16> {
+    use http_body_util::BodyExt;
+    let body =
+        format!("{{\"model\":\"m\",\"stream\":true,\"max_tokens\":{max_tokens},\"messages\":[]}}");
+    let req = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
+        .header("x-user", user)
+        .header("x-max-tokens", max_tokens.to_string())
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .ok()?;
+    tokio::time::timeout(limit, async {
+        let r = client.request(req).await.ok()?;
+        let status = r.status().as_u16();
+        let _ = r.into_body().collect().await;
+        Some(status)
+    })
+    .await
+    .ok()
+    .flatten()
+}
