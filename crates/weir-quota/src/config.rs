@@ -511,9 +511,25 @@ impl QuotaConfig {
             .collect()
     }
 
-    /// Parses and validates a quota file's text.
+    /// Parses and validates a quota file's text, reporting type errors and broken constraints
+    /// in one run (`weir_rules::yaml::parse_checked`).
     pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedErrors> {
-        let raw: RawConfig = yaml::parse_all(file, text)?;
+        let mut built = None;
+        let raw: RawConfig = yaml::parse_checked(file, text, |raw: &RawConfig, whole| {
+            let (config, mut problems) = Self::from_raw(raw);
+            if whole == yaml::Completeness::ElementsSetAside {
+                // A parent may be named by a resource that was set aside.
+                problems.retain(|(path, _)| !path.ends_with(".parent"));
+            }
+            built = Some(config);
+            problems
+        })?;
+        Ok(built.unwrap_or_else(|| Self::from_raw(&raw).0))
+    }
+
+    /// The configuration `raw` describes, and the constraints it breaks as (field path,
+    /// reason).
+    fn from_raw(raw: &RawConfig) -> (Self, Vec<(String, String)>) {
         let mut problems: Vec<(String, String)> = Vec::new();
         let mut out = QuotaConfig::default();
         let mut names = std::collections::HashSet::new();
@@ -604,7 +620,7 @@ impl QuotaConfig {
             }
             out.clients = parse_clients(clients, &mut problems);
         }
-        yaml::located(file, text, problems).map_or(Ok(out), Err)
+        (out, problems)
     }
 
     /// Reads and validates a quota file.
@@ -755,11 +771,28 @@ mod tests {
             "{e}"
         );
         assert!(
-            lines[2].starts_with("q.yaml:7:16: resources[1].algorithm: unknown algorithm"),
+            lines[2].starts_with("q.yaml:6:14: resources[1].refresh: must not be longer"),
             "{e}"
         );
         assert!(
-            lines[3].starts_with("q.yaml:6:14: resources[1].refresh: must not be longer"),
+            lines[3].starts_with("q.yaml:7:16: resources[1].algorithm: unknown algorithm"),
+            "{e}"
+        );
+        // A type error does not hide the broken constraints of the rest.
+        let e = QuotaConfig::from_yaml(
+            Path::new("q.yaml"),
+            "resources:\n  - {name: a, capacity: 5/s, weight: heavy}\n  - {name: b, capacity: 5/s}\n  - {name: b, capacity: 5/s}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        let lines: Vec<&str> = e.lines().collect();
+        assert_eq!(lines.len(), 2, "{e}");
+        assert!(
+            lines[0].starts_with("q.yaml:2:38: resources[0].weight: expected a number, got \"heavy\""),
+            "{e}"
+        );
+        assert!(
+            lines[1].starts_with("q.yaml:4:12: resources[2].name: \"b\" is declared twice"),
             "{e}"
         );
         let e = QuotaConfig::from_yaml(

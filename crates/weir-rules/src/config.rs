@@ -883,11 +883,10 @@ impl RuleSet {
     /// file that parses reports every rule that breaks a constraint, each located at its
     /// field.
     pub fn from_yaml(file: &Path, text: &str) -> Result<Self, LocatedErrors> {
-        let mut set: RuleSet = yaml::parse_all(file, text)?;
-        let mut problems = set.problems();
-        if problems.is_empty() {
-            problems = set.load_fallback_bodies(file);
-        }
+        let mut set: RuleSet = yaml::parse_checked(file, text, |set: &RuleSet, whole| {
+            set.problems_with(whole != yaml::Completeness::ElementsSetAside)
+        })?;
+        let problems = set.load_fallback_bodies(file);
         yaml::located(file, text, problems).map_or(Ok(set), Err)
     }
 
@@ -935,6 +934,12 @@ impl RuleSet {
     /// the behaviour, declared resources in `relate` and routes, valid CIDR blocks, header
     /// names and route prefixes.
     pub fn problems(&self) -> Vec<(String, String)> {
+        self.problems_with(true)
+    }
+
+    /// [`RuleSet::problems`]; without `references`, a part naming a resource not declared is
+    /// not a problem (the set lacks parts that had errors: [`yaml::Completeness`]).
+    fn problems_with(&self, references: bool) -> Vec<(String, String)> {
         let mut out = Vec::new();
         let mut fail = |path: String, reason: &str| out.push((path, reason.to_string()));
         let mut names = std::collections::HashSet::new();
@@ -1001,7 +1006,7 @@ impl RuleSet {
                     fail(format!("{p}.burst"), "burst must be ≥ 1");
                 }
                 validate_flow_cost(f, &p, &mut fail);
-                validate_flow(f, &p, &r.name, &names, &mut fail);
+                validate_flow(f, &p, &r.name, references.then_some(&names), &mut fail);
             }
             if concurrency > 1 {
                 fail(
@@ -1059,7 +1064,7 @@ impl RuleSet {
             validate_system(s, &mut fail);
         }
         if let Some(h) = &self.http {
-            validate_http(h, &names, &mut fail);
+            validate_http(h, references.then_some(&names), &mut fail);
         }
         out
     }
@@ -1069,7 +1074,7 @@ fn validate_flow(
     f: &FlowRule,
     p: &str,
     resource: &str,
-    names: &std::collections::HashSet<&str>,
+    names: Option<&std::collections::HashSet<&str>>,
     out: &mut dyn FnMut(String, &str),
 ) {
     let mut fail = |field: &str, reason: &str| out(format!("{p}.{field}"), reason);
@@ -1102,7 +1107,7 @@ fn validate_flow(
         fail("origin", "must not be empty");
     }
     if let Some(other) = &f.relate {
-        if !names.contains(other.as_str()) || other == resource {
+        if names.is_some_and(|n| !n.contains(other.as_str())) || other == resource {
             fail(
                 "relate",
                 &format!("{other:?} must be another resource declared under resources"),
@@ -1398,7 +1403,7 @@ pub fn is_header_name(s: &str) -> bool {
 
 fn validate_http(
     h: &HttpConfig,
-    names: &std::collections::HashSet<&str>,
+    names: Option<&std::collections::HashSet<&str>>,
     fail: &mut dyn FnMut(String, &str),
 ) {
     for (i, c) in h.trusted_proxies.iter().enumerate() {
@@ -1416,7 +1421,7 @@ fn validate_http(
     }
     for (i, r) in h.routes.iter().enumerate() {
         let p = format!("http.routes[{i}]");
-        if !names.contains(r.resource.as_str()) {
+        if names.is_some_and(|n| !n.contains(r.resource.as_str())) {
             fail(
                 format!("{p}.resource"),
                 &format!("{:?} is not declared under resources", r.resource),

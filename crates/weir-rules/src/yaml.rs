@@ -178,6 +178,7 @@ fn deserialize<T: DeserializeOwned>(text: &str) -> Result<T, (Option<Vec<Seg>>, 
                 reason = rest.to_string();
             }
         }
+        let reason = plain(&reason);
         (
             segs,
             LocatedError {
@@ -188,6 +189,56 @@ fn deserialize<T: DeserializeOwned>(text: &str) -> Result<T, (Option<Vec<Seg>>, 
             },
         )
     })
+}
+
+/// serde's wording of a type error (`invalid type: integer `-2`, expected u64`) in a
+/// configuration's terms (`expected a whole number ≥ 0, got -2`); other reasons as they are.
+fn plain(reason: &str) -> String {
+    if let Some(rest) = reason.strip_prefix("unknown variant ") {
+        if let Some((got, one_of)) = rest.split_once(", expected ") {
+            return format!("unknown value {got}: expected {one_of}");
+        }
+    }
+    let Some(rest) = reason
+        .strip_prefix("invalid type: ")
+        .or_else(|| reason.strip_prefix("invalid value: "))
+    else {
+        return reason.to_string();
+    };
+    let Some((got, expected)) = rest.rsplit_once(", expected ") else {
+        return reason.to_string();
+    };
+    let expected = match expected {
+        "u64" | "usize" => "a whole number ≥ 0".to_string(),
+        "u32" => format!("a whole number from 0 to {}", u32::MAX),
+        "u16" => format!("a whole number from 0 to {}", u16::MAX),
+        "u8" => format!("a whole number from 0 to {}", u8::MAX),
+        "i64" | "i32" | "isize" => "a whole number".to_string(),
+        "f64" | "f32" => "a number".to_string(),
+        "a boolean" => "true or false".to_string(),
+        "a string" | "a borrowed string" => "text".to_string(),
+        "a sequence" => "a list".to_string(),
+        "a map" => "a mapping (`field: value` lines)".to_string(),
+        e if e.starts_with("struct ") => "a mapping of fields (`field: value`)".to_string(),
+        e => e.to_string(),
+    };
+    let got = if let Some(v) = got
+        .strip_prefix("integer ")
+        .or_else(|| got.strip_prefix("floating point "))
+        .or_else(|| got.strip_prefix("boolean "))
+    {
+        v.trim_matches('`').to_string()
+    } else if let Some(v) = got.strip_prefix("string ") {
+        v.to_string()
+    } else {
+        match got {
+            "sequence" => "a list".to_string(),
+            "map" => "a mapping".to_string(),
+            "unit value" => "nothing".to_string(),
+            g => g.to_string(),
+        }
+    };
+    format!("expected {expected}, got {got}")
 }
 
 /// Most errors one file reports ([`parse_all`]).
@@ -203,8 +254,37 @@ const FURTHER_ERRORS_BUDGET: std::time::Duration = std::time::Duration::from_sec
 /// reported. Syntax errors end the search (nothing after them can be read). At most
 /// [`MAX_ERRORS`] errors, and about two seconds of further searching.
 pub fn parse_all<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, LocatedErrors> {
+    parse_checked(file, text, |_: &T, _| Vec::new())
+}
+
+/// What a file still says once the nodes with errors were set aside ([`parse_checked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completeness {
+    /// Nothing was set aside: every check applies.
+    Whole,
+    /// Fields were set aside, and no list element whole.
+    FieldsSetAside,
+    /// A whole list element was set aside (a rule or resource without a required field): a
+    /// check that one part names another (a route's resource) may fail only because the part
+    /// named is the one set aside, so such checks should be skipped.
+    ElementsSetAside,
+}
+
+/// [`parse_all`], then `check` — the constraints the types cannot express, as (field path,
+/// reason) — on what parsed. When some nodes had errors, `check` still runs on the rest (the
+/// nodes with errors set aside, see [`Completeness`]), so a file's type errors and its
+/// semantic ones are reported in one run; a problem at a node that contained a node set aside
+/// is not reported (it may only follow from it). Errors are in file order.
+pub fn parse_checked<T, F>(file: &Path, text: &str, check: F) -> Result<T, LocatedErrors>
+where
+    T: DeserializeOwned,
+    F: FnOnce(&T, Completeness) -> Vec<(String, String)>,
+{
     let first = match parse::<T>(file, text) {
-        Ok(t) => return Ok(t),
+        Ok(t) => {
+            let problems = check(&t, Completeness::Whole);
+            return located(file, text, problems).map_or(Ok(t), Err);
+        }
         Err(e) => e,
     };
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
@@ -212,18 +292,12 @@ pub fn parse_all<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, Loca
     let Ok(mut doc) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) else {
         return Err(LocatedErrors(errors));
     };
-    let Some(Ok(mut at)) = steps(&errors[0].path).map(|s| {
-        s.into_iter()
-            .map(|s| match s {
-                Step::Key(k) => Ok(Seg::Key(k.to_string())),
-                Step::Index(i) => Ok(Seg::Index(i)),
-            })
-            .collect::<Result<Vec<Seg>, ()>>()
-    }) else {
+    let Some(mut at) = segs(&errors[0].path) else {
         return Err(LocatedErrors(errors));
     };
     let mut set_aside = SetAside::default();
     let started = std::time::Instant::now();
+    let mut rest: Option<T> = None;
     while errors.len() < MAX_ERRORS && started.elapsed() < FURTHER_ERRORS_BUDGET {
         if at.is_empty() || !remove(&mut doc, &at) {
             break;
@@ -233,7 +307,10 @@ pub fn parse_all<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, Loca
             break;
         };
         match deserialize::<T>(&again) {
-            Ok(_) => break,
+            Ok(t) => {
+                rest = Some(t);
+                break;
+            }
             Err((None, _)) => break,
             Err((Some(segs), e)) => {
                 let original = set_aside.original(&segs);
@@ -250,7 +327,46 @@ pub fn parse_all<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, Loca
             }
         }
     }
+    if let Some(t) = rest {
+        let completeness = if set_aside.elements.is_empty() {
+            Completeness::FieldsSetAside
+        } else {
+            Completeness::ElementsSetAside
+        };
+        for (path, reason) in check(&t, completeness) {
+            let Some(now) = segs(&path) else { continue };
+            let original = set_aside.original(&now);
+            if set_aside.explains(&original) || errors.len() >= MAX_ERRORS {
+                continue;
+            }
+            let path = render(&original);
+            errors.push(LocatedError {
+                file: file.to_path_buf(),
+                position: locate(text, &path),
+                path,
+                reason,
+            });
+        }
+    }
+    in_file_order(&mut errors);
     Err(LocatedErrors(errors))
+}
+
+/// Sorts errors in file order; those without a position last, in the order found.
+fn in_file_order(errors: &mut [LocatedError]) {
+    errors.sort_by_key(|e| e.position.map_or((usize::MAX, 0), |p| p));
+}
+
+/// A field path as steps.
+fn segs(path: &str) -> Option<Vec<Seg>> {
+    steps(path).map(|s| {
+        s.into_iter()
+            .map(|s| match s {
+                Step::Key(k) => Seg::Key(k.to_string()),
+                Step::Index(i) => Seg::Index(i),
+            })
+            .collect()
+    })
 }
 
 /// `a.b[2].c`, as `serde_path_to_error` writes a path.
@@ -390,23 +506,23 @@ impl From<LocatedError> for LocatedErrors {
 }
 
 /// Validation problems found after parsing `text` (the contents of `file`), as (field path,
-/// reason), located in the text; `None` when there are none.
+/// reason), located in the text and in file order; `None` when there are none.
 pub fn located(file: &Path, text: &str, problems: Vec<(String, String)>) -> Option<LocatedErrors> {
     if problems.is_empty() {
         return None;
     }
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    Some(LocatedErrors(
-        problems
-            .into_iter()
-            .map(|(path, reason)| LocatedError {
-                file: file.to_path_buf(),
-                position: locate(text, &path),
-                path,
-                reason,
-            })
-            .collect(),
-    ))
+    let mut errors: Vec<LocatedError> = problems
+        .into_iter()
+        .map(|(path, reason)| LocatedError {
+            file: file.to_path_buf(),
+            position: locate(text, &path),
+            path,
+            reason,
+        })
+        .collect();
+    in_file_order(&mut errors);
+    Some(LocatedErrors(errors))
 }
 
 /// One step of a field path (`resources[2].flow[0].qps`).
@@ -581,11 +697,13 @@ mod tests {
         let e = all(text);
         assert_eq!(e.len(), 6, "{e:#?}");
         assert!(
-            e[0].starts_with("f.yaml:3:8: items[0].n: invalid type"),
+            e[0].starts_with(
+                "f.yaml:3:8: items[0].n: expected a whole number from 0 to 4294967295, got -1"
+            ),
             "{e:#?}"
         );
         assert!(
-            e[1].starts_with("f.yaml:5:11: items[1].kind: unknown variant `huge`"),
+            e[1].starts_with("f.yaml:5:11: items[1].kind: unknown value `huge`: expected"),
             "{}",
             e[1]
         );
@@ -595,17 +713,19 @@ mod tests {
             e[2]
         );
         assert!(
-            e[3].starts_with("f.yaml:8:8: items[3].n: invalid type"),
+            e[3].starts_with(
+                "f.yaml:8:8: items[3].n: expected a whole number from 0 to 4294967295, got \"x\""
+            ),
             "{}",
             e[3]
         );
         assert!(
-            e[4].starts_with("f.yaml:9:11: items[3].kind: unknown variant `tiny`"),
+            e[4].starts_with("f.yaml:9:11: items[3].kind: unknown value `tiny`"),
             "{}",
             e[4]
         );
         assert!(
-            e[5].starts_with("f.yaml:10:8: title: invalid type"),
+            e[5].starts_with("f.yaml:10:8: title: expected text, got a list"),
             "{}",
             e[5]
         );
@@ -617,6 +737,63 @@ mod tests {
         assert_eq!(all("items: [\n").len(), 1);
         // A valid file parses.
         assert!(parse_all::<Items>(Path::new("f.yaml"), "items: [{name: a}]\n").is_ok());
+    }
+
+    /// A check the types cannot express: names unique, and every `other` names an item.
+    fn check(items: &Items, whole: Completeness) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, it) in items.items.iter().enumerate() {
+            if !seen.insert(it.name.as_str()) {
+                out.push((format!("items[{i}].name"), "duplicate".to_string()));
+            }
+        }
+        if whole != Completeness::ElementsSetAside {
+            if let Some(t) = &items.title {
+                if !seen.contains(t.as_str()) {
+                    out.push(("title".to_string(), format!("{t:?} names no item")));
+                }
+            }
+        }
+        out
+    }
+
+    fn checked(text: &str) -> Vec<String> {
+        parse_checked(Path::new("f.yaml"), text, check)
+            .unwrap_err()
+            .0
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn type_errors_do_not_hide_the_checks_of_the_rest() {
+        // A type error, then a duplicate in a later element (its index shifted by nothing)
+        // and a reference to nothing: all three in one run, in file order.
+        let e = checked("items:\n  - name: a\n    n: -1\n  - name: a\ntitle: zed\n");
+        assert_eq!(
+            e,
+            [
+                "f.yaml:3:8: items[0].n: expected a whole number from 0 to 4294967295, got -1",
+                "f.yaml:4:11: items[1].name: duplicate",
+                "f.yaml:5:8: title: \"zed\" names no item",
+            ],
+        );
+        // An element set aside whole (its required name missing) shifts the later ones: the
+        // duplicate is reported at its place in the file; a reference that may name the
+        // element set aside is not checked.
+        let e = checked("items:\n  - nam: q\n  - name: b\n  - name: b\ntitle: q\n");
+        assert_eq!(
+            e,
+            [
+                "f.yaml:2:5: items[0].nam: unknown field `nam`, expected one of `name`, `n`, `kind`",
+                "f.yaml:4:11: items[2].name: duplicate",
+            ],
+        );
+        // A problem inside a node that lost a field is not reported (it may only follow from it).
+        let whole = parse_checked(Path::new("f.yaml"), "items: [{name: a}]\ntitle: a\n", check);
+        assert!(whole.is_ok());
     }
 
     #[test]

@@ -432,7 +432,7 @@ fn configurations_lyft_refuses_are_refused_with_their_place() {
         ),
         (
             "non_map_list",
-            ":3:5: descriptors[0]: invalid type: string \"one\"",
+            ":3:5: descriptors[0]: expected a mapping of fields (`field: value`), got \"one\"",
         ),
         ("non_string_key", "unknown field `0.5`"),
         (

@@ -539,6 +539,52 @@ fn check_config_tells_rule_files_from_lyft_files() {
     assert!(err.contains("cannot tell the format"), "{err}");
 }
 
+#[test]
+fn check_config_reports_type_errors_and_broken_rules_in_one_run() {
+    // A negative rate, a duplicate rule id and a route to a resource nobody declared: three
+    // errors, one run, one line each, in the file's order and in the fields' own terms.
+    let bad = rules_file(
+        "all-at-once",
+        "resources:\n  - name: api\n    flow:\n      - {id: a, qps: -2}\n      - {id: a, qps: 5}\nhttp:\n  routes:\n    - {prefix: /x, resource: nope}\n",
+    );
+    let (code, _, err) = weir(&["check-config", bad.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(
+        lines[0].ends_with(":4:22: resources[0].flow[0].qps: expected a whole number ≥ 0, got -2"),
+        "{err}"
+    );
+    assert!(
+        lines[1].ends_with(":5:14: resources[0].flow[1].id: duplicate rule id \"a\""),
+        "{err}"
+    );
+    assert!(
+        lines[2]
+            .ends_with(":8:30: http.routes[0].resource: \"nope\" is not declared under resources"),
+        "{err}"
+    );
+    // Lyft files too: an unknown algorithm does not hide a duplicate descriptor.
+    let lyft = rules_file(
+        "lyft-all",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: bogus}\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3}\n",
+    );
+    let (code, _, err) = weir(&["check-config", lyft.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines[0].contains(
+            ":4:17: descriptors[0].rate_limit.algorithm: unknown value `bogus`: expected one of"
+        ),
+        "{err}"
+    );
+    assert!(
+        lines[1].contains(":5:5: descriptors[1]: duplicate descriptor"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn slow_clients_are_cut_off_and_connections_are_capped() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -644,16 +644,15 @@ fn yes() -> bool {
     true
 }
 
-/// Parses one YAML file's text, reporting every error found (see
-/// `weir_rules::yaml::parse_all`).
+/// Parses one YAML file's text, reporting every error found, type errors and broken
+/// constraints together (see `weir_rules::yaml::parse_checked`).
 pub fn parse(file: &Path, text: &str) -> Result<DomainConfig, Vec<ConfigError>> {
-    let domain: DomainConfig = weir_rules::yaml::parse_all(file, text).map_err(|e| e.0)?;
-    let mut found = Vec::new();
-    problems(&domain.descriptors, "", &mut found);
-    match weir_rules::yaml::located(file, text, found) {
-        None => Ok(domain),
-        Some(errors) => Err(errors.0),
-    }
+    weir_rules::yaml::parse_checked(file, text, |domain: &DomainConfig, _| {
+        let mut found = Vec::new();
+        problems(&domain.descriptors, "", &mut found);
+        found
+    })
+    .map_err(|e| e.0)
 }
 
 /// Loads `path`: a YAML file or a directory of `*.yaml` / `*.yml` files (sorted by name).
