@@ -38,6 +38,39 @@ impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     }
 }
 
+/// Wall-clock time, for what follows the civil calendar (calendar budgets, [`crate::budget`]);
+/// the rate algorithms read a [`Clock`] only, which never jumps.
+pub trait WallClock: Send + Sync {
+    /// Nanoseconds since the Unix epoch (UTC).
+    fn unix_nanos(&self) -> i128;
+}
+
+/// The operating system's wall clock (`SystemTime`). It may jump when the host's time is set.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemWallClock;
+
+impl WallClock for SystemWallClock {
+    fn unix_nanos(&self) -> i128 {
+        match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => i128::try_from(d.as_nanos()).unwrap_or(i128::MAX),
+            Err(e) => -i128::try_from(e.duration().as_nanos()).unwrap_or(i128::MAX),
+        }
+    }
+}
+
+/// A manual clock read as Unix nanoseconds (tests set it to a date).
+impl WallClock for ManualClock {
+    fn unix_nanos(&self) -> i128 {
+        i128::from(self.now())
+    }
+}
+
+impl<W: WallClock + ?Sized> WallClock for std::sync::Arc<W> {
+    fn unix_nanos(&self) -> i128 {
+        (**self).unix_nanos()
+    }
+}
+
 /// Converts a duration to nanoseconds, saturating at `u64::MAX` (≈ 584 years).
 #[inline]
 pub fn duration_to_nanos(d: Duration) -> Nanos {

@@ -16,6 +16,9 @@
 //!   actual cost (refund or debt) on GCRA, the token bucket and the fixed window;
 //!   [`learned`]: estimates learned from recent costs; [`log_gate`]: at most one log line per
 //!   interval for input an attacker controls.
+//! - [`budget`]: calendar budgets — units per day, week or month from a local time in a named
+//!   time zone ([`calendar`]), hard or soft, with thresholds, settlements and counts that
+//!   survive a restart.
 //! - [`ConcurrencyLimiter`]: a bulkhead with an optional FIFO queue and RAII permits.
 //!
 //! ```
@@ -37,6 +40,8 @@
 pub mod adaptive;
 pub mod algorithm;
 pub mod breaker;
+pub mod budget;
+pub mod calendar;
 pub mod cell;
 pub mod clock;
 pub mod coarse_clock;
