@@ -324,7 +324,9 @@ impl CalendarBudget {
             .spec
             .warn_permille
             .iter()
-            .take_while(|t| u128::from(used) * 1000 >= u128::from(**t) * u128::from(self.spec.limit))
+            .take_while(|t| {
+                u128::from(used) * 1000 >= u128::from(**t) * u128::from(self.spec.limit)
+            })
             .count();
         u8::try_from(reached).unwrap_or(u8::MAX)
     }

@@ -78,7 +78,9 @@ impl Calendar {
             first = self.step(first, -1).map_err(out)?;
         }
         let start = self.start_of(first).map_err(out)?;
-        let end = self.start_of(self.step(first, 1).map_err(out)?).map_err(out)?;
+        let end = self
+            .start_of(self.step(first, 1).map_err(out)?)
+            .map_err(out)?;
         Ok(Period { start, end })
     }
 
@@ -87,9 +89,8 @@ impl Calendar {
         match self.every {
             Every::Day => Ok(day),
             Every::Week(first) => {
-                let back = (day.weekday().to_monday_zero_offset() + 7
-                    - first.to_monday_zero_offset())
-                    % 7;
+                let back =
+                    (day.weekday().to_monday_zero_offset() + 7 - first.to_monday_zero_offset()) % 7;
                 day.checked_sub(i64::from(back).days())
             }
             Every::Month => Ok(day.first_of_month()),
@@ -142,7 +143,13 @@ mod tests {
         assert_eq!(p.end, unix("2026-11-30T23:00:00Z"));
         // One second later, December (31 days) began.
         let p = berlin.period(unix("2026-11-30T23:00:00Z")).unwrap();
-        assert_eq!(p, Period { start: unix("2026-11-30T23:00:00Z"), end: unix("2026-12-31T23:00:00Z") });
+        assert_eq!(
+            p,
+            Period {
+                start: unix("2026-11-30T23:00:00Z"),
+                end: unix("2026-12-31T23:00:00Z")
+            }
+        );
         // New York's November ends five hours later than Berlin's.
         let ny = Calendar::new(Every::Month, Time::midnight(), tz("America/New_York"));
         let p = ny.period(unix("2026-11-30T23:00:00Z")).unwrap();
@@ -172,7 +179,11 @@ mod tests {
             .unwrap();
         assert_eq!(p.end - p.start, 25 * 3_600);
         // Weeks from Monday 00:00 UTC: 2026-11-27 is a Friday.
-        let week = Calendar::new(Every::Week(Weekday::Monday), Time::midnight(), TimeZone::UTC);
+        let week = Calendar::new(
+            Every::Week(Weekday::Monday),
+            Time::midnight(),
+            TimeZone::UTC,
+        );
         let p = week.period(unix("2026-11-27T10:00:00Z")).unwrap();
         assert_eq!(p.start, unix("2026-11-23T00:00:00Z"));
         assert_eq!(p.end, unix("2026-11-30T00:00:00Z"));
@@ -186,8 +197,16 @@ mod tests {
     fn every_instant_falls_in_exactly_one_period() {
         let cals = [
             Calendar::new(Every::Month, Time::midnight(), tz("Europe/Berlin")),
-            Calendar::new(Every::Day, Time::constant(2, 30, 0, 0), tz("America/New_York")),
-            Calendar::new(Every::Week(Weekday::Sunday), Time::constant(23, 0, 0, 0), tz("Europe/Berlin")),
+            Calendar::new(
+                Every::Day,
+                Time::constant(2, 30, 0, 0),
+                tz("America/New_York"),
+            ),
+            Calendar::new(
+                Every::Week(Weekday::Sunday),
+                Time::constant(23, 0, 0, 0),
+                tz("Europe/Berlin"),
+            ),
         ];
         for c in &cals {
             // Two years in 7-hour steps: periods tile time, with no gap and no overlap.

@@ -788,7 +788,8 @@ mod tests {
         let lines: Vec<&str> = e.lines().collect();
         assert_eq!(lines.len(), 2, "{e}");
         assert!(
-            lines[0].starts_with("q.yaml:2:38: resources[0].weight: expected a number, got \"heavy\""),
+            lines[0]
+                .starts_with("q.yaml:2:38: resources[0].weight: expected a number, got \"heavy\""),
             "{e}"
         );
         assert!(

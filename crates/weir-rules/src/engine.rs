@@ -39,7 +39,9 @@ use crate::system::{Inbound, Part, System, SystemPermits};
 use weir_core::cost::Held;
 use weir_core::rate::{KeyedRate, RateSpec, SingleRate};
 
+use crate::budget::{BudgetInForce, BudgetState, SavedCount};
 use crate::shared::{SharedHeld, SharedRule, SharedStore};
+use weir_core::clock::{SystemWallClock, WallClock};
 
 /// Who calls and with what: the origin (caller), the criticality, the parameters that
 /// hot-parameter rules look at, and whether the call comes into this service (system rules
@@ -185,6 +187,8 @@ struct Resource<C: Clock> {
     cost_sources: Option<Arc<CostSources>>,
     /// A `cost:` rule learns its estimate from the resource's recent costs.
     learns: bool,
+    /// Calendar budgets, decided after every other rule.
+    budgets: Vec<BudgetInForce>,
 }
 
 /// A compiled switch: its state is shared by every rule set with the same id, so a run-time
@@ -275,6 +279,8 @@ struct Extra<C: Clock> {
     spender: Option<Box<str>>,
     /// Decisions of `shared: true` rules left to [`Guard::decide_shared`].
     asks: Vec<SharedAsk<C>>,
+    /// The first soft budget that admitted the call past its limit.
+    over_budget: Option<Arc<str>>,
 }
 
 /// An estimate a `cost:` rule holds for a call.
@@ -315,6 +321,16 @@ enum CostOn<C: Clock> {
     Leased(Arc<ClusterHandle>, Box<str>),
     /// A `shared: true` rule, in the shared store.
     Shared(Box<SharedCost>),
+    /// A calendar budget, by key, in the period it was held in.
+    Budget(Box<BudgetCost>),
+}
+
+/// An estimate a calendar budget holds for a call.
+struct BudgetCost {
+    state: Arc<BudgetState>,
+    id: Arc<str>,
+    key: Box<str>,
+    period_start: i64,
 }
 
 impl Budget {
@@ -378,6 +394,10 @@ impl<C: Clock + Clone> CostHold<C> {
             CostOn::Hot(h, key) => h.rate.settle_at(&key, self.held, actual, now),
             CostOn::Leased(h, resource) => h.0.settle_at(&resource, self.held, actual, now),
             CostOn::Shared(c) => c.store.0.settle(&c.rule, &c.key, c.held, actual),
+            CostOn::Budget(b) => {
+                b.state
+                    .settle(&b.id, &b.key, b.period_start, self.held.estimate, actual)
+            }
         }
     }
 }
@@ -394,6 +414,8 @@ struct Shared<C: Clock> {
     keys: KeyShortener,
     /// Switch states set at run time, by id: they win over the file's `on` across reloads.
     switches: parking_lot::Mutex<HashMap<String, bool>>,
+    /// The calendar budgets' clock.
+    wall: Arc<dyn WallClock>,
 }
 
 impl<C: Clock + Clone> Guard<C> {
@@ -452,6 +474,12 @@ impl<C: Clock + Clone> Guard<C> {
         if let Some(r) = &self.resource {
             r.stats.fallback();
         }
+    }
+
+    /// The soft budget that admitted this call past its limit, if one did: a server marks the
+    /// response (`weir-budget-exceeded`).
+    pub fn over_budget(&self) -> Option<&str> {
+        self.extra.as_ref().and_then(|e| e.over_budget.as_deref())
     }
 
     /// Whether the call holds estimates of `cost:` rules not yet settled.
@@ -616,6 +644,7 @@ impl<C: Clock> Guard<C> {
                 costs: Vec::new(),
                 spender: None,
                 asks: Vec::new(),
+                over_budget: None,
             })
         })
     }
@@ -798,8 +827,28 @@ impl<C: Clock + Clone> Rules<C> {
         Self::build(set, clock, Some(cpu))
     }
 
+    /// Rules reading `clock`, and `wall` for the periods of calendar budgets (by default the
+    /// system's wall clock).
+    pub fn with_clocks(
+        set: &RuleSet,
+        clock: C,
+        wall: Arc<dyn WallClock>,
+    ) -> Result<Self, RulesError> {
+        Self::build_with(set, clock, None, wall)
+    }
+
     fn build(set: &RuleSet, clock: C, cpu: Option<Arc<dyn CpuSource>>) -> Result<Self, RulesError> {
+        Self::build_with(set, clock, cpu, Arc::new(SystemWallClock))
+    }
+
+    fn build_with(
+        set: &RuleSet,
+        clock: C,
+        cpu: Option<Arc<dyn CpuSource>>,
+        wall: Arc<dyn WallClock>,
+    ) -> Result<Self, RulesError> {
         let shared = Arc::new(Shared {
+            wall,
             inbound: Inbound::new(cpu),
             cluster: arc_swap::ArcSwapOption::empty(),
             store: arc_swap::ArcSwapOption::empty(),
@@ -1364,7 +1413,108 @@ impl<C: Clock + Clone> Rules<C> {
                 })?,
             }
         }
+        if !res.budgets.is_empty() {
+            self.check_budgets(res, ctx, learned, guard)?;
+        }
         Ok(())
+    }
+
+    /// The resource's calendar budgets, after every other rule admitted the call.
+    #[cold]
+    #[inline(never)]
+    fn check_budgets(
+        &self,
+        res: &Resource<C>,
+        ctx: &Context<'_>,
+        learned: Option<Quantiles>,
+        guard: &mut Guard<C>,
+    ) -> Result<(), Block> {
+        for b in &res.budgets {
+            let Some(key) = b.key(ctx.params) else {
+                continue;
+            };
+            let key = self.shared.keys.bounded(key);
+            let n = match &b.config.cost {
+                None => 1,
+                Some(c) => c.estimate_of(ctx.cost, b.config.limit, learned),
+            };
+            let Some(t) = b.take(&key, n) else { continue };
+            let d = t.decision;
+            let window = BudgetInForce::period_length(&t);
+            verdict(d.allowed(), false, &b.state.stats, || Block {
+                rule: b.id.clone(),
+                kind: RuleKind::Flow,
+                retry_after: d.retry_after(),
+                rate: Some((b.config.limit, window)),
+                remaining: Some(d.remaining()),
+            })?;
+            if t.over {
+                let extra = guard.extra_mut();
+                extra.over_budget.get_or_insert_with(|| b.id.clone());
+            }
+            if let (Some(rule), Some(held)) = (&b.config.cost, t.held) {
+                let hold = CostHold {
+                    on: CostOn::Budget(Box::new(BudgetCost {
+                        state: b.state.clone(),
+                        id: b.id.clone(),
+                        key: (*key).into(),
+                        period_start: held.period_start,
+                    })),
+                    held: Held {
+                        estimate: n,
+                        taken: self.shared.clock.now(),
+                    },
+                    cap: rule.max.unwrap_or(b.config.limit),
+                    budget: Budget::after(&b.id, &d, window),
+                };
+                let spender = b.config.param.map(|_| &*key);
+                guard.hold(hold, spender);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every calendar budget's counts of the current periods, to keep across a restart.
+    pub fn budget_counts(&self) -> Vec<SavedCount> {
+        let c = self.current.load();
+        let now = self.shared.wall.unix_nanos();
+        let mut out = Vec::new();
+        for r in c.resources.values() {
+            for b in &r.budgets {
+                for s in b.state.budget.saved(now) {
+                    out.push(SavedCount {
+                        rule: b.config.id.clone(),
+                        key: s.key,
+                        period_start: s.period_start,
+                        used: s.used,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Takes back counts kept across a restart ([`Rules::budget_counts`]): those of rules in
+    /// force and of their current periods are added; answers how many were.
+    pub fn restore_budgets(&self, counts: &[SavedCount]) -> usize {
+        let c = self.current.load();
+        let now = self.shared.wall.unix_nanos();
+        let mut taken = 0;
+        for r in c.resources.values() {
+            for b in &r.budgets {
+                let mine: Vec<weir_core::budget::Saved> = counts
+                    .iter()
+                    .filter(|s| s.rule == b.config.id)
+                    .map(|s| weir_core::budget::Saved {
+                        key: s.key.clone(),
+                        period_start: s.period_start,
+                        used: s.used,
+                    })
+                    .collect();
+                taken += b.state.budget.restore(&mine, now);
+            }
+        }
+        taken
     }
 
     /// Counters of the rule `id` (flow, hot-parameter, authority, breaker, or a system part
@@ -1412,6 +1562,8 @@ impl<C: Clock + Clone> Rules<C> {
             shadow_blocks: s.shadow_blocks.load(Ordering::Relaxed),
             evictions,
             full: s.full.load(Ordering::Relaxed),
+            over_budget: s.over.load(Ordering::Relaxed),
+            budget_warnings: s.warnings.load(Ordering::Relaxed),
         };
         for name in names {
             let r = &c.resources[name];
@@ -1443,6 +1595,11 @@ impl<C: Clock + Clone> Rules<C> {
                 let ev = f.state.rate.as_ref().map_or(0, |r| r.evictions());
                 out.rules
                     .push(rule(&f.config.id, RuleKind::Flow, name, &f.state.stats, ev));
+            }
+            for b in &r.budgets {
+                let ev = b.state.budget.evicted();
+                out.rules
+                    .push(rule(&b.config.id, RuleKind::Flow, name, &b.state.stats, ev));
             }
             if let Some((config, b, _)) = &r.breaker {
                 out.rules
@@ -1561,6 +1718,7 @@ struct Previous<'a, C: Clock> {
     authority: HashMap<&'a str, &'a Arc<RuleStats>>,
     switches: HashMap<&'a str, (&'a Arc<std::sync::atomic::AtomicBool>, &'a Arc<RuleStats>)>,
     stats: HashMap<&'a str, Arc<ResourceStats>>,
+    budgets: HashMap<&'a str, &'a BudgetInForce>,
 }
 
 impl<'a, C: Clock> Previous<'a, C> {
@@ -1572,6 +1730,7 @@ impl<'a, C: Clock> Previous<'a, C> {
             authority: HashMap::new(),
             switches: HashMap::new(),
             stats: HashMap::new(),
+            budgets: HashMap::new(),
         };
         for (name, r) in old.iter().flat_map(|o| o.resources.iter()) {
             p.stats.insert(name.as_str(), r.stats.clone());
@@ -1589,6 +1748,9 @@ impl<'a, C: Clock> Previous<'a, C> {
             }
             if let Some((c, _, s)) = &r.authority {
                 p.authority.insert(c.id.as_str(), s);
+            }
+            for b in &r.budgets {
+                p.budgets.insert(b.config.id.as_str(), b);
             }
         }
         p
@@ -1735,6 +1897,15 @@ fn compile_resource<'a, C: Clock + Clone>(
             .filter(|c| !c.is_empty())
             .map(Arc::new),
         learns: r.learns_costs(),
+        budgets: r
+            .budgets
+            .iter()
+            .map(|b| {
+                let old = previous.budgets.get(b.id.as_str()).copied();
+                BudgetInForce::compile(b, old, &shared.wall)
+                    .map_err(|reason| RulesError::Invalid(b.id.clone(), reason))
+            })
+            .collect::<Result<_, _>>()?,
     })
 }
 

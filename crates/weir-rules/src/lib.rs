@@ -33,6 +33,7 @@
 //! assert!(e.unwrap_err().to_string().contains("rules.yaml:1:"));
 //! ```
 
+pub mod budget;
 pub mod cidr;
 pub mod config;
 pub mod describe;

@@ -43,6 +43,10 @@ pub struct RuleStats {
     pub shadow_blocks: AtomicU64,
     /// Hot-parameter rules: calls whose value found the table full (`on_full: reject/allow`).
     pub full: AtomicU64,
+    /// Soft budgets: calls admitted past the limit.
+    pub over: AtomicU64,
+    /// Budgets: thresholds reached (once per key and period each).
+    pub warnings: AtomicU64,
 }
 
 /// Slots of the histogram's counters: one per bucket (with +Inf), then the sum in nanoseconds.
@@ -330,6 +334,10 @@ pub struct RuleSnapshot {
     pub evictions: u64,
     /// Calls whose value found the table full (hot parameters, `on_full: reject/allow`).
     pub full: u64,
+    /// Calls a soft budget admitted past its limit.
+    pub over_budget: u64,
+    /// Thresholds a budget's keys reached (80 %, 100 %), once per key and period each.
+    pub budget_warnings: u64,
 }
 
 /// One resource's counters at one time.

@@ -1134,6 +1134,9 @@ impl<C: Clock + Clone> Admitted<C> {
     /// Holds `guard` for the response `r`: settles a cost stated in its head, prepares the
     /// reader of one stated in its body, and tells the caller its budget (`RateLimit`).
     fn new<B>(guard: Guard<C>, r: &mut Response<B>) -> Self {
+        if let Some(rule) = guard.over_budget() {
+            mark_over_budget(rule, r);
+        }
         if !guard.holds_cost() {
             return Self {
                 guard: Some(guard),
@@ -1168,6 +1171,18 @@ impl<C: Clock + Clone> Admitted<C> {
             reader,
             refused: r.status().is_client_error(),
         }
+    }
+}
+
+/// Header marking a response a soft calendar budget admitted past its limit; the value is the
+/// budget's rule id.
+pub const BUDGET_EXCEEDED: &str = "weir-budget-exceeded";
+
+#[cold]
+fn mark_over_budget<B>(rule: &str, r: &mut Response<B>) {
+    if let Ok(v) = http::HeaderValue::from_str(rule) {
+        r.headers_mut()
+            .insert(http::HeaderName::from_static(BUDGET_EXCEEDED), v);
     }
 }
 

@@ -71,7 +71,7 @@ const RESOURCE_COUNTERS: [(&str, &str, ResourceField); 7] = [
     ),
 ];
 
-const RULE_COUNTERS: [(&str, &str, RuleField); 5] = [
+const RULE_COUNTERS: [(&str, &str, RuleField); 7] = [
     ("weir_rule_passes", "Calls the rule let through.", |r| {
         r.passes
     }),
@@ -90,6 +90,16 @@ const RULE_COUNTERS: [(&str, &str, RuleField); 5] = [
         "weir_rule_full",
         "Calls whose value found the rule's table full (on_full reject or allow).",
         |r| r.full,
+    ),
+    (
+        "weir_rule_over_budget",
+        "Calls a soft calendar budget admitted past its limit.",
+        |r| r.over_budget,
+    ),
+    (
+        "weir_rule_budget_warnings",
+        "Thresholds of the limit (e.g. 80 %, 100 %) a calendar budget's keys reached, once per key and period.",
+        |r| r.budget_warnings,
     ),
 ];
 
@@ -329,6 +339,8 @@ mod tests {
                 shadow_blocks: 0,
                 evictions: 0,
                 full: 0,
+                over_budget: 0,
+                budget_warnings: 0,
             }],
             ..Snapshot::default()
         };
