@@ -11,7 +11,7 @@ use crate::config::{AdaptiveAlgorithm, BreakerPreset, RuleSet};
 pub struct RuleRow {
     /// The rule's id (`system` for the system rule).
     pub id: String,
-    /// `flow`, `hot_param`, `authority`, `breaker`, `switch` or `system`.
+    /// `flow`, `hot_param`, `authority`, `breaker`, `switch`, `budget` or `system`.
     pub kind: &'static str,
     /// The resource (empty for the system rule).
     pub resource: String,
@@ -196,6 +196,30 @@ pub fn rows_in_force(
         }
         if let Some(b) = &r.breaker {
             out.push(row(&b.id, "breaker", breaker_detail(b), b.shadow));
+        }
+        for b in &r.budgets {
+            let mut d = Detail::default();
+            let every = format!("{:?}", b.resets.every).to_lowercase();
+            d.add("limit", b.limit)
+                .add("every", every)
+                .opt("on", b.resets.on.as_deref())
+                .add("at", &b.resets.at)
+                .add("tz", &b.resets.tz)
+                .opt("param", b.param)
+                .add("mode", format!("{:?}", b.mode).to_lowercase());
+            if !b.warn.is_empty() {
+                let warn: Vec<String> = b
+                    .warn
+                    .iter()
+                    .map(|f| format!("{}%", f64::from(f.0) / 10.0))
+                    .collect();
+                d.add("warn", warn.join(", "));
+            }
+            if b.param.is_some() {
+                d.add("max_values", b.max_values);
+            }
+            cost(&mut d, b.cost.as_deref());
+            out.push(row(&b.id, "budget", d, false));
         }
     }
     if let Some(s) = &set.system {

@@ -45,7 +45,7 @@ pub struct RuleStats {
     pub full: AtomicU64,
     /// Soft budgets: calls admitted past the limit.
     pub over: AtomicU64,
-    /// Budgets: thresholds reached (once per key and period each).
+    /// Budgets: warnings logged (a key reached a threshold first in its period).
     pub warnings: AtomicU64,
 }
 
@@ -336,7 +336,8 @@ pub struct RuleSnapshot {
     pub full: u64,
     /// Calls a soft budget admitted past its limit.
     pub over_budget: u64,
-    /// Thresholds a budget's keys reached (80 %, 100 %), once per key and period each.
+    /// Warnings a budget logged: a key reached a threshold (80 %, 100 %) first in its period
+    /// (thresholds reached by one call or settlement count once).
     pub budget_warnings: u64,
 }
 

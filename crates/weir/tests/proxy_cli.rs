@@ -585,6 +585,147 @@ fn check_config_reports_type_errors_and_broken_rules_in_one_run() {
     );
 }
 
+/// A whole UTC hour about twelve hours away (a day from it never ends during the test), and
+/// the seconds from now until it.
+fn hour_far_from_now() -> (u64, u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let hour = (now / 3_600 + 12) % 24;
+    let since_midnight = now % 86_400;
+    let until = (hour * 3_600 + 86_400 - since_midnight) % 86_400;
+    (hour, until)
+}
+
+#[tokio::test]
+async fn calendar_budgets_refuse_until_the_day_ends_mark_soft_overruns_and_survive_a_restart() {
+    let up = upstream().await;
+    let (hour, until) = hour_far_from_now();
+    let file = rules_file(
+        "budgets",
+        &format!(
+            "resources:
+  - name: api
+    budgets:
+      - {{id: per-user-day, param: 0, limit: 3, resets: {{every: day, at: '{hour:02}:00', tz: UTC}}}}
+  - name: soft
+    budgets:
+      - {{id: team-day, limit: 1, mode: soft, resets: {{every: day, at: '{hour:02}:00', tz: UTC}}}}
+http:
+  routes:
+    - {{resource: api, prefix: /api, params: [{{header: x-user}}]}}
+    - {{resource: soft, prefix: /soft}}
+"
+        ),
+    );
+    let state = file.with_file_name("rules.yaml.budgets.json");
+    let upstream_url = format!("http://127.0.0.1:{up}");
+    let mut p = Proxy::start(&file, &upstream_url, &[]);
+    for _ in 0..3 {
+        assert_eq!(
+            get_url(p.port, "/api/a", false, &[("x-user", "ann")])
+                .await
+                .0,
+            200
+        );
+    }
+    let (code, h, _) = get_url(p.port, "/api/a", false, &[("x-user", "ann")]).await;
+    assert_eq!(code, 429);
+    // Retry-After is the time to the day's end (its `at` hour), within the test's run.
+    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry.abs_diff(until) <= 5, "{retry} vs {until}");
+    assert!(h["ratelimit-policy"]
+        .to_str()
+        .unwrap()
+        .starts_with("\"per-user-day\";q=3;w="));
+    // Another user has a budget of their own.
+    assert_eq!(
+        get_url(p.port, "/api/a", false, &[("x-user", "bob")])
+            .await
+            .0,
+        200
+    );
+    // A soft budget admits past its limit and says so.
+    let (code, h, _) = get_url(p.port, "/soft", false, &[]).await;
+    assert_eq!((code, h.get("weir-budget-exceeded")), (200, None));
+    let (code, h, _) = get_url(p.port, "/soft", false, &[]).await;
+    assert_eq!(code, 200);
+    assert_eq!(h["weir-budget-exceeded"], "team-day");
+    let (_, _, metrics) = get_url(p.admin, "/metrics", false, &[]).await;
+    for line in [
+        "weir_rule_over_budget_total{rule=\"team-day\",kind=\"flow\",resource=\"soft\"} 1",
+        // 80 % and 100 % reached by one call: one warning.
+        "weir_rule_budget_warnings_total{rule=\"team-day\",kind=\"flow\",resource=\"soft\"} 1",
+        "weir_rule_blocks_total{rule=\"per-user-day\",kind=\"flow\",resource=\"api\"} 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "missing {line:?} in\n{metrics}"
+        );
+    }
+    // Stopped (SIGTERM) and started again: the day's counts are back.
+    let pid = p.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while p.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "weir proxy did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let saved = std::fs::read_to_string(&state).unwrap();
+    assert!(
+        saved.contains("\"key\":\"ann\"") && saved.contains("\"used\":3"),
+        "{saved}"
+    );
+    drop(p);
+    let p = Proxy::start(&file, &upstream_url, &[]);
+    assert_eq!(
+        get_url(p.port, "/api/a", false, &[("x-user", "ann")])
+            .await
+            .0,
+        429
+    );
+    assert_eq!(
+        get_url(p.port, "/api/a", false, &[("x-user", "bob")])
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        get_url(p.port, "/api/a", false, &[("x-user", "bob")])
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        get_url(p.port, "/api/a", false, &[("x-user", "bob")])
+            .await
+            .0,
+        429
+    );
+    // A state file that is not one is named at start, with exit 2.
+    drop(p);
+    std::fs::write(&state, "{not json").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "proxy",
+            "--rules",
+            file.to_str().unwrap(),
+            "--upstream",
+            &upstream_url,
+        ])
+        .args(["--listen", &format!("127.0.0.1:{}", common::free_port())])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rules.yaml.budgets.json:1:"), "{err}");
+}
+
 #[tokio::test]
 async fn slow_clients_are_cut_off_and_connections_are_capped() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -98,7 +98,7 @@ const RULE_COUNTERS: [(&str, &str, RuleField); 7] = [
     ),
     (
         "weir_rule_budget_warnings",
-        "Thresholds of the limit (e.g. 80 %, 100 %) a calendar budget's keys reached, once per key and period.",
+        "Warnings a calendar budget logged: a key reached a threshold of its limit (80 %, 100 %) first in its period; thresholds reached by one call count once.",
         |r| r.budget_warnings,
     ),
 ];

@@ -10,6 +10,7 @@
 //! `/healthz`; `--admin-token` puts the dashboard's data and `/metrics` behind a bearer token.
 
 pub mod ahead;
+pub mod budget_file;
 pub mod h1_client;
 mod metrics;
 pub mod paced;
@@ -774,6 +775,13 @@ impl Proxy {
         shutdown: crate::net::accept::Shutdown,
     ) {
         let s = &self.settings;
+        // Budget counts are written while serving and once more on the way out (awaited
+        // below, so a stopped proxy has saved them).
+        let keeping = tokio::spawn(budget_file::keep(
+            self.rules.clone(),
+            budget_file::state_path(&s.rules),
+            shutdown.clone(),
+        ));
         if let Some(admin) = admin {
             self.dashboard.spawn_sampler();
             tokio::spawn(serve_admin(
@@ -810,6 +818,7 @@ impl Proxy {
         let slots = crate::net::accept::Slots::new(limits.max_connections);
         let local = listener.local_addr().ok();
         let Ok(given) = listener.into_std() else {
+            keeping.abort();
             return;
         };
         let mut given = Some(given);
@@ -859,6 +868,7 @@ impl Proxy {
         for rx in done {
             let _ = rx.await;
         }
+        let _ = keeping.await;
     }
 
     /// Connects the shared store (`--store`), where `shared: true` rules count from then on.
@@ -954,6 +964,11 @@ fn load_rules(s: &Settings) -> Result<(Arc<Rules<weir_core::AnyClock>>, PathBuf)
     if !saved.is_empty() {
         tracing::info!(file = %switch_file.display(), "switch states restored: {saved:?}");
         rules.restore_switches(&saved);
+    }
+    let budget_file = budget_file::state_path(&s.rules);
+    let restored = budget_file::restore(&rules, &budget_file).map_err(usage)?;
+    if restored > 0 {
+        tracing::info!(file = %budget_file.display(), "budget counts restored: {restored}");
     }
     Ok((Arc::new(rules), switch_file))
 }

@@ -1,0 +1,154 @@
+//! Calendar budgets' counts kept across restarts: `RULES.budgets.json` beside the rule file.
+//!
+//! `weir proxy` reads the file at start (counts of periods that have ended are dropped), writes
+//! the counts of the current periods every [`SAVE_EVERY`] when they changed, and once more when
+//! it stops; each write is a temporary file, synced, then renamed over the old one, so a crash
+//! leaves the previous complete file. What a crash can lose: the last [`SAVE_EVERY`] of counts.
+//! Several proxies sharing one budget need a shared store instead (one file per proxy counts
+//! per proxy).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use weir_rules::budget::SavedCount;
+use weir_rules::engine::Rules;
+
+/// How often changed counts are written.
+pub const SAVE_EVERY: Duration = Duration::from_secs(5);
+
+/// Largest state file read back: about 600 000 counts.
+pub const MAX_STATE_BYTES: u64 = 64 << 20;
+
+/// Where the budgets' counts of `rules` are kept: `FILE.budgets.json` in its directory.
+pub fn state_path(rules: &Path) -> PathBuf {
+    let mut name = rules.file_name().unwrap_or_default().to_os_string();
+    name.push(".budgets.json");
+    rules.with_file_name(name)
+}
+
+/// The counts saved in `path` (none when it does not exist); an unreadable or malformed file
+/// is an error naming it, its line and column.
+pub fn load(path: &Path) -> Result<Vec<SavedCount>, String> {
+    use std::io::Read;
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let mut text = String::new();
+    file.take(MAX_STATE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_STATE_BYTES {
+        return Err(format!(
+            "{}: larger than {} MiB",
+            path.display(),
+            MAX_STATE_BYTES >> 20
+        ));
+    }
+    serde_json::from_str(&text).map_err(|e| {
+        let reason = e.to_string();
+        let reason = reason
+            .rsplit_once(" at line ")
+            .map_or(reason.as_str(), |(r, _)| r);
+        format!(
+            "{}:{}:{}: expected [{{\"rule\", \"key\", \"period_start\", \"used\"}}, …]: {reason} (delete the file to start the budgets from 0)",
+            path.display(),
+            e.line(),
+            e.column()
+        )
+    })
+}
+
+/// Writes `counts` to `path` atomically: a temporary file beside it, synced, renamed over it.
+pub fn save(path: &Path, counts: &[SavedCount]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(format!(".tmp.{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        serde_json::to_writer(&mut f, counts)?;
+        f.write_all(b"\n")?;
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// Restores the counts saved beside the rule file into `rules`; answers how many were taken.
+pub fn restore<C>(rules: &Rules<C>, path: &Path) -> Result<usize, String>
+where
+    C: weir_core::Clock + Clone,
+{
+    let saved = load(path)?;
+    Ok(if saved.is_empty() {
+        0
+    } else {
+        rules.restore_budgets(&saved)
+    })
+}
+
+/// The rules' counts, in a stable order.
+fn counts<C: weir_core::Clock + Clone>(rules: &Rules<C>) -> Vec<SavedCount> {
+    let mut c = rules.budget_counts();
+    c.sort_unstable_by(|a, b| (&a.rule, &a.key).cmp(&(&b.rule, &b.key)));
+    c
+}
+
+/// Writes the counts of `rules` to `path` whenever they changed, every [`SAVE_EVERY`], until
+/// `stop` says so; then once more.
+pub async fn keep<C>(rules: Arc<Rules<C>>, path: PathBuf, mut stop: crate::net::accept::Shutdown)
+where
+    C: weir_core::Clock + Clone + 'static,
+{
+    let mut last: Vec<SavedCount> = Vec::new();
+    loop {
+        let stopping = tokio::select! {
+            () = tokio::time::sleep(SAVE_EVERY) => false,
+            () = stop.stopping() => true,
+        };
+        let now = counts(&rules);
+        if now != last {
+            let (p, c) = (path.clone(), now.clone());
+            let written = tokio::task::spawn_blocking(move || save(&p, &c)).await;
+            match written {
+                Ok(Ok(())) => last = now,
+                Ok(Err(e)) => {
+                    tracing::warn!(file = %path.display(), "budget counts not saved: {e}")
+                }
+                Err(e) => tracing::warn!(file = %path.display(), "budget counts not saved: {e}"),
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_round_trip_and_bad_files_are_named() {
+        let dir = std::env::temp_dir().join(format!("weir-budget-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = state_path(&dir.join("rules.yaml"));
+        assert!(path.ends_with("rules.yaml.budgets.json"));
+        assert_eq!(load(&path).unwrap(), Vec::new());
+        let counts = vec![SavedCount {
+            rule: "month".into(),
+            key: "ann".into(),
+            period_start: 1_796_000_000,
+            used: 42,
+        }];
+        save(&path, &counts).unwrap();
+        assert_eq!(load(&path).unwrap(), counts);
+        std::fs::write(&path, "[{\"rule\": 1}]").unwrap();
+        let e = load(&path).unwrap_err();
+        assert!(e.contains("rules.yaml.budgets.json:1:"), "{e}");
+        assert!(e.contains("delete the file"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
