@@ -16,10 +16,12 @@
 //!   until their `retry_after`.
 //! - Cost reservations ([`RedisLimiter::reserve_cost`], [`RedisLimiter::settle`]): an
 //!   estimate held, then settled to the actual cost atomically (refund or debt).
+//! - Calendar budgets ([`budget`]): one count per rule, key and period every instance shares.
 //!
 //! See `docs/redis.md` for the design, the bugs of peer projects each choice avoids, and the
 //! benchmark.
 
+pub mod budget;
 mod cache;
 mod cost;
 pub mod leader;

@@ -29,6 +29,9 @@ script!(TOKEN_BUCKET, "token_bucket.lua");
 script!(CONCURRENCY, "concurrency.lua");
 script!(SETTLE, "settle.lua");
 
+/// A calendar budget's count ([`crate::budget`]; no prelude: the period is the caller's).
+pub static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/budget.lua")));
+
 /// Releases a concurrency lease (no prelude: no time, no decision).
 pub static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/release.lua")));

@@ -12,11 +12,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use weir_core::budget::{BudgetSpec, CalendarBudget, Mode, Taken};
+use weir_core::budget::{BudgetSpec, CalendarBudget, Held, Mode, Taken};
+use weir_core::calendar::Period;
 use weir_core::clock::WallClock;
+use weir_core::Decision;
 
 use crate::config::{BudgetMode, BudgetRule};
 use crate::metrics::RuleStats;
+use crate::shared::SharedStore;
 
 /// A budget rule's counts and counters, kept across reloads while its id and periods stay.
 pub(crate) struct BudgetState {
@@ -118,6 +121,65 @@ impl BudgetInForce {
         Some(taken)
     }
 
+    /// Takes `n` units for `key` in `store` (`shared: true`); counted on this instance when
+    /// the store cannot answer. The take, and whether the store counted it.
+    pub(crate) async fn take_shared(
+        &self,
+        store: &dyn SharedStore,
+        key: &str,
+        n: u64,
+    ) -> Option<(Taken, bool)> {
+        let now = self.state.wall.unix_nanos();
+        let secs = i64::try_from(now.div_euclid(1_000_000_000)).ok()?;
+        let spec = self.state.budget.spec();
+        let period = spec.calendar.period(secs).ok()?;
+        let hard = spec.mode == Mode::Hard;
+        let answer = store
+            .take_budget(&self.config.id, key, period, secs, n, spec.limit, hard)
+            .await;
+        let Some((admitted, used)) = answer else {
+            return self.take(key, n).map(|t| (t, false));
+        };
+        let limit = spec.limit;
+        let reset = u64::try_from((i128::from(period.end) * 1_000_000_000 - now).max(0))
+            .unwrap_or(u64::MAX);
+        let left = limit.saturating_sub(used);
+        let decision = match (admitted, n > limit) {
+            (true, _) => Decision::allow(limit, left, reset, 0),
+            (false, true) => Decision::never(limit, left, reset),
+            (false, false) => Decision::deny(limit, left, reset, reset),
+        };
+        let over = admitted && used > limit;
+        // The call that moved the shared count across a threshold reports it: once in all.
+        let crossed = admitted
+            .then(|| {
+                let before = used.saturating_sub(n);
+                spec.warn_permille.iter().rev().copied().find(|t| {
+                    let at = u128::from(*t) * u128::from(limit);
+                    u128::from(before) * 1000 < at && u128::from(used) * 1000 >= at
+                })
+            })
+            .flatten();
+        if over {
+            self.state.stats.over.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(t) = crossed {
+            self.warn(key, t, used);
+        }
+        let taken = Taken {
+            decision,
+            over,
+            crossed,
+            held: admitted.then_some(Held {
+                period_start: period.start,
+                estimate: n,
+            }),
+            used,
+            period,
+        };
+        Some((taken, true))
+    }
+
     /// Logs and counts that `key` reached `permille` of the limit.
     fn warn(&self, key: &str, permille: u32, used: u64) {
         warned(&self.state, &self.id, key, permille, used);
@@ -145,6 +207,33 @@ pub(crate) fn warned(state: &BudgetState, id: &str, key: &str, permille: u32, us
 }
 
 impl BudgetState {
+    /// Corrects an estimate held in `store` for `key` in `period` to `actual`: in that period
+    /// while it lasts, else an excess in the current one.
+    pub(crate) fn settle_shared(
+        &self,
+        store: &dyn SharedStore,
+        id: &str,
+        key: &str,
+        period: Period,
+        estimate: u64,
+        actual: u64,
+    ) {
+        let now = self.wall.unix_nanos();
+        let Ok(secs) = i64::try_from(now.div_euclid(1_000_000_000)) else {
+            return;
+        };
+        let delta = i64::try_from(i128::from(actual) - i128::from(estimate)).unwrap_or(0);
+        if secs < period.end {
+            if delta != 0 {
+                store.add_budget(id, key, period, secs, delta);
+            }
+        } else if delta > 0 {
+            if let Ok(current) = self.budget.spec().calendar.period(secs) {
+                store.add_budget(id, key, current, secs, delta);
+            }
+        }
+    }
+
     /// Corrects an estimate held for `key` in the period starting `period_start` to `actual`.
     pub(crate) fn settle(
         &self,

@@ -73,7 +73,8 @@ pub struct ResourceConfig {
 /// in a named time zone (`resets`), for all calls together or per value of a parameter
 /// (`param`); hard (refuse past the limit) or soft (admit, mark the response, count). Counts
 /// with `cost:` as a rate rule does (an estimate held, settled to the actual cost). Counted
-/// locally and kept across restarts by the server (a state file beside the rule file).
+/// locally and kept across restarts by the server (a state file beside the rule file), or with
+/// `shared: true` in the store every instance shares.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetRule {
@@ -100,6 +101,11 @@ pub struct BudgetRule {
     pub max_values: usize,
     /// Count what calls cost ([`CostRule`]): a month's tokens per user.
     pub cost: Option<Box<CostRule>>,
+    /// Counted in the store every instance shares (`weir proxy --store redis://…`: one count
+    /// across proxies, kept by Redis across restarts); without one, or while it cannot be
+    /// reached, on this instance.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 fn default_warn() -> Vec<Fraction> {

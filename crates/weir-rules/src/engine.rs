@@ -281,6 +281,17 @@ struct Extra<C: Clock> {
     asks: Vec<SharedAsk<C>>,
     /// The first soft budget that admitted the call past its limit.
     over_budget: Option<Arc<str>>,
+    /// Calendar budgets with `shared: true` left to [`Guard::decide_shared`].
+    budget_asks: Vec<BudgetAsk>,
+}
+
+/// A `shared: true` calendar budget's take left to the caller.
+struct BudgetAsk {
+    store: Arc<StoreHandle>,
+    /// The budget's place in its resource's `budgets`.
+    index: usize,
+    key: Box<str>,
+    n: u64,
 }
 
 /// An estimate a `cost:` rule holds for a call.
@@ -323,6 +334,17 @@ enum CostOn<C: Clock> {
     Shared(Box<SharedCost>),
     /// A calendar budget, by key, in the period it was held in.
     Budget(Box<BudgetCost>),
+    /// A `shared: true` calendar budget counted in the shared store.
+    SharedBudget(Box<SharedBudgetCost>),
+}
+
+/// An estimate a calendar budget holds in the shared store.
+struct SharedBudgetCost {
+    store: Arc<StoreHandle>,
+    state: Arc<BudgetState>,
+    id: Arc<str>,
+    key: Box<str>,
+    period: weir_core::calendar::Period,
 }
 
 /// An estimate a calendar budget holds for a call.
@@ -398,6 +420,14 @@ impl<C: Clock + Clone> CostHold<C> {
                 b.state
                     .settle(&b.id, &b.key, b.period_start, self.held.estimate, actual)
             }
+            CostOn::SharedBudget(b) => b.state.settle_shared(
+                &*b.store.0,
+                &b.id,
+                &b.key,
+                b.period,
+                self.held.estimate,
+                actual,
+            ),
         }
     }
 }
@@ -564,15 +594,20 @@ impl<C: Clock + Clone> Guard<C> {
     /// [`Guard::decide_shared`] before proceeding.
     #[inline]
     pub fn has_shared(&self) -> bool {
-        self.extra.as_ref().is_some_and(|e| !e.asks.is_empty())
+        self.extra
+            .as_ref()
+            .is_some_and(|e| !e.asks.is_empty() || !e.budget_asks.is_empty())
     }
 
     /// Decides the call's `shared: true` rules in the shared store, one after another (the
     /// estimates of those with `cost:` held there): `Ok` when all admit; otherwise the block,
     /// with everything the call held — locally and in the store — given back.
     pub async fn decide_shared(&mut self) -> Result<(), Block> {
-        let asks = match self.extra.as_mut() {
-            Some(e) => std::mem::take(&mut e.asks),
+        let (asks, budget_asks) = match self.extra.as_mut() {
+            Some(e) => (
+                std::mem::take(&mut e.asks),
+                std::mem::take(&mut e.budget_asks),
+            ),
             None => return Ok(()),
         };
         for ask in asks {
@@ -622,6 +657,80 @@ impl<C: Clock + Clone> Guard<C> {
                 self.hold(hold, spender);
             }
         }
+        if budget_asks.is_empty() {
+            return Ok(());
+        }
+        let Some(res) = self.resource.clone() else {
+            return Ok(());
+        };
+        for ask in budget_asks {
+            let Some(b) = res.budgets.get(ask.index) else {
+                continue;
+            };
+            let Some((t, counted)) = b.take_shared(&*ask.store.0, &ask.key, ask.n).await else {
+                continue;
+            };
+            let store = counted.then(|| ask.store.clone());
+            if let Err(block) = self.budget_taken(b, &ask.key, ask.n, &t, store) {
+                let now = res.clock.now();
+                self.release_costs(now);
+                return Err(block);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records what budget `b` decided for the call (`key`, `n` units): its block, or its
+    /// mark past a soft limit and the estimate it holds (in `store` when counted there).
+    fn budget_taken(
+        &mut self,
+        b: &BudgetInForce,
+        key: &str,
+        n: u64,
+        t: &weir_core::budget::Taken,
+        store: Option<Arc<StoreHandle>>,
+    ) -> Result<(), Block> {
+        let d = t.decision;
+        let window = BudgetInForce::period_length(t);
+        verdict(d.allowed(), false, &b.state.stats, || Block {
+            rule: b.id.clone(),
+            kind: RuleKind::Flow,
+            retry_after: d.retry_after(),
+            rate: Some((b.config.limit, window)),
+            remaining: Some(d.remaining()),
+        })?;
+        if t.over {
+            let extra = self.extra_mut();
+            extra.over_budget.get_or_insert_with(|| b.id.clone());
+        }
+        if let (Some(rule), Some(held)) = (&b.config.cost, t.held) {
+            let on = match store {
+                Some(store) => CostOn::SharedBudget(Box::new(SharedBudgetCost {
+                    store,
+                    state: b.state.clone(),
+                    id: b.id.clone(),
+                    key: key.into(),
+                    period: t.period,
+                })),
+                None => CostOn::Budget(Box::new(BudgetCost {
+                    state: b.state.clone(),
+                    id: b.id.clone(),
+                    key: key.into(),
+                    period_start: held.period_start,
+                })),
+            };
+            let hold = CostHold {
+                on,
+                held: Held {
+                    estimate: n,
+                    taken: 0,
+                },
+                cap: rule.max.unwrap_or(b.config.limit),
+                budget: Budget::after(&b.id, &d, window),
+            };
+            let spender = b.config.param.map(|_| key);
+            self.hold(hold, spender);
+        }
         Ok(())
     }
 
@@ -645,6 +754,7 @@ impl<C: Clock> Guard<C> {
                 spender: None,
                 asks: Vec::new(),
                 over_budget: None,
+                budget_asks: Vec::new(),
             })
         })
     }
@@ -1429,7 +1539,7 @@ impl<C: Clock + Clone> Rules<C> {
         learned: Option<Quantiles>,
         guard: &mut Guard<C>,
     ) -> Result<(), Block> {
-        for b in &res.budgets {
+        for (index, b) in res.budgets.iter().enumerate() {
             let Some(key) = b.key(ctx.params) else {
                 continue;
             };
@@ -1438,38 +1548,20 @@ impl<C: Clock + Clone> Rules<C> {
                 None => 1,
                 Some(c) => c.estimate_of(ctx.cost, b.config.limit, learned),
             };
-            let Some(t) = b.take(&key, n) else { continue };
-            let d = t.decision;
-            let window = BudgetInForce::period_length(&t);
-            verdict(d.allowed(), false, &b.state.stats, || Block {
-                rule: b.id.clone(),
-                kind: RuleKind::Flow,
-                retry_after: d.retry_after(),
-                rate: Some((b.config.limit, window)),
-                remaining: Some(d.remaining()),
-            })?;
-            if t.over {
-                let extra = guard.extra_mut();
-                extra.over_budget.get_or_insert_with(|| b.id.clone());
-            }
-            if let (Some(rule), Some(held)) = (&b.config.cost, t.held) {
-                let hold = CostHold {
-                    on: CostOn::Budget(Box::new(BudgetCost {
-                        state: b.state.clone(),
-                        id: b.id.clone(),
+            if b.config.shared {
+                if let Some(store) = self.shared.store.load_full() {
+                    let ask = BudgetAsk {
+                        store,
+                        index,
                         key: (*key).into(),
-                        period_start: held.period_start,
-                    })),
-                    held: Held {
-                        estimate: n,
-                        taken: self.shared.clock.now(),
-                    },
-                    cap: rule.max.unwrap_or(b.config.limit),
-                    budget: Budget::after(&b.id, &d, window),
-                };
-                let spender = b.config.param.map(|_| &*key);
-                guard.hold(hold, spender);
+                        n,
+                    };
+                    guard.extra_mut().budget_asks.push(ask);
+                    continue;
+                }
             }
+            let Some(t) = b.take(&key, n) else { continue };
+            guard.budget_taken(b, &key, n, &t, None)?;
         }
         Ok(())
     }

@@ -37,6 +37,11 @@ impl std::fmt::Debug for SharedHeld {
 /// A decision being made by a [`SharedStore`].
 pub type Deciding<'a> = Pin<Box<dyn Future<Output = (Decision, Option<SharedHeld>)> + Send + 'a>>;
 
+/// A calendar budget's take decided by a [`SharedStore`]: `Some((admitted, count after))`
+/// (refused: the count before), or `None` when the store cannot answer (the rule then counts
+/// on this instance).
+pub type BudgetDeciding<'a> = Pin<Box<dyn Future<Output = Option<(bool, u64)>> + Send + 'a>>;
+
 /// Counters every instance shares (weir-redis through weir-server).
 pub trait SharedStore: Send + Sync + 'static {
     /// Takes `n` units of `rule` for `key`; with `cost`, holds them as an estimate to settle:
@@ -53,4 +58,35 @@ pub trait SharedStore: Send + Sync + 'static {
     /// Corrects a reservation to `actual` (the rest given back, an excess a debt), without
     /// the caller waiting.
     fn settle(&self, rule: &SharedRule, key: &str, held: SharedHeld, actual: u64);
+
+    /// Takes `n` units of calendar budget `rule` (`budgets:` with `shared: true`) for `key` in
+    /// `period` (`now`: Unix seconds): a hard budget refuses past `limit`. By default the
+    /// store does not count budgets (`None`: counted locally).
+    #[allow(clippy::too_many_arguments)]
+    fn take_budget<'a>(
+        &'a self,
+        rule: &'a str,
+        key: &'a str,
+        period: weir_core::calendar::Period,
+        now: i64,
+        n: u64,
+        limit: u64,
+        hard: bool,
+    ) -> BudgetDeciding<'a> {
+        let _ = (rule, key, period, now, n, limit, hard);
+        Box::pin(async { None })
+    }
+
+    /// Adds `delta` units (negative: gives back, never below 0) to `key`'s count of budget
+    /// `rule` in `period`, without the caller waiting.
+    fn add_budget(
+        &self,
+        rule: &str,
+        key: &str,
+        period: weir_core::calendar::Period,
+        now: i64,
+        delta: i64,
+    ) {
+        let _ = (rule, key, period, now, delta);
+    }
 }

@@ -427,3 +427,55 @@ http:
         let _ = c.wait();
     }
 }
+
+#[test]
+fn two_proxies_share_a_calendar_budget_on_redis_across_a_restart() {
+    let redis = support::Redis::start();
+    let up = common::http1_upstream(|_, _| "ok".to_string());
+    // A day from a UTC hour about twelve hours away: it never ends during the test.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let hour = (now / 3_600 + 12) % 24;
+    let dir = common::tempdir("budget-redis");
+    let file = dir.join("rules.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "resources:
+  - name: chat
+    budgets:
+      - {{id: calls-per-user-day, param: 0, limit: 5, shared: true,
+         resets: {{every: day, at: '{hour:02}:00', tz: UTC}}}}
+http:
+  routes:
+    - {{resource: chat, prefix: /chat, params: [{{header: x-user}}]}}
+"
+        ),
+    )
+    .unwrap();
+    let url = redis.url();
+    let store = ["--store", url.as_str(), "--instances", "2"];
+    let (mut a, a_port) = common::start_proxy(&file, up, &store);
+    let (mut b, b_port) = common::start_proxy(&file, up, &store);
+    let call = |port: u16, user: &str| {
+        common::request(port, "GET", "/chat", &format!("x-user: {user}\r\n"), "").map(|(s, _)| s)
+    };
+    // Five of ann's calls through either proxy: one count.
+    for port in [a_port, b_port, a_port, b_port, a_port] {
+        assert_eq!(call(port, "ann"), Some(200));
+    }
+    assert_eq!(call(b_port, "ann"), Some(429));
+    assert_eq!(call(a_port, "ann"), Some(429));
+    // A proxy started again (no state file of its own is needed): Redis kept the count.
+    let _ = a.kill();
+    let _ = a.wait();
+    let (mut a, a_port) = common::start_proxy(&file, up, &store);
+    assert_eq!(call(a_port, "ann"), Some(429));
+    assert_eq!(call(a_port, "bob"), Some(200));
+    let _ = a.kill();
+    let _ = a.wait();
+    let _ = b.kill();
+    let _ = b.wait();
+}

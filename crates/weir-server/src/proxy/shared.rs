@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use weir_core::calendar::Period;
 use weir_core::Decision;
 use weir_redis::{CostHeld, RedisLimiter, RedisRule, RuleOptions};
-use weir_rules::shared::{Deciding, SharedHeld, SharedRule, SharedStore};
+use weir_rules::shared::{BudgetDeciding, Deciding, SharedHeld, SharedRule, SharedStore};
 
 /// Most rules kept (a reload that changes a rule's parameters makes a new one; past this the
 /// table starts afresh).
@@ -81,6 +82,35 @@ impl SharedStore for RedisShared {
         // Outside a runtime (never in the proxy) the settlement is lost: the estimate stays.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move { limiter.settle(&r, &key, held, actual).await });
+        }
+    }
+
+    fn take_budget<'a>(
+        &'a self,
+        rule: &'a str,
+        key: &'a str,
+        period: Period,
+        now: i64,
+        n: u64,
+        limit: u64,
+        hard: bool,
+    ) -> BudgetDeciding<'a> {
+        Box::pin(async move {
+            self.limiter
+                .budget_take(rule, key, period, now, n, limit, hard)
+                .await
+                .ok()
+                .map(|c| (c.admitted, c.used))
+        })
+    }
+
+    fn add_budget(&self, rule: &str, key: &str, period: Period, now: i64, delta: i64) {
+        let (limiter, rule, key) = (self.limiter.clone(), rule.to_string(), key.to_string());
+        // Outside a runtime (never in the proxy) the correction is lost.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = limiter.budget_add(&rule, &key, period, now, delta).await;
+            });
         }
     }
 }
