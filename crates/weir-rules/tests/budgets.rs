@@ -227,3 +227,16 @@ fn bad_budgets_are_refused_where_they_say_so() {
         "{e}"
     );
 }
+
+#[test]
+fn the_calendar_budget_example_of_the_docs_is_a_valid_rule_file() {
+    let doc = include_str!("../../../docs/cost.md");
+    let section = doc.split("## Calendar budgets").nth(1).unwrap();
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap();
+    let set = RuleSet::from_yaml(Path::new("docs/cost.md"), yaml).unwrap();
+    assert_eq!(set.resources[0].budgets.len(), 2);
+}

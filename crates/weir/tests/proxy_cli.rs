@@ -612,10 +612,14 @@ async fn calendar_budgets_refuse_until_the_day_ends_mark_soft_overruns_and_survi
   - name: soft
     budgets:
       - {{id: team-day, limit: 1, mode: soft, resets: {{every: day, at: '{hour:02}:00', tz: UTC}}}}
+  - name: cheap
+    budgets:
+      - {{id: cheap-day, limit: 1, resets: {{every: day, at: '{hour:02}:00', tz: UTC}}}}
 http:
   routes:
     - {{resource: api, prefix: /api, params: [{{header: x-user}}]}}
     - {{resource: soft, prefix: /soft}}
+    - {{resource: cheap, prefix: /cheap, fallback: {{status: 200, body: from the cheaper model}}}}
 "
         ),
     );
@@ -652,6 +656,13 @@ http:
     let (code, h, _) = get_url(p.port, "/soft", false, &[]).await;
     assert_eq!(code, 200);
     assert_eq!(h["weir-budget-exceeded"], "team-day");
+    // A budget's refusal gets the route's fallback.
+    assert_eq!(
+        get_url(p.port, "/cheap", false, &[]).await.2,
+        "host=127.0.0.1"
+    );
+    let (code, _, body) = get_url(p.port, "/cheap", false, &[]).await;
+    assert_eq!((code, body.as_str()), (200, "from the cheaper model"));
     let (_, _, metrics) = get_url(p.admin, "/metrics", false, &[]).await;
     for line in [
         "weir_rule_over_budget_total{rule=\"team-day\",kind=\"flow\",resource=\"soft\"} 1",
