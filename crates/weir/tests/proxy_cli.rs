@@ -659,7 +659,7 @@ http:
     // A budget's refusal gets the route's fallback.
     assert_eq!(
         get_url(p.port, "/cheap", false, &[]).await.2,
-        "host=127.0.0.1"
+        "xff=127.0.0.1"
     );
     let (code, _, body) = get_url(p.port, "/cheap", false, &[]).await;
     assert_eq!((code, body.as_str()), (200, "from the cheaper model"));
