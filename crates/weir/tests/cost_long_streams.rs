@@ -88,11 +88,25 @@ fn report(label: &str, served: &[llm::Served], start: Instant, bound: Option<(u6
     let used: u64 = s.iter().map(|r| r.tokens).sum();
     let share = used as f64 / budget;
     let stated: u64 = s.iter().map(|r| r.stated).sum();
+    // The heaviest 60 s of calls (by start): how far past a minute's budget it went.
+    let mut worst = 0u64;
+    let (mut from, mut in_span) = (0usize, 0u64);
+    for (i, r) in s.iter().enumerate() {
+        in_span += r.tokens;
+        while r.at.saturating_duration_since(s[from].at) >= Duration::from_secs(60) {
+            in_span -= s[from].tokens;
+            from += 1;
+        }
+        if i + 1 == s.len() || s[i + 1].at != r.at {
+            worst = worst.max(in_span);
+        }
+    }
     println!(
-        "{label}: {} calls, {used} tokens = {:.1} % of the budget ({budget:.0}); stated {:.1} × what was used",
+        "{label}: {} calls, {used} tokens = {:.1} % of the budget ({budget:.0}); stated {:.1} × what was used; heaviest 60 s {worst} tokens = {:.1} % of a minute's budget",
         s.len(),
         100.0 * share,
-        stated as f64 / used.max(1) as f64
+        stated as f64 / used.max(1) as f64,
+        100.0 * worst as f64 / BUDGET as f64
     );
     if let Some((burst, owed)) = bound {
         let mut so_far = 0;
