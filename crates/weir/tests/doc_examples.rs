@@ -11,7 +11,9 @@
 //! - `<!-- example: checked by FILE (what) -->`: a test of FILE runs the example.
 //! - `<!-- example: not run: REASON -->`.
 //!
-//! A block without a directive fails the test. The examples use fixed ports (8000, 8080, 8081,
+//! A block without a directive fails the test. A command the prose tells a reader to run
+//! (inline `weir …` or `curl …` with two options or more and no placeholder) must appear in a
+//! block that runs or is checked, on any page. The examples use fixed ports (8000, 8080, 8081,
 //! 9000, 10000): they run one after another in this one test.
 
 mod common;
@@ -266,4 +268,87 @@ fn every_shell_example_of_the_docs_runs_as_written() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     eprintln!("{ran} shell examples ran as written");
+}
+
+/// The commands a page's prose tells a reader to run: inline code (outside fenced blocks)
+/// starting `weir ` or `curl ` with two options or more and no placeholder (`FILE`, `…`,
+/// `[--opt]`), whitespace normalised, with their lines.
+fn inline_commands(text: &str) -> Vec<(usize, String)> {
+    let mut prose = String::with_capacity(text.len());
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            prose.push_str(line);
+        }
+        prose.push('\n');
+    }
+    let mut out = Vec::new();
+    let mut rest = prose.as_str();
+    let mut offset = 0;
+    while let Some(open) = rest.find('`') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('`') else { break };
+        let span = &after[..close];
+        let words: Vec<&str> = span.split_whitespace().collect();
+        let options = words.iter().filter(|w| w.starts_with('-')).count();
+        let placeholder = span.contains('…')
+            || span.contains("...")
+            || span.contains('[')
+            || span
+                .as_bytes()
+                .windows(2)
+                .any(|w| w[0].is_ascii_uppercase() && w[1].is_ascii_uppercase());
+        if matches!(words.first(), Some(&"weir" | &"curl")) && options >= 2 && !placeholder {
+            let line = prose[..offset + open].matches('\n').count() + 1;
+            out.push((line, words.join(" ")));
+        }
+        offset += open + 1 + close + 1;
+        rest = &after[close + 1..];
+    }
+    out
+}
+
+#[test]
+fn commands_in_the_prose_are_shown_in_examples_that_run() {
+    assert_eq!(
+        inline_commands(
+            "Run `weir proxy --rules llm.yaml --upstream http://127.0.0.1:8000` now;\n`weir serve`, `weir proxy --rules FILE --upstream URL`.\n```sh\nweir x --a --b\n```\n"
+        ),
+        [(
+            1,
+            "weir proxy --rules llm.yaml --upstream http://127.0.0.1:8000".to_string()
+        )]
+    );
+    // Every block the docs test runs or a test checks, on any page.
+    let mut running: Vec<String> = Vec::new();
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        running.extend(
+            blocks(&text)
+                .into_iter()
+                .filter(|(_, info, directive, _)| {
+                    info == "sh"
+                        && (directive.starts_with("<!-- example: run")
+                            || directive.starts_with("<!-- example: checked by"))
+                })
+                .map(|(_, _, _, body)| body.split_whitespace().collect::<Vec<_>>().join(" ")),
+        );
+    }
+    let mut missing = Vec::new();
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        for (line, command) in inline_commands(&text) {
+            if !running.iter().any(|b| b.contains(&command)) {
+                let page = page.strip_prefix(repo()).unwrap_or(&page).display().to_string();
+                missing.push(format!("{page}:{line}: `{command}`"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "commands the prose tells a reader to run, in no block that the docs test runs or a test checks:\n{}",
+        missing.join("\n")
+    );
 }
