@@ -93,6 +93,17 @@ pub struct Taken {
     pub period: Period,
 }
 
+/// Which count a shared store updates: a budget rule's, for one key, in one period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountOf<'a> {
+    /// The budget rule's id.
+    pub rule: &'a str,
+    /// The key ("" for all calls together).
+    pub key: &'a str,
+    /// The period.
+    pub period: Period,
+}
+
 /// A key's count, as kept across a restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Saved {

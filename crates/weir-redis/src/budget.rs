@@ -8,7 +8,7 @@
 //! (weir-rules: the rule's own count on this instance); a settlement that cannot reach Redis
 //! is lost (a refund not given back errs on the safe side).
 
-use weir_core::calendar::Period;
+use weir_core::budget::CountOf;
 
 use crate::{scripts, RedisLimiter, StoreError};
 
@@ -26,49 +26,41 @@ pub struct BudgetCount {
 }
 
 impl RedisLimiter {
-    /// Takes `n` units of budget `rule` for `key` in `period` (`now` Unix seconds, for the
-    /// count's lifetime): a hard budget refuses past `limit`.
+    /// Takes `n` units of the count `of` (`now` Unix seconds, for the count's lifetime): a
+    /// hard budget refuses past `limit`.
     pub async fn budget_take(
         &self,
-        rule: &str,
-        key: &str,
-        period: Period,
+        of: &CountOf<'_>,
         now: i64,
         n: u64,
         limit: u64,
         hard: bool,
     ) -> Result<BudgetCount, StoreError> {
         let units = i64::try_from(n).unwrap_or(i64::MAX);
-        self.budget_script("take", rule, key, period, now, units, limit, hard)
-            .await
+        let (op, hard) = ("take", if hard { "1" } else { "0" });
+        self.budget_script(of, now, [op, hard], units, limit).await
     }
 
-    /// Adds `delta` units (negative: gives back, never below 0) to `key`'s count of `rule` in
-    /// `period`.
+    /// Adds `delta` units (negative: gives back, never below 0) to the count `of`.
     pub async fn budget_add(
         &self,
-        rule: &str,
-        key: &str,
-        period: Period,
+        of: &CountOf<'_>,
         now: i64,
         delta: i64,
     ) -> Result<BudgetCount, StoreError> {
-        self.budget_script("add", rule, key, period, now, delta, 0, false)
-            .await
+        self.budget_script(of, now, ["add", "0"], delta, 0).await
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// One run of the script: `op` and `hard` as its first and fourth arguments.
     async fn budget_script(
         &self,
-        op: &str,
-        rule: &str,
-        key: &str,
-        period: Period,
+        of: &CountOf<'_>,
         now: i64,
+        [op, hard]: [&str; 2],
         units: i64,
         limit: u64,
-        hard: bool,
     ) -> Result<BudgetCount, StoreError> {
+        let period = of.period;
         let i = &self.inner;
         if !i.healthy.load(std::sync::atomic::Ordering::Acquire) {
             return Err(StoreError::NotConnected);
@@ -82,11 +74,11 @@ impl RedisLimiter {
             .saturating_add(KEEP_AFTER)
             .max(1);
         let mut inv = scripts::BUDGET.prepare_invoke();
-        inv.key(budget_key(rule, key, period.start))
+        inv.key(budget_key(of.rule, of.key, period.start))
             .arg(op)
             .arg(units)
             .arg(limit)
-            .arg(if hard { "1" } else { "0" })
+            .arg(hard)
             .arg(ttl);
         let timeout = i.config.timeout;
         let answer = tokio::time::timeout(timeout, backend.invoke(&inv))

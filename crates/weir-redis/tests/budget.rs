@@ -6,6 +6,7 @@ mod support;
 
 use std::time::Duration;
 
+use weir_core::budget::CountOf;
 use weir_core::calendar::Period;
 use weir_redis::{RedisConfig, RedisLimiter};
 
@@ -27,6 +28,10 @@ const DECEMBER: Period = Period {
 };
 const NOW: i64 = 1_795_000_000;
 
+fn of<'a>(rule: &'a str, key: &'a str, period: Period) -> CountOf<'a> {
+    CountOf { rule, key, period }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_share_one_count_taken_atomically() {
     let redis = support::Redis::start();
@@ -37,7 +42,7 @@ async fn instances_share_one_count_taken_atomically() {
     for i in 0..40 {
         let l = if i % 2 == 0 { a.clone() } else { b.clone() };
         tasks.push(tokio::spawn(async move {
-            l.budget_take("month", "ann", NOVEMBER, NOW, 1, 25, true)
+            l.budget_take(&of("month", "ann", NOVEMBER), NOW, 1, 25, true)
                 .await
                 .unwrap()
         }));
@@ -48,32 +53,32 @@ async fn instances_share_one_count_taken_atomically() {
     }
     assert_eq!(admitted, 25);
     let refused = b
-        .budget_take("month", "ann", NOVEMBER, NOW, 1, 25, true)
+        .budget_take(&of("month", "ann", NOVEMBER), NOW, 1, 25, true)
         .await
         .unwrap();
     assert_eq!((refused.admitted, refused.used), (false, 25));
     // A settlement gives 10 back for every instance; a correction never goes below 0.
-    a.budget_add("month", "ann", NOVEMBER, NOW, -10)
+    a.budget_add(&of("month", "ann", NOVEMBER), NOW, -10)
         .await
         .unwrap();
     let t = b
-        .budget_take("month", "ann", NOVEMBER, NOW, 10, 25, true)
+        .budget_take(&of("month", "ann", NOVEMBER), NOW, 10, 25, true)
         .await
         .unwrap();
     assert_eq!((t.admitted, t.used), (true, 25));
     let floor = a
-        .budget_add("month", "bob", NOVEMBER, NOW, -50)
+        .budget_add(&of("month", "bob", NOVEMBER), NOW, -50)
         .await
         .unwrap();
     assert_eq!(floor.used, 0);
     // December is a count of its own; a soft budget admits past its limit and counts.
     let dec = a
-        .budget_take("month", "ann", DECEMBER, DECEMBER.start, 25, 25, true)
+        .budget_take(&of("month", "ann", DECEMBER), DECEMBER.start, 25, 25, true)
         .await
         .unwrap();
     assert_eq!((dec.admitted, dec.used), (true, 25));
     let soft = a
-        .budget_take("soft", "ann", NOVEMBER, NOW, 30, 25, false)
+        .budget_take(&of("soft", "ann", NOVEMBER), NOW, 30, 25, false)
         .await
         .unwrap();
     assert_eq!((soft.admitted, soft.used), (true, 30));
@@ -90,7 +95,7 @@ async fn instances_share_one_count_taken_atomically() {
     drop(a);
     let c = RedisLimiter::connect(&redis.url(), config()).await.unwrap();
     let again = c
-        .budget_take("month", "ann", NOVEMBER, NOW, 1, 25, true)
+        .budget_take(&of("month", "ann", NOVEMBER), NOW, 1, 25, true)
         .await
         .unwrap();
     assert_eq!((again.admitted, again.used), (false, 25));
@@ -105,14 +110,14 @@ async fn budgets_count_on_a_redis_cluster() {
     for user in ["ann", "bob", "cat", "dan"] {
         for _ in 0..3 {
             assert!(
-                a.budget_take("day", user, NOVEMBER, NOW, 1, 3, true)
+                a.budget_take(&of("day", user, NOVEMBER), NOW, 1, 3, true)
                     .await
                     .unwrap()
                     .admitted
             );
         }
         let t = a
-            .budget_take("day", user, NOVEMBER, NOW, 1, 3, true)
+            .budget_take(&of("day", user, NOVEMBER), NOW, 1, 3, true)
             .await
             .unwrap();
         assert_eq!((t.admitted, t.used), (false, 3), "{user}");
@@ -133,7 +138,7 @@ async fn an_unreachable_redis_is_an_error_the_caller_counts_around() {
     .unwrap();
     redis.kill();
     assert!(a
-        .budget_take("month", "ann", NOVEMBER, NOW, 1, 25, true)
+        .budget_take(&of("month", "ann", NOVEMBER), NOW, 1, 25, true)
         .await
         .is_err());
 }

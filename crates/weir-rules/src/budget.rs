@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use weir_core::budget::{BudgetSpec, CalendarBudget, Held, Mode, Taken};
+use weir_core::budget::{BudgetSpec, CalendarBudget, CountOf, Held, Mode, Taken};
 use weir_core::calendar::Period;
 use weir_core::clock::WallClock;
 use weir_core::Decision;
@@ -134,9 +134,12 @@ impl BudgetInForce {
         let spec = self.state.budget.spec();
         let period = spec.calendar.period(secs).ok()?;
         let hard = spec.mode == Mode::Hard;
-        let answer = store
-            .take_budget(&self.config.id, key, period, secs, n, spec.limit, hard)
-            .await;
+        let of = CountOf {
+            rule: &self.config.id,
+            key,
+            period,
+        };
+        let answer = store.take_budget(of, secs, n, spec.limit, hard).await;
         let Some((admitted, used)) = answer else {
             return self.take(key, n).map(|t| (t, false));
         };
@@ -223,13 +226,18 @@ impl BudgetState {
             return;
         };
         let delta = i64::try_from(i128::from(actual) - i128::from(estimate)).unwrap_or(0);
+        let of = |period| CountOf {
+            rule: id,
+            key,
+            period,
+        };
         if secs < period.end {
             if delta != 0 {
-                store.add_budget(id, key, period, secs, delta);
+                store.add_budget(of(period), secs, delta);
             }
         } else if delta > 0 {
             if let Ok(current) = self.budget.spec().calendar.period(secs) {
-                store.add_budget(id, key, current, secs, delta);
+                store.add_budget(of(current), secs, delta);
             }
         }
     }

@@ -11,6 +11,7 @@ use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 
+use weir_core::budget::CountOf;
 use weir_core::rate::RateSpec;
 use weir_core::Decision;
 
@@ -59,34 +60,24 @@ pub trait SharedStore: Send + Sync + 'static {
     /// the caller waiting.
     fn settle(&self, rule: &SharedRule, key: &str, held: SharedHeld, actual: u64);
 
-    /// Takes `n` units of calendar budget `rule` (`budgets:` with `shared: true`) for `key` in
-    /// `period` (`now`: Unix seconds): a hard budget refuses past `limit`. By default the
-    /// store does not count budgets (`None`: counted locally).
-    #[allow(clippy::too_many_arguments)]
+    /// Takes `n` units of a calendar budget's count `of` (`budgets:` with `shared: true`;
+    /// `now`: Unix seconds): a hard budget refuses past `limit`. By default the store does
+    /// not count budgets (`None`: counted locally).
     fn take_budget<'a>(
         &'a self,
-        rule: &'a str,
-        key: &'a str,
-        period: weir_core::calendar::Period,
+        of: CountOf<'a>,
         now: i64,
         n: u64,
         limit: u64,
         hard: bool,
     ) -> BudgetDeciding<'a> {
-        let _ = (rule, key, period, now, n, limit, hard);
+        let _ = (of, now, n, limit, hard);
         Box::pin(async { None })
     }
 
-    /// Adds `delta` units (negative: gives back, never below 0) to `key`'s count of budget
-    /// `rule` in `period`, without the caller waiting.
-    fn add_budget(
-        &self,
-        rule: &str,
-        key: &str,
-        period: weir_core::calendar::Period,
-        now: i64,
-        delta: i64,
-    ) {
-        let _ = (rule, key, period, now, delta);
+    /// Adds `delta` units (negative: gives back, never below 0) to a calendar budget's count
+    /// `of`, without the caller waiting.
+    fn add_budget(&self, of: CountOf<'_>, now: i64, delta: i64) {
+        let _ = (of, now, delta);
     }
 }

@@ -7,6 +7,8 @@
 //!   per process and per address, graceful stop), `conn` (idle and header timeouts), `budget`
 //!   (request-body bounds). Nothing above it is known here.
 //! - [`reload`]: the configuration files' watcher, applying a changed file to its owner.
+//! - [`state_file`]: state kept beside a configuration file across restarts (JSON, written
+//!   atomically).
 //! - [`admin`]: the admin port's parts — `switches` (degradation switches and their API).
 //! - [`rls`]: Envoy's rate-limit service (RLS v3) on Lyft's configuration — `config` (the
 //!   file), `store` (the seam: where counters live, memory or Redis), `engine` (matching and
@@ -72,3 +74,4 @@ pub mod proxy;
 pub mod quota;
 pub mod reload;
 pub mod rls;
+pub mod state_file;

@@ -341,7 +341,11 @@ fn commands_in_the_prose_are_shown_in_examples_that_run() {
         let text = std::fs::read_to_string(&page).unwrap();
         for (line, command) in inline_commands(&text) {
             if !running.iter().any(|b| b.contains(&command)) {
-                let page = page.strip_prefix(repo()).unwrap_or(&page).display().to_string();
+                let page = page
+                    .strip_prefix(repo())
+                    .unwrap_or(&page)
+                    .display()
+                    .to_string();
                 missing.push(format!("{page}:{line}: `{command}`"));
             }
         }

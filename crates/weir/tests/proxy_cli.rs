@@ -585,6 +585,11 @@ fn check_config_reports_type_errors_and_broken_rules_in_one_run() {
     );
 }
 
+/// The status of a GET of `/api/a` as `user` (`x-user`).
+async fn as_user(port: u16, user: &str) -> u16 {
+    get_url(port, "/api/a", false, &[("x-user", user)]).await.0
+}
+
 /// A whole UTC hour about twelve hours away (a day from it never ends during the test), and
 /// the seconds from now until it.
 fn hour_far_from_now() -> (u64, u64) {
@@ -627,12 +632,7 @@ http:
     let upstream_url = format!("http://127.0.0.1:{up}");
     let mut p = Proxy::start(&file, &upstream_url, &[]);
     for _ in 0..3 {
-        assert_eq!(
-            get_url(p.port, "/api/a", false, &[("x-user", "ann")])
-                .await
-                .0,
-            200
-        );
+        assert_eq!(as_user(p.port, "ann").await, 200);
     }
     let (code, h, _) = get_url(p.port, "/api/a", false, &[("x-user", "ann")]).await;
     assert_eq!(code, 429);
@@ -644,12 +644,7 @@ http:
         .unwrap()
         .starts_with("\"per-user-day\";q=3;w="));
     // Another user has a budget of their own.
-    assert_eq!(
-        get_url(p.port, "/api/a", false, &[("x-user", "bob")])
-            .await
-            .0,
-        200
-    );
+    assert_eq!(as_user(p.port, "bob").await, 200);
     // A soft budget admits past its limit and says so.
     let (code, h, _) = get_url(p.port, "/soft", false, &[]).await;
     assert_eq!((code, h.get("weir-budget-exceeded")), (200, None));
@@ -694,46 +689,24 @@ http:
     );
     drop(p);
     let p = Proxy::start(&file, &upstream_url, &[]);
-    assert_eq!(
-        get_url(p.port, "/api/a", false, &[("x-user", "ann")])
-            .await
-            .0,
-        429
-    );
-    assert_eq!(
-        get_url(p.port, "/api/a", false, &[("x-user", "bob")])
-            .await
-            .0,
-        200
-    );
-    assert_eq!(
-        get_url(p.port, "/api/a", false, &[("x-user", "bob")])
-            .await
-            .0,
-        200
-    );
-    assert_eq!(
-        get_url(p.port, "/api/a", false, &[("x-user", "bob")])
-            .await
-            .0,
-        429
-    );
+    assert_eq!(as_user(p.port, "ann").await, 429);
+    assert_eq!(as_user(p.port, "bob").await, 200);
+    assert_eq!(as_user(p.port, "bob").await, 200);
+    assert_eq!(as_user(p.port, "bob").await, 429);
     // A state file that is not one is named at start, with exit 2.
     drop(p);
     std::fs::write(&state, "{not json").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args([
-            "proxy",
-            "--rules",
-            file.to_str().unwrap(),
-            "--upstream",
-            &upstream_url,
-        ])
-        .args(["--listen", &format!("127.0.0.1:{}", common::free_port())])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let listen = format!("127.0.0.1:{}", common::free_port());
+    let (code, _, err) = weir(&[
+        "proxy",
+        "--rules",
+        file.to_str().unwrap(),
+        "--upstream",
+        &upstream_url,
+        "--listen",
+        &listen,
+    ]);
+    assert_eq!(code, 2);
     assert!(err.contains("rules.yaml.budgets.json:1:"), "{err}");
 }
 

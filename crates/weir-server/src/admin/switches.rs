@@ -27,64 +27,21 @@ pub const MAX_STATE_BYTES: u64 = 1 << 20;
 
 /// Where the switch states of `rules` are kept: `FILE.switches.json` in its directory.
 pub fn state_path(rules: &Path) -> PathBuf {
-    let mut name = rules.file_name().unwrap_or_default().to_os_string();
-    name.push(".switches.json");
-    rules.with_file_name(name)
+    crate::state_file::beside(rules, ".switches.json")
 }
 
 /// The states saved in `path` (none when it does not exist); an unreadable or malformed file
 /// is an error naming it.
 pub fn load(path: &Path) -> Result<HashMap<String, bool>, String> {
-    use std::io::Read;
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashMap::new()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    let mut text = String::new();
-    file.take(MAX_STATE_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if text.len() as u64 > MAX_STATE_BYTES {
-        return Err(format!(
-            "{}: larger than {MAX_STATE_BYTES} bytes",
-            path.display()
-        ));
-    }
-    serde_json::from_str(&text).map_err(|e| {
-        // serde_json ends its message with the position, which the prefix already gives.
-        let reason = e.to_string();
-        let reason = reason
-            .rsplit_once(" at line ")
-            .map_or(reason.as_str(), |(r, _)| r);
-        format!(
-            "{}:{}:{}: expected {{\"SWITCH_ID\": true|false, …}}: {reason}",
-            path.display(),
-            e.line(),
-            e.column()
-        )
-    })
+    let saved =
+        crate::state_file::load(path, MAX_STATE_BYTES, "{\"SWITCH_ID\": true|false, …}", "")?;
+    Ok(saved.unwrap_or_default())
 }
 
 /// Writes `states` to `path` atomically: a temporary file beside it, synced, renamed over it.
 pub fn save(path: &Path, states: &HashMap<String, bool>) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut sorted: Vec<_> = states.iter().collect();
-    sorted.sort();
-    let map: serde_json::Map<String, serde_json::Value> = sorted
-        .into_iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::Bool(*v)))
-        .collect();
-    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(format!(".tmp.{}", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(serde_json::to_string_pretty(&map)?.as_bytes())?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)
+    let sorted: std::collections::BTreeMap<&String, &bool> = states.iter().collect();
+    crate::state_file::save(path, &sorted, true)
 }
 
 /// What the switch routes need.

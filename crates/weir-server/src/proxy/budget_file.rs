@@ -22,58 +22,24 @@ pub const MAX_STATE_BYTES: u64 = 64 << 20;
 
 /// Where the budgets' counts of `rules` are kept: `FILE.budgets.json` in its directory.
 pub fn state_path(rules: &Path) -> PathBuf {
-    let mut name = rules.file_name().unwrap_or_default().to_os_string();
-    name.push(".budgets.json");
-    rules.with_file_name(name)
+    crate::state_file::beside(rules, ".budgets.json")
 }
 
 /// The counts saved in `path` (none when it does not exist); an unreadable or malformed file
 /// is an error naming it, its line and column.
 pub fn load(path: &Path) -> Result<Vec<SavedCount>, String> {
-    use std::io::Read;
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    let mut text = String::new();
-    file.take(MAX_STATE_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if text.len() as u64 > MAX_STATE_BYTES {
-        return Err(format!(
-            "{}: larger than {} MiB",
-            path.display(),
-            MAX_STATE_BYTES >> 20
-        ));
-    }
-    serde_json::from_str(&text).map_err(|e| {
-        let reason = e.to_string();
-        let reason = reason
-            .rsplit_once(" at line ")
-            .map_or(reason.as_str(), |(r, _)| r);
-        format!(
-            "{}:{}:{}: expected [{{\"rule\", \"key\", \"period_start\", \"used\"}}, …]: {reason} (delete the file to start the budgets from 0)",
-            path.display(),
-            e.line(),
-            e.column()
-        )
-    })
+    let saved = crate::state_file::load(
+        path,
+        MAX_STATE_BYTES,
+        "[{\"rule\", \"key\", \"period_start\", \"used\"}, …]",
+        " (delete the file to start the budgets from 0)",
+    )?;
+    Ok(saved.unwrap_or_default())
 }
 
-/// Writes `counts` to `path` atomically: a temporary file beside it, synced, renamed over it.
+/// Writes `counts` to `path` atomically.
 pub fn save(path: &Path, counts: &[SavedCount]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(format!(".tmp.{}", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
-    {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        serde_json::to_writer(&mut f, counts)?;
-        f.write_all(b"\n")?;
-        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)
+    crate::state_file::save(path, counts, false)
 }
 
 /// Restores the counts saved beside the rule file into `rules`; answers how many were taken.

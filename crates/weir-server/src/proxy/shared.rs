@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use weir_core::calendar::Period;
+use weir_core::budget::CountOf;
 use weir_core::Decision;
 use weir_redis::{CostHeld, RedisLimiter, RedisRule, RuleOptions};
 use weir_rules::shared::{BudgetDeciding, Deciding, SharedHeld, SharedRule, SharedStore};
@@ -87,9 +87,7 @@ impl SharedStore for RedisShared {
 
     fn take_budget<'a>(
         &'a self,
-        rule: &'a str,
-        key: &'a str,
-        period: Period,
+        of: CountOf<'a>,
         now: i64,
         n: u64,
         limit: u64,
@@ -97,19 +95,29 @@ impl SharedStore for RedisShared {
     ) -> BudgetDeciding<'a> {
         Box::pin(async move {
             self.limiter
-                .budget_take(rule, key, period, now, n, limit, hard)
+                .budget_take(&of, now, n, limit, hard)
                 .await
                 .ok()
                 .map(|c| (c.admitted, c.used))
         })
     }
 
-    fn add_budget(&self, rule: &str, key: &str, period: Period, now: i64, delta: i64) {
-        let (limiter, rule, key) = (self.limiter.clone(), rule.to_string(), key.to_string());
+    fn add_budget(&self, of: CountOf<'_>, now: i64, delta: i64) {
+        let (limiter, rule, key) = (
+            self.limiter.clone(),
+            of.rule.to_string(),
+            of.key.to_string(),
+        );
+        let period = of.period;
         // Outside a runtime (never in the proxy) the correction is lost.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = limiter.budget_add(&rule, &key, period, now, delta).await;
+                let of = CountOf {
+                    rule: &rule,
+                    key: &key,
+                    period,
+                };
+                let _ = limiter.budget_add(&of, now, delta).await;
             });
         }
     }
