@@ -1,0 +1,219 @@
+//! The futures of [`super::RulesService`]: a call waiting for its shared rules' decision
+//! ([`Deciding`]), a paced call waiting for its turn ([`Paced`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body;
+use tower::Service;
+use weir_core::stats::Outcome;
+use weir_core::Clock;
+use weir_rules::engine::{Block, Guard};
+
+use crate::problem;
+
+use super::fallback::Fallback;
+use super::policy::{on_block, Policy};
+use super::response::{blocked_grpc_response, blocked_response, Admitted, GuardBody, Pending};
+
+/// The guard once its shared rules admitted the call, or the block with the guard.
+pub(super) type SharedDecision<C> = Result<Guard<C>, (Block, Guard<C>)>;
+
+/// A call waiting for its shared rules' decision.
+pub struct Deciding<S, Req, C: Clock + Clone> {
+    pub(super) decide: Pin<Box<dyn Future<Output = SharedDecision<C>> + Send>>,
+    pub(super) svc: S,
+    pub(super) req: Req,
+    /// What a refusal of the shared rules becomes: the route's fallback, the layer's pass-on.
+    pub(super) fallback: Option<Arc<Fallback>>,
+    pub(super) policy: Policy<C>,
+}
+
+/// A paced call waiting for its turn.
+pub struct Paced<S, Req, C: Clock> {
+    pub(super) sleep: Pin<Box<tokio::time::Sleep>>,
+    pub(super) svc: S,
+    pub(super) req: Req,
+    pub(super) guard: Guard<C>,
+}
+
+pin_project_lite::pin_project! {
+    /// The response of a [`RulesService`].
+    #[project = RulesProj]
+    pub enum RulesFuture<S, Req, C> where S: Service<Req>, C: Clock, C: Clone {
+        /// Admitted (or not classified): the inner call.
+        Pass {
+            #[pin]
+            inner: S::Future,
+            guard: Pending<C>,
+            head: bool,
+        },
+        /// Admitted by a paced rule: waiting for its turn.
+        Waiting {
+            paced: Option<Box<Paced<S, Req, C>>>,
+        },
+        /// Admitted by the local rules: waiting for the shared ones.
+        Deciding {
+            deciding: Option<Box<Deciding<S, Req, C>>>,
+        },
+        /// Blocked: answered without calling the service.
+        Blocked {
+            block: Option<Box<Block>>,
+            grpc: bool,
+            fallback: Option<Arc<Fallback>>,
+        },
+        /// A path refused by [`crate::path::normalize`]: answered 400.
+        Invalid {
+            detail: Option<&'static str>,
+        },
+    }
+}
+
+impl<S, ReqB, ResB, C> Future for RulesFuture<S, Request<ReqB>, C>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    C: Clock + Clone,
+    ResB: Body<Data = Bytes>,
+{
+    type Output = Result<Response<GuardBody<ResB, C>>, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match self.as_mut().project() {
+                RulesProj::Pass { inner, guard, head } => {
+                    let out = std::task::ready!(inner.poll(cx));
+                    let guard = guard.0.take();
+                    return Poll::Ready(match out {
+                        Ok(mut r) => {
+                            let held = guard.map(|g| Admitted::new(g, &mut r));
+                            Ok(GuardBody::wrap(r, held, *head))
+                        }
+                        Err(e) => {
+                            if let Some(g) = guard {
+                                g.complete(Outcome::Error);
+                            }
+                            Err(e)
+                        }
+                    });
+                }
+                RulesProj::Waiting { paced } => {
+                    let Some(p) = paced else {
+                        // Polled after completion: nothing sensible left to do.
+                        return Poll::Pending;
+                    };
+                    std::task::ready!(p.sleep.as_mut().poll(cx));
+                    let Some(p) = paced.take() else {
+                        return Poll::Pending;
+                    };
+                    let Paced {
+                        mut svc,
+                        req,
+                        guard,
+                        ..
+                    } = *p;
+                    let head = req.method() == Method::HEAD;
+                    let inner = svc.call(req);
+                    self.set(RulesFuture::Pass {
+                        inner,
+                        guard: Pending(Some(guard)),
+                        head,
+                    });
+                }
+                RulesProj::Deciding { deciding } => {
+                    let Some(d) = deciding else {
+                        return Poll::Pending;
+                    };
+                    let decided = std::task::ready!(d.decide.as_mut().poll(cx));
+                    let Some(d) = deciding.take() else {
+                        return Poll::Pending;
+                    };
+                    let Deciding {
+                        mut svc,
+                        req,
+                        fallback,
+                        policy,
+                        ..
+                    } = *d;
+                    match decided {
+                        Ok(guard) if guard.wait().is_zero() => {
+                            let head = req.method() == Method::HEAD;
+                            let inner = svc.call(req);
+                            self.set(RulesFuture::Pass {
+                                inner,
+                                guard: Pending(Some(guard)),
+                                head,
+                            });
+                        }
+                        Ok(guard) => self.set(RulesFuture::Waiting {
+                            paced: Some(Box::new(Paced {
+                                sleep: Box::pin(tokio::time::sleep(guard.wait())),
+                                svc,
+                                req,
+                                guard,
+                            })),
+                        }),
+                        // Refused by a shared rule: the route's fallback as for any block.
+                        Err((block, guard)) => match on_block(&policy, fallback, req, block) {
+                            Ok((req, passed)) => {
+                                if passed {
+                                    guard.count_fallback();
+                                }
+                                drop(guard);
+                                let head = req.method() == Method::HEAD;
+                                let inner = svc.call(req);
+                                self.set(RulesFuture::Pass {
+                                    inner,
+                                    guard: Pending(None),
+                                    head,
+                                });
+                            }
+                            Err(answer) => self.set(RulesFuture::Blocked {
+                                block: Some(Box::new(answer.block)),
+                                grpc: answer.grpc,
+                                fallback: answer.fallback,
+                            }),
+                        },
+                    }
+                }
+                RulesProj::Blocked {
+                    block,
+                    grpc,
+                    fallback,
+                } => {
+                    let Some(block) = block.take() else {
+                        return Poll::Pending;
+                    };
+                    if let Some(f) = fallback {
+                        return Poll::Ready(Ok(f.respond(&block).map(GuardBody::refused)));
+                    }
+                    let r: Response<String> = if *grpc {
+                        blocked_grpc_response(&block)
+                    } else {
+                        blocked_response(&block)
+                    };
+                    return Poll::Ready(Ok(r.map(GuardBody::refused)));
+                }
+                RulesProj::Invalid { detail } => {
+                    let Some(detail) = detail.take() else {
+                        return Poll::Pending;
+                    };
+                    let r: Response<String> = problem::problem(StatusCode::BAD_REQUEST, detail);
+                    return Poll::Ready(Ok(r.map(GuardBody::refused)));
+                }
+            }
+        }
+    }
+}
+
+/// The guard once its shared rules decided, or the block (with the guard, which gave back
+/// what the call held).
+pub(super) async fn decide_shared<C: Clock + Clone>(mut guard: Guard<C>) -> SharedDecision<C> {
+    match guard.decide_shared().await {
+        Ok(()) => Ok(guard),
+        Err(block) => Err((block, guard)),
+    }
+}
