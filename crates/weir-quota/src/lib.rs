@@ -25,7 +25,7 @@
 //! - [`ha`]: failover — one leader among several servers, its fencing token and snapshot.
 //! - [`rlqs`]: Envoy's Rate Limit Quota Service on the lease server (buckets → resources,
 //!   shares sent as token buckets).
-//! - [`proto`]: the gRPC lease API's messages (`proto/weir/quota/v1/quota.proto`).
+//! - [`proto`]: the gRPC lease API's messages (`proto/weir/quota/v1/quota.proto` in this crate).
 //! - [`net`]: the lease client over the network (HTTP/JSON), refreshing every resource of a
 //!   process in one call, and [`net::ParentLink`], a server's leases from its parent.
 //! - [`upstream`]: a lease server's own leases from its parent (a tree of lease servers):

@@ -1,4 +1,4 @@
-//! The gRPC lease API's messages (`proto/weir/quota/v1/quota.proto`), written by hand with
+//! The gRPC lease API's messages (`proto/weir/quota/v1/quota.proto` in this crate), written by hand with
 //! prost's derive so that building needs no `protoc`. A test compiles the `.proto` file (with
 //! the pure-Rust `protox`) and checks every message here against it, field by field, by
 //! encoding one and decoding it through the file's descriptors.

@@ -10,7 +10,7 @@ use prost_reflect::{DescriptorPool, DynamicMessage, Value};
 use weir_quota::proto::*;
 
 fn pool() -> DescriptorPool {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto");
     let files =
         protox::compile(["weir/quota/v1/quota.proto"], [root]).expect("the .proto compiles");
     DescriptorPool::from_file_descriptor_set(files).unwrap()

@@ -190,7 +190,7 @@ fn the_kubernetes_proxy_sidecar_manifest_runs_as_written() {
 #[test]
 fn the_systemd_unit_and_the_dockerfile_command_lines_run() {
     let dir = temp("unit");
-    let example = repo("crates/weir/config/example.yaml");
+    let example = repo("crates/weir-server/config/example.yaml");
     check_config(&example);
     // The unit's ExecStart, the binary and paths replaced.
     let unit = std::fs::read_to_string(repo("deploy/systemd/weir-serve.service")).unwrap();
@@ -212,7 +212,7 @@ fn the_systemd_unit_and_the_dockerfile_command_lines_run() {
     drop(run_until_healthy(&args, http));
     // The Dockerfile: what it copies exists, and its entry point with its CMD runs.
     let docker = std::fs::read_to_string(repo("deploy/docker/Dockerfile")).unwrap();
-    assert!(docker.contains("COPY crates/weir/config/example.yaml /etc/weir/ratelimit.yaml"));
+    assert!(docker.contains("COPY crates/weir-server/config/example.yaml /etc/weir/ratelimit.yaml"));
     let json = |prefix: &str| -> Vec<String> {
         let line = docker.lines().find_map(|l| l.strip_prefix(prefix)).unwrap();
         serde_json::from_str(line.trim()).unwrap()

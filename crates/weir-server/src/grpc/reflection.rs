@@ -1,8 +1,11 @@
 //! gRPC server reflection (v1 and v1alpha) on `weir serve`'s gRPC port, so that grpcurl and
 //! similar tools list and call its services with no `.proto` files: Envoy's RLS
 //! (`envoy.service.ratelimit.v3.RateLimitService`), RLQS and Weir's quota lease API. The
-//! descriptors are compiled at build time (`build.rs`) from the protos the envoy-types crate
-//! ships and from `proto/`. Reflection describes the API only; it reads no state.
+//! descriptors (`descriptors.bin`, an encoded `FileDescriptorSet`) are compiled from the protos
+//! the envoy-types crate ships and from weir-quota's `proto/` by the test
+//! `tests/descriptors.rs`, which fails when they differ from what those files compile to (and
+//! rewrites them with `WEIR_WRITE_DESCRIPTORS=1`): no build script, nothing read from outside
+//! the package when building. Reflection describes the API only; it reads no state.
 
 use std::convert::Infallible;
 use std::sync::OnceLock;
@@ -12,7 +15,7 @@ use hyper::{Request, Response};
 use tower::util::BoxCloneSyncService;
 
 /// The encoded `FileDescriptorSet` of every service served on the gRPC port.
-pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
+pub const DESCRIPTORS: &[u8] = include_bytes!("descriptors.bin");
 
 /// Path prefixes of the reflection services.
 const V1: &str = "/grpc.reflection.v1.ServerReflection/";

@@ -1,4 +1,4 @@
-//! The cluster-quota lease API over gRPC (`proto/weir/quota/v1/quota.proto`), on `weir
+//! The cluster-quota lease API over gRPC (`crates/weir-quota/proto/weir/quota/v1/quota.proto`), on `weir
 //! serve`'s gRPC port beside the rate-limit service: unary `Refresh` and `Release`, framed by
 //! hand like `ShouldRateLimit` ([`crate::rls::grpc`]). The fields (a lease client's `needs`, a
 //! server below's `holds`, `term` and `parts`) and answers are those of the HTTP/JSON API

@@ -33,7 +33,7 @@ use crate::net::budget::{BodyError, Budget, ConnectionBudget};
 use crate::reload::Reloads;
 
 /// The bundled example configuration (served without `--config`).
-pub const EXAMPLE: &str = include_str!("../../../weir/config/example.yaml");
+pub const EXAMPLE: &str = include_str!("../../config/example.yaml");
 
 /// Shared state of the service.
 pub struct Service {
