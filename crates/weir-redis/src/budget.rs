@@ -10,7 +10,9 @@
 
 use weir_core::budget::CountOf;
 
-use crate::{scripts, RedisLimiter, StoreError};
+use crate::error::StoreError;
+use crate::limiter::RedisLimiter;
+use crate::scripts;
 
 /// Seconds a count is kept after its period ends (a call held in a period may settle later).
 pub const KEEP_AFTER: i64 = 86_400;

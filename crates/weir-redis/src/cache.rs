@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use weir_core::{Decision, Nanos};
 
+use crate::rule::RedisRule;
 use crate::sharded::Sharded;
-use crate::RedisRule;
 
 struct Entry {
     until: Nanos,

@@ -12,7 +12,11 @@
 use weir_core::cost::Held;
 use weir_core::Decision;
 
-use crate::{scripts, Fallback, RedisLimiter, RedisRule, StoreError};
+use crate::config::Fallback;
+use crate::error::StoreError;
+use crate::limiter::RedisLimiter;
+use crate::rule::RedisRule;
+use crate::scripts;
 
 /// A cost held for one key of a [`RedisRule`]: settle it with [`RedisLimiter::settle`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

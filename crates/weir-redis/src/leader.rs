@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::error::StoreError;
+use crate::scripts;
 use crate::store::{Backend, Target};
-use crate::{scripts, StoreError};
 
 /// Largest snapshot stored (a larger one is not written; the next leader learns instead).
 pub const MAX_SNAPSHOT: usize = 16 << 20;

@@ -13,8 +13,8 @@
 
 use weir_core::{Decision, Nanos};
 
+use crate::rule::RedisRule;
 use crate::sharded::Sharded;
-use crate::RedisRule;
 
 struct Held {
     /// A batch is being taken from Redis for this key by one request; others ask for one unit.

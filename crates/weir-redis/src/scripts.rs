@@ -8,6 +8,9 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+/// Seconds from the Unix epoch to the project epoch (2026-01-01T00:00:00Z) used by the scripts.
+pub const EPOCH_UNIX_SECS: u64 = 1_767_225_600;
+
 macro_rules! script {
     ($name:ident, $file:literal) => {
         #[doc = concat!("`src/lua/", $file, "` after the prelude.")]

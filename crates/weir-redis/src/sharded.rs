@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::RedisRule;
+use crate::rule::RedisRule;
 
 const SHARDS: usize = 16;
 

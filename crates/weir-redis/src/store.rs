@@ -6,7 +6,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 
-use crate::StoreError;
+use crate::error::StoreError;
 
 /// Where the limits live, parsed from a URL: `redis://HOST:PORT[/DB]` or
 /// `redis+cluster://H1:P1,H2:P2,…`.
