@@ -5,7 +5,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use weir_core::Criticality;
-use weir_quota::{allocate, Algorithm, Demand};
+use weir_quota::{allocate, Demand, Division};
 
 fn demands(n: usize, bands: bool) -> Vec<Demand> {
     // A fixed, irregular spread of demands and weights (no RNG dependency).
@@ -29,7 +29,7 @@ fn bench(c: &mut Criterion) {
         let total: f64 = d.iter().map(|x| x.wants).sum();
         let mut out = Vec::with_capacity(d.len());
         g.bench_function(name, |b| {
-            b.iter(|| allocate(total * 0.6, Algorithm::FairShare, &d, &mut out).unwrap())
+            b.iter(|| allocate(total * 0.6, Division::FairShare, &d, &mut out).unwrap())
         });
     }
     // org 60 % of demand ⊃ 10 teams (each capped at an eighth of the org) ⊃ 100 users (each

@@ -4,16 +4,16 @@
 //! served from the whole capacity, CRITICAL from what they leave, then SHEDDABLE_PLUS, then
 //! SHEDDABLE. Within a band:
 //!
-//! - [`Algorithm::FairShare`]: exact weighted max-min fairness. No client gets more than it
+//! - [`Division::FairShare`]: exact weighted max-min fairness. No client gets more than it
 //!   wants; a client can only get more by taking from one whose share per unit of weight is
 //!   smaller or equal. Computed by water-filling: clients sorted by `wants / weight`; each in
 //!   turn either fits entirely under the current water level or the level is what is left
 //!   divided by the weight left. O(n log n). The seed example — capacity 10, demands 2, 2.6,
 //!   4, 5 — gives 2, 2.6, 2.7, 2.7.
-//! - [`Algorithm::ProportionalShare`]: the band's capacity divided in proportion to
+//! - [`Division::ProportionalShare`]: the band's capacity divided in proportion to
 //!   `wants × weight`, never more than a client wants (what a capped client does not take is
 //!   not redistributed: simple and predictable, but not work-conserving).
-//! - [`Algorithm::Static`]: each client at most `capacity / clients` (all bands together),
+//! - [`Division::Static`]: each client at most `capacity / clients` (all bands together),
 //!   whatever the others want (no borrowing).
 //!
 //! Shares are `f64` units per second: capacities are rates, and a lease client enforces its
@@ -23,7 +23,7 @@ use weir_core::Criticality;
 
 /// How capacity is divided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Algorithm {
+pub enum Division {
     /// `min(wants, capacity / clients)`.
     Static,
     /// Proportional to `wants × weight`, capped at `wants`.
@@ -33,25 +33,25 @@ pub enum Algorithm {
     FairShare,
 }
 
-impl Algorithm {
+impl Division {
     /// The configuration and command-line name.
     pub fn as_str(self) -> &'static str {
         match self {
-            Algorithm::Static => "static",
-            Algorithm::ProportionalShare => "proportional_share",
-            Algorithm::FairShare => "fair_share",
+            Division::Static => "static",
+            Division::ProportionalShare => "proportional_share",
+            Division::FairShare => "fair_share",
         }
     }
 }
 
-impl std::str::FromStr for Algorithm {
+impl std::str::FromStr for Division {
     type Err = QuotaError;
 
     fn from_str(s: &str) -> Result<Self, QuotaError> {
         Ok(match s {
-            "static" => Algorithm::Static,
-            "proportional_share" => Algorithm::ProportionalShare,
-            "fair_share" => Algorithm::FairShare,
+            "static" => Division::Static,
+            "proportional_share" => Division::ProportionalShare,
+            "fair_share" => Division::FairShare,
             _ => return Err(QuotaError::UnknownAlgorithm(s.to_string())),
         })
     }
@@ -128,7 +128,7 @@ pub fn needs_first(capacity: f64, needs: &[f64], wants: &[f64]) -> Vec<f64> {
     let clean = |v: f64| if v.is_finite() && v >= 0.0 { v } else { 0.0 };
     let d: Vec<Demand> = needs.iter().map(|&n| Demand::new(clean(n))).collect();
     let mut shares = Vec::new();
-    let _ = allocate(clean(capacity), Algorithm::FairShare, &d, &mut shares);
+    let _ = allocate(clean(capacity), Division::FairShare, &d, &mut shares);
     let left = clean(capacity) - shares.iter().sum::<f64>();
     if left > 1e-9 {
         let rest: Vec<Demand> = wants
@@ -137,7 +137,7 @@ pub fn needs_first(capacity: f64, needs: &[f64], wants: &[f64]) -> Vec<f64> {
             .map(|(&w, s)| Demand::new((clean(w) - s).max(0.0)))
             .collect();
         let mut extra = Vec::new();
-        let _ = allocate(left, Algorithm::FairShare, &rest, &mut extra);
+        let _ = allocate(left, Division::FairShare, &rest, &mut extra);
         for (s, e) in shares.iter_mut().zip(extra) {
             *s += e;
         }
@@ -149,7 +149,7 @@ pub fn needs_first(capacity: f64, needs: &[f64], wants: &[f64]) -> Vec<f64> {
 /// `shares` is cleared and refilled (reuse it to allocate without allocating).
 pub fn allocate(
     capacity: f64,
-    algorithm: Algorithm,
+    algorithm: Division,
     demands: &[Demand],
     shares: &mut Vec<f64>,
 ) -> Result<(), QuotaError> {
@@ -172,7 +172,7 @@ pub fn allocate(
     }
     shares.clear();
     shares.resize(demands.len(), 0.0);
-    if algorithm == Algorithm::Static {
+    if algorithm == Division::Static {
         let each = capacity / demands.len().max(1) as f64;
         for (s, d) in shares.iter_mut().zip(demands) {
             *s = d.wants.min(each);
@@ -191,9 +191,9 @@ pub fn allocate(
     let mut left = capacity;
     for band in order.chunk_by(|&a, &b| demands[a].priority == demands[b].priority) {
         let used = match algorithm {
-            Algorithm::FairShare => water_fill(left, band, demands, shares),
-            Algorithm::ProportionalShare => proportional(left, band, demands, shares),
-            Algorithm::Static => 0.0,
+            Division::FairShare => water_fill(left, band, demands, shares),
+            Division::ProportionalShare => proportional(left, band, demands, shares),
+            Division::Static => 0.0,
         };
         left = (left - used).max(0.0);
     }
@@ -256,7 +256,7 @@ mod tests {
     fn fair(capacity: f64, wants: &[f64]) -> Vec<f64> {
         let demands: Vec<Demand> = wants.iter().map(|&w| Demand::new(w)).collect();
         let mut out = Vec::new();
-        allocate(capacity, Algorithm::FairShare, &demands, &mut out).unwrap();
+        allocate(capacity, Division::FairShare, &demands, &mut out).unwrap();
         out
     }
 
@@ -300,12 +300,12 @@ mod tests {
             d(10.0, 3.0, Criticality::Critical),
         ];
         let mut out = Vec::new();
-        allocate(10.0, Algorithm::FairShare, &demands, &mut out).unwrap();
+        allocate(10.0, Division::FairShare, &demands, &mut out).unwrap();
         // CRITICAL_PLUS first (6), then CRITICAL splits 4 by weight 1:3, SHEDDABLE gets 0.
         assert!(close(&out, &[0.0, 6.0, 1.0, 3.0]), "{out:?}");
-        allocate(10.0, Algorithm::Static, &demands, &mut out).unwrap();
+        allocate(10.0, Division::Static, &demands, &mut out).unwrap();
         assert!(close(&out, &[2.5, 2.5, 2.5, 2.5]), "{out:?}");
-        allocate(20.0, Algorithm::ProportionalShare, &demands, &mut out).unwrap();
+        allocate(20.0, Division::ProportionalShare, &demands, &mut out).unwrap();
         // 14 left for CRITICAL: 3.5 and 10.5 capped at 10 by proportion to 10×1 and 10×3;
         // SHEDDABLE gets the 0.5 left.
         assert!(close(&out, &[0.5, 6.0, 3.5, 10.0]), "{out:?}");
@@ -314,19 +314,19 @@ mod tests {
     #[test]
     fn bad_input_is_an_error() {
         let mut out = Vec::new();
-        let e = allocate(-1.0, Algorithm::FairShare, &[], &mut out).unwrap_err();
+        let e = allocate(-1.0, Division::FairShare, &[], &mut out).unwrap_err();
         assert_eq!(e, QuotaError::Capacity(-1.0));
         let mut d = Demand::new(1.0);
         d.weight = 0.0;
         assert!(matches!(
-            allocate(1.0, Algorithm::FairShare, &[d], &mut out),
+            allocate(1.0, Division::FairShare, &[d], &mut out),
             Err(QuotaError::Weight { client: 0, .. })
         ));
         let d = Demand::new(f64::NAN);
         assert!(matches!(
-            allocate(1.0, Algorithm::FairShare, &[d], &mut out),
+            allocate(1.0, Division::FairShare, &[d], &mut out),
             Err(QuotaError::Wants { client: 0, .. })
         ));
-        assert!("fair".parse::<Algorithm>().is_err());
+        assert!("fair".parse::<Division>().is_err());
     }
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use weir_rules::yaml::{self, LocatedErrors};
 
-use crate::allocate::Algorithm;
+use crate::allocate::Division;
 use crate::clients::{parse_digest, ClientRule};
 use crate::lease::ResourceConfig;
 
@@ -560,7 +560,7 @@ impl QuotaConfig {
                 Err(e) => problems.push((at("capacity"), e)),
             }
             if let Some(a) = &r.algorithm {
-                match a.parse::<Algorithm>() {
+                match a.parse::<Division>() {
                     Ok(a) => c.algorithm = a,
                     Err(e) => problems.push((at("algorithm"), e.to_string())),
                 }
@@ -718,7 +718,7 @@ mod tests {
         let t = c.resource("tenant-acme").unwrap();
         assert_eq!(
             (t.capacity, t.algorithm, t.safe_capacity),
-            (100.0, Algorithm::Static, Some(5.0))
+            (100.0, Division::Static, Some(5.0))
         );
         assert_eq!(c.resource("other"), None);
         assert_eq!(c.resource("tenant-"), Some(t));

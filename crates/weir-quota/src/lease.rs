@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use weir_core::{Criticality, Nanos};
 
-use crate::allocate::{allocate, Algorithm, Demand, QuotaError};
+use crate::allocate::{allocate, Demand, Division, QuotaError};
 
 /// A resource's parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,7 +52,7 @@ pub struct ResourceConfig {
     /// Units per second shared by all clients.
     pub capacity: f64,
     /// How the capacity is divided.
-    pub algorithm: Algorithm,
+    pub algorithm: Division,
     /// How long a grant is valid without a refresh.
     pub lease: Duration,
     /// How often clients should refresh.
@@ -66,7 +66,7 @@ impl Default for ResourceConfig {
     fn default() -> Self {
         Self {
             capacity: 0.0,
-            algorithm: Algorithm::FairShare,
+            algorithm: Division::FairShare,
             lease: Duration::from_secs(30),
             refresh: Duration::from_secs(5),
             safe_capacity: None,

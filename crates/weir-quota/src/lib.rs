@@ -51,6 +51,6 @@ pub mod sim;
 pub mod sim_tree;
 pub mod upstream;
 
-pub use allocate::{allocate, Algorithm, Demand, QuotaError};
+pub use allocate::{allocate, Demand, Division, QuotaError};
 pub use client::{ClientConfig, ResourceClient, Source};
 pub use lease::{Ask, Holder, Lease, LeaseTable, ResourceConfig};

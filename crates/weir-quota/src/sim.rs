@@ -389,13 +389,13 @@ fn summarise(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocate::Algorithm;
+    use crate::allocate::Division;
 
     fn settings() -> Settings {
         Settings {
             resource: ResourceConfig {
                 capacity: 1000.0,
-                algorithm: Algorithm::FairShare,
+                algorithm: Division::FairShare,
                 ..ResourceConfig::default()
             },
             client: ClientConfig::default(),

@@ -7,7 +7,7 @@
 
 use proptest::prelude::*;
 use weir_core::{Criticality, Nanos};
-use weir_quota::{allocate, Algorithm, Ask, Demand, LeaseTable, ResourceConfig};
+use weir_quota::{allocate, Ask, Demand, Division, LeaseTable, ResourceConfig};
 
 const S: Nanos = 1_000_000_000;
 /// Honest clients c0..c5; the adversary may use any of c0..c7.
@@ -236,7 +236,7 @@ fn steady_demands_converge_to_the_exact_fair_shares_within_two_rounds() {
     let wants = [100.0, 260.0, 400.0, 500.0, 50.0, 900.0];
     let demands: Vec<Demand> = wants.iter().map(|&w| Demand::new(w)).collect();
     let mut fair = Vec::new();
-    allocate(1000.0, Algorithm::FairShare, &demands, &mut fair).unwrap();
+    allocate(1000.0, Division::FairShare, &demands, &mut fair).unwrap();
     let mut t = LeaseTable::resume(config, Vec::new());
     let mut now: Nanos = S;
     let mut granted = vec![0.0; wants.len()];

@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use weir_core::Criticality;
-use weir_quota::{allocate, Algorithm, Demand};
+use weir_quota::{allocate, Demand, Division};
 
 /// The oracle: a different, simple computation of the same definition.
 fn oracle(capacity: f64, demands: &[Demand]) -> Vec<f64> {
@@ -73,7 +73,7 @@ prop_compose! {
 
 fn check(capacity: f64, d: &[Demand]) {
     let mut got = Vec::new();
-    allocate(capacity, Algorithm::FairShare, d, &mut got).unwrap();
+    allocate(capacity, Division::FairShare, d, &mut got).unwrap();
     let want = oracle(capacity, d);
     let tolerance = 1e-6 * capacity.max(1.0);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -127,7 +127,7 @@ proptest! {
     fn proportional_and_static_stay_within_capacity_and_wants(d in demands(300), fraction in 0.0f64..2.0) {
         let wanted: f64 = d.iter().map(|x| x.wants).sum();
         let capacity = wanted * fraction;
-        for algorithm in [Algorithm::ProportionalShare, Algorithm::Static] {
+        for algorithm in [Division::ProportionalShare, Division::Static] {
             let mut got = Vec::new();
             allocate(capacity, algorithm, &d, &mut got).unwrap();
             let total: f64 = got.iter().sum();

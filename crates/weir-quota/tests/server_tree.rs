@@ -337,7 +337,7 @@ proptest! {
         w.run(12 * S, false)?;
         let mut fair = Vec::new();
         let d: Vec<weir_quota::Demand> = demands.iter().map(|&x| weir_quota::Demand::new(x)).collect();
-        weir_quota::allocate(f64::from(capacity), weir_quota::Algorithm::FairShare, &d, &mut fair).unwrap();
+        weir_quota::allocate(f64::from(capacity), weir_quota::Division::FairShare, &d, &mut fair).unwrap();
         let got = w.grants(12 * S);
         for (g, f) in got.iter().zip(&fair) {
             prop_assert!((g - f).abs() <= 0.01 * f64::from(capacity), "{got:?} vs {fair:?}");

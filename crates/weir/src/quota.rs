@@ -17,7 +17,7 @@ use std::io::BufRead;
 
 use weir_core::Criticality;
 use weir_quota::hierarchy::{Node, Tree};
-use weir_quota::{allocate, Algorithm, Demand};
+use weir_quota::{allocate, Demand, Division};
 
 /// A line the allocator cannot use, or an unreadable input.
 #[derive(Debug, thiserror::Error)]
@@ -210,7 +210,7 @@ pub fn decimal(x: f64) -> String {
 /// total; an error names the line (`source`) or the allocator's complaint.
 pub fn answer(
     capacity: f64,
-    algorithm: Algorithm,
+    algorithm: Division,
     input: &Demands,
     source: &str,
 ) -> Result<(String, f64), InputError> {
@@ -220,7 +220,7 @@ pub fn answer(
         message,
     };
     let shares = if input.nested {
-        if algorithm != Algorithm::FairShare {
+        if algorithm != Division::FairShare {
             return Err(fail(
                 0,
                 "nested quotas are divided by fair_share (nested weighted max-min)".into(),
@@ -530,7 +530,7 @@ mod tests {
     #[test]
     fn the_seed_example_prints_2_2_6_2_7_2_7() {
         let input = read_demands("client,wants\na,2\nb,2.6\nc,4\nd,5\n".as_bytes(), "t").unwrap();
-        let (out, total) = answer(10.0, Algorithm::FairShare, &input, "t").unwrap();
+        let (out, total) = answer(10.0, Division::FairShare, &input, "t").unwrap();
         assert_eq!(out, "client,share\na,2\nb,2.6\nc,2.7\nd,2.7\n");
         assert!((total - 10.0).abs() < 1e-9);
     }
@@ -585,7 +585,7 @@ mod tests {
     fn weights_priorities_comments_and_decimals() {
         let text = "# demands\nclient,wants,weight,priority\nx,10,1,SHEDDABLE\n\ny,10,3\nz,6,,critical_plus\n";
         let input = read_demands(text.as_bytes(), "t").unwrap();
-        let (out, _) = answer(10.0, Algorithm::FairShare, &input, "t").unwrap();
+        let (out, _) = answer(10.0, Division::FairShare, &input, "t").unwrap();
         assert_eq!(out, "client,share\nx,0\ny,4\nz,6\n");
         assert_eq!(decimal(1.0 / 3.0), "0.333333333");
         assert_eq!(decimal(5.4 / 2.0 + f64::EPSILON), "2.7");

@@ -90,7 +90,7 @@ fn fair(clients: &[usize], capacity: f64) -> Vec<f64> {
         .map(|&i| weir_quota::Demand::new(demand(i)))
         .collect();
     let mut out = Vec::new();
-    weir_quota::allocate(capacity, weir_quota::Algorithm::FairShare, &d, &mut out).unwrap();
+    weir_quota::allocate(capacity, weir_quota::Division::FairShare, &d, &mut out).unwrap();
     out
 }
 

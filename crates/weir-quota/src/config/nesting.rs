@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use super::{Level, RawResource, MAX_LEVELS};
-use crate::allocate::Algorithm;
+use crate::allocate::Division;
 use crate::lease::ResourceConfig;
 
 /// The families of a file.
@@ -172,7 +172,7 @@ fn check(
             }
         }
     }
-    if r.algorithm.is_some() && parsed[i].algorithm != Algorithm::FairShare {
+    if r.algorithm.is_some() && parsed[i].algorithm != Division::FairShare {
         problems.push((
             at("algorithm"),
             "nested resources are divided by fair_share (nested weighted max-min)".into(),

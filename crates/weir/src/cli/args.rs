@@ -50,7 +50,7 @@ pub(crate) struct AllocateArgs {
     pub(crate) capacity: f64,
     /// fair_share (exact weighted max-min), proportional_share or static.
     #[arg(long, value_name = "ALG", default_value = "fair_share")]
-    pub(crate) algorithm: weir_quota::Algorithm,
+    pub(crate) algorithm: weir_quota::Division,
     /// The demands (CSV); `-` or absent: standard input.
     #[arg(long, value_name = "FILE|-")]
     pub(crate) input: Option<PathBuf>,
@@ -356,7 +356,7 @@ pub(crate) struct QuotaSimArgs {
     pub(crate) capacity: f64,
     /// fair_share, proportional_share or static.
     #[arg(long, value_name = "ALG", default_value = "fair_share")]
-    pub(crate) algorithm: weir_quota::Algorithm,
+    pub(crate) algorithm: weir_quota::Division,
     /// Clients of the built-in scenario (ignored with --scenario).
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub(crate) clients: usize,
