@@ -9,6 +9,9 @@
 //!   decision of the pair, i.e. 1 / aggregate throughput);
 //! - `denied_1t`: one limiter, denied path.
 
+// criterion_group! defines an undocumented function.
+#![allow(missing_docs)]
+
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;

@@ -10,6 +10,9 @@
 //! - `adaptive`: acquire + release of one call through AIMD / Gradient2 / Vegas behind
 //!   `Windowed` and through BBR.
 
+// criterion_group! defines an undocumented function.
+#![allow(missing_docs)]
+
 use std::hint::black_box;
 use std::sync::Arc;
 

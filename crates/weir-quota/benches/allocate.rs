@@ -3,6 +3,9 @@
 //! clients each); and a lease client's local decision next to weir-core's plain GCRA (goal
 //! ≤ 1.2 ×). `cargo bench -p weir-quota --bench allocate`.
 
+// criterion_group! defines an undocumented function.
+#![allow(missing_docs)]
+
 use criterion::{criterion_group, criterion_main, Criterion};
 use weir_core::Criticality;
 use weir_quota::{allocate, Demand, Division};

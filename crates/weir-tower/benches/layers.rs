@@ -13,6 +13,9 @@
 //! - `tower_governor`: `GovernorLayer` with its global key extractor (governor's GCRA);
 //! - `tower_resilience`: `tower-resilience-ratelimiter`'s fixed-window layer.
 
+// criterion_group! defines an undocumented function.
+#![allow(missing_docs)]
+
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};

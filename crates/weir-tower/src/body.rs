@@ -40,6 +40,9 @@ impl<C: Clock + Clone> Held for Guard<C> {
 
 pin_project_lite::pin_project! {
     /// A response body holding `H` until it ends or is dropped, or a refusal's problem body.
+    // pin-project-lite takes no documentation on variant fields: the states are what
+    // the variants' own documentation says.
+    #[allow(missing_docs)]
     #[project = HeldProj]
     pub enum HeldBody<B, H> {
         /// The inner service's body.

@@ -75,6 +75,9 @@ where
 
 pin_project_lite::pin_project! {
     /// The response of a [`Concurrency`] service.
+    // pin-project-lite takes no documentation on variant fields: the states are what
+    // the variants' own documentation says.
+    #[allow(missing_docs)]
     #[project = ConcProj]
     pub enum ConcurrencyFuture<F> {
         /// Admitted: the inner call; the permit moves into the body.

@@ -457,6 +457,9 @@ type BodyRead<R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send>>;
 pin_project_lite::pin_project! {
     /// The future of [`ReadJson`]: the inner call at once (no body to read: no allocation),
     /// or after reading the body.
+    // pin-project-lite takes no documentation on variant fields: the states are what
+    // the variants' own documentation says.
+    #[allow(missing_docs)]
     #[project = ReadJsonProj]
     pub enum ReadJsonFuture<F, R, E> {
         /// Not read: the inner call.
@@ -480,6 +483,9 @@ impl<F: Future<Output = Result<R, E>>, R, E> Future for ReadJsonFuture<F, R, E> 
 pin_project_lite::pin_project! {
     /// A request body handed on by [`ReadJson`]: untouched, or the bytes it read followed by
     /// the rest.
+    // pin-project-lite takes no documentation on variant fields: the states are what
+    // the variants' own documentation says.
+    #[allow(missing_docs)]
     #[project = ReplayProj]
     pub enum ReplayBody<B: Body> {
         /// Not read.

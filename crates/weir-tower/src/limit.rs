@@ -175,6 +175,9 @@ pub struct Headers {
 
 pin_project_lite::pin_project! {
     /// The response of a [`RateLimit`] service.
+    // pin-project-lite takes no documentation on variant fields: the states are what
+    // the variants' own documentation says.
+    #[allow(missing_docs)]
     #[project = LimitProj]
     pub enum LimitFuture<F> {
         /// Admitted (or not limited): the inner call, then the headers.

@@ -82,6 +82,9 @@ where
 
 pin_project_lite::pin_project! {
     /// The response of a [`BbrService`].
+    // pin-project-lite takes no documentation on variant fields: the states are what
+    // the variants' own documentation says.
+    #[allow(missing_docs)]
     #[project = Projected]
     pub enum ResponseFuture<F> {
         /// Admitted: the inner call, completing the permit when it answers.

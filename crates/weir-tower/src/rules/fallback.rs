@@ -126,6 +126,9 @@ where
 
 pin_project_lite::pin_project! {
     /// The future of [`OnBlocked`]: the main service's or the fallback's.
+    // pin-project-lite takes no documentation on variant fields: the states are what
+    // the variants' own documentation says.
+    #[allow(missing_docs)]
     #[project = OnBlockedProj]
     pub enum OnBlockedFuture<A, B> {
         /// Admitted.

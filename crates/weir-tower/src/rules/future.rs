@@ -43,6 +43,9 @@ pub struct Paced<S, Req, C: Clock> {
 
 pin_project_lite::pin_project! {
     /// The response of a [`RulesService`].
+    // pin-project-lite takes no documentation on variant fields: the states are what
+    // the variants' own documentation says.
+    #[allow(missing_docs)]
     #[project = RulesProj]
     pub enum RulesFuture<S, Req, C> where S: Service<Req>, C: Clock, C: Clone {
         /// Admitted (or not classified): the inner call.
