@@ -121,6 +121,7 @@ pub struct CalendarBudget {
     spec: BudgetSpec,
     keys: Mutex<HashMap<Box<str>, Spend, foldhash::fast::RandomState>>,
     evicted: AtomicU64,
+    changes: AtomicU64,
 }
 
 const NANOS: i128 = 1_000_000_000;
@@ -140,6 +141,7 @@ impl CalendarBudget {
             spec,
             keys: Mutex::new(HashMap::default()),
             evicted: AtomicU64::new(0),
+            changes: AtomicU64::new(0),
         }
     }
 
@@ -166,44 +168,87 @@ impl CalendarBudget {
     /// Takes `n` units for `key` at `now` (Unix nanoseconds).
     pub fn take(&self, key: &str, n: u64, now: i128) -> Result<Taken, OutOfRange> {
         let period = self.period_at(now)?;
-        let limit = self.spec.limit;
-        let reset = until(period.end, now);
         let mut keys = self.keys.lock();
         let used = keys
             .get(key)
             .filter(|s| s.period == period)
             .map_or(0, |s| s.used);
         let after = used.saturating_add(n);
-        if self.spec.mode == Mode::Hard && after > limit {
-            let left = limit.saturating_sub(used);
-            let decision = if n > limit {
-                Decision::never(limit, left, reset)
-            } else {
-                Decision::deny(limit, left, reset, reset)
-            };
-            return Ok(Taken {
-                decision,
+        if self.spec.mode == Mode::Hard && after > self.spec.limit {
+            return Ok(self.answer(None, used, n, period, now));
+        }
+        let spend = self.entry(&mut keys, key, period, now);
+        spend.used = after;
+        let crossed = self.crossed(spend);
+        self.changes.fetch_add(1, Ordering::Relaxed);
+        Ok(self.answer(Some(crossed), after, n, period, now))
+    }
+
+    /// What a count kept elsewhere (a store every instance shares) decided for a take of `n`
+    /// units in `period`: admitted with the count `used` after it, or refused with the count
+    /// `used` before it. A threshold is reported by the take that moved the count across it,
+    /// so once over all instances.
+    pub fn shared_take(
+        &self,
+        admitted: bool,
+        used: u64,
+        n: u64,
+        period: Period,
+        now: i128,
+    ) -> Taken {
+        let crossed = admitted.then(|| {
+            let before = self.level(used.saturating_sub(n));
+            let after = self.level(used);
+            (after > before)
+                .then(|| self.spec.warn_permille.get(usize::from(after) - 1).copied())
+                .flatten()
+        });
+        self.answer(crossed, used, n, period, now)
+    }
+
+    /// The answer to a take of `n` in `period`: admitted (`Some(threshold crossed)`) with the
+    /// count `used` after it, or refused (`None`) with the count before it.
+    fn answer(
+        &self,
+        admitted: Option<Option<u32>>,
+        used: u64,
+        n: u64,
+        period: Period,
+        now: i128,
+    ) -> Taken {
+        let limit = self.spec.limit;
+        let reset = until(period.end, now);
+        let left = limit.saturating_sub(used);
+        match admitted {
+            Some(crossed) => Taken {
+                decision: Decision::allow(limit, left, reset, 0),
+                over: used > limit,
+                crossed,
+                held: Some(Held {
+                    period_start: period.start,
+                    estimate: n,
+                }),
+                used,
+                period,
+            },
+            None => Taken {
+                decision: if n > limit {
+                    Decision::never(limit, left, reset)
+                } else {
+                    Decision::deny(limit, left, reset, reset)
+                },
                 over: false,
                 crossed: None,
                 held: None,
                 used,
                 period,
-            });
+            },
         }
-        let spend = self.entry(&mut keys, key, period, now);
-        spend.used = after;
-        let crossed = self.crossed(spend);
-        Ok(Taken {
-            decision: Decision::allow(limit, limit.saturating_sub(after), reset, 0),
-            over: after > limit,
-            crossed,
-            held: Some(Held {
-                period_start: period.start,
-                estimate: n,
-            }),
-            used: after,
-            period,
-        })
+    }
+
+    /// Takes, settlements and restores so far: what changed since a count was last saved.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
     }
 
     /// Corrects `held` to `actual` at `now`: in the period it was held in, the count becomes
@@ -212,6 +257,7 @@ impl CalendarBudget {
     pub fn settle(&self, key: &str, held: Held, actual: u64, now: i128) -> Option<u32> {
         let period = self.period_at(now).ok()?;
         let mut keys = self.keys.lock();
+        self.changes.fetch_add(1, Ordering::Relaxed);
         if held.period_start == period.start {
             let spend = self.entry(&mut keys, key, period, now);
             spend.used = spend
@@ -277,10 +323,12 @@ impl CalendarBudget {
             spend.warned = self.level(spend.used);
             taken += 1;
         }
+        self.changes.fetch_add(1, Ordering::Relaxed);
         taken
     }
 
-    fn period_at(&self, now: i128) -> Result<Period, OutOfRange> {
+    /// The period of `now` (Unix nanoseconds).
+    pub fn period_at(&self, now: i128) -> Result<Period, OutOfRange> {
         let secs = i64::try_from(now.div_euclid(NANOS)).map_err(|_| OutOfRange(i64::MAX))?;
         self.spec.calendar.period(secs)
     }
@@ -413,6 +461,31 @@ mod tests {
         let h = b.take("bob", 50, t).unwrap().held.unwrap();
         assert_eq!(b.settle("bob", h, 0, t), None);
         assert_eq!(b.used("bob", t).unwrap().0, 900);
+    }
+
+    #[test]
+    fn a_shared_count_is_answered_as_a_local_one() {
+        let b = budget(1_000, Mode::Hard, 10);
+        let t = at("2026-11-30T23:00:00Z");
+        let p = b.period_at(t).unwrap();
+        // Another instance's takes moved the count from 700 to 850: 80 % crossed by this one.
+        let a = b.shared_take(true, 850, 150, p, t);
+        assert!(a.decision.allowed());
+        assert_eq!(
+            (a.crossed, a.decision.remaining(), a.held.unwrap().estimate),
+            (Some(800), 150, 150)
+        );
+        assert_eq!(a.decision.reset_after().as_secs(), 3_600);
+        assert_eq!(b.shared_take(true, 900, 50, p, t).crossed, None);
+        let r = b.shared_take(false, 950, 100, p, t);
+        assert_eq!(
+            (r.decision.allowed(), r.decision.remaining(), r.held),
+            (false, 50, None)
+        );
+        assert!(b.shared_take(false, 0, 1_001, p, t).decision.is_never());
+        let changes = b.changes();
+        b.take("ann", 1, t).unwrap();
+        assert_eq!(b.changes(), changes + 1);
     }
 
     #[test]

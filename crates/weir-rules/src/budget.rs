@@ -12,10 +12,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use weir_core::budget::{BudgetSpec, CalendarBudget, CountOf, Held, Mode, Taken};
+use weir_core::budget::{BudgetSpec, CalendarBudget, CountOf, Mode, Taken};
 use weir_core::calendar::Period;
 use weir_core::clock::WallClock;
-use weir_core::Decision;
 
 use crate::config::{BudgetMode, BudgetRule};
 use crate::metrics::RuleStats;
@@ -111,13 +110,7 @@ impl BudgetInForce {
     pub(crate) fn take(&self, key: &str, n: u64) -> Option<Taken> {
         let now = self.state.wall.unix_nanos();
         let taken = self.state.budget.take(key, n, now).ok()?;
-        let stats = &self.state.stats;
-        if taken.over {
-            stats.over.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(t) = taken.crossed {
-            self.warn(key, t, taken.used);
-        }
+        self.record(key, &taken);
         Some(taken)
     }
 
@@ -130,9 +123,10 @@ impl BudgetInForce {
         n: u64,
     ) -> Option<(Taken, bool)> {
         let now = self.state.wall.unix_nanos();
+        let budget = &self.state.budget;
+        let period = budget.period_at(now).ok()?;
         let secs = i64::try_from(now.div_euclid(1_000_000_000)).ok()?;
-        let spec = self.state.budget.spec();
-        let period = spec.calendar.period(secs).ok()?;
+        let spec = budget.spec();
         let hard = spec.mode == Mode::Hard;
         let of = CountOf {
             rule: &self.config.id,
@@ -143,49 +137,19 @@ impl BudgetInForce {
         let Some((admitted, used)) = answer else {
             return self.take(key, n).map(|t| (t, false));
         };
-        let limit = spec.limit;
-        let reset = u64::try_from((i128::from(period.end) * 1_000_000_000 - now).max(0))
-            .unwrap_or(u64::MAX);
-        let left = limit.saturating_sub(used);
-        let decision = match (admitted, n > limit) {
-            (true, _) => Decision::allow(limit, left, reset, 0),
-            (false, true) => Decision::never(limit, left, reset),
-            (false, false) => Decision::deny(limit, left, reset, reset),
-        };
-        let over = admitted && used > limit;
-        // The call that moved the shared count across a threshold reports it: once in all.
-        let crossed = admitted
-            .then(|| {
-                let before = used.saturating_sub(n);
-                spec.warn_permille.iter().rev().copied().find(|t| {
-                    let at = u128::from(*t) * u128::from(limit);
-                    u128::from(before) * 1000 < at && u128::from(used) * 1000 >= at
-                })
-            })
-            .flatten();
-        if over {
-            self.state.stats.over.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(t) = crossed {
-            self.warn(key, t, used);
-        }
-        let taken = Taken {
-            decision,
-            over,
-            crossed,
-            held: admitted.then_some(Held {
-                period_start: period.start,
-                estimate: n,
-            }),
-            used,
-            period,
-        };
+        let taken = budget.shared_take(admitted, used, n, period, now);
+        self.record(key, &taken);
         Some((taken, true))
     }
 
-    /// Logs and counts that `key` reached `permille` of the limit.
-    fn warn(&self, key: &str, permille: u32, used: u64) {
-        warned(&self.state, &self.id, key, permille, used);
+    /// Counts a call admitted past a soft limit, and logs and counts a threshold reached.
+    fn record(&self, key: &str, taken: &Taken) {
+        if taken.over {
+            self.state.stats.over.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(t) = taken.crossed {
+            warned(&self.state, &self.id, key, t, taken.used);
+        }
     }
 
     /// How long its current period lasts, for `RateLimit-Policy` (`w=`).

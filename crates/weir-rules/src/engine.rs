@@ -1566,6 +1566,19 @@ impl<C: Clock + Clone> Rules<C> {
         Ok(())
     }
 
+    /// How many times the calendar budgets' counts changed (takes, settlements, restores),
+    /// with the rule set's generation: while both stay, the counts have not changed.
+    pub fn budget_changes(&self) -> (u64, u64) {
+        let c = self.current.load();
+        let changes = c
+            .resources
+            .values()
+            .flat_map(|r| r.budgets.iter())
+            .map(|b| b.state.budget.changes())
+            .fold(0u64, u64::wrapping_add);
+        (changes, self.generation())
+    }
+
     /// Every calendar budget's counts of the current periods, to keep across a restart.
     pub fn budget_counts(&self) -> Vec<SavedCount> {
         let c = self.current.load();

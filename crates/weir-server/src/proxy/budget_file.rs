@@ -55,31 +55,25 @@ where
     })
 }
 
-/// The rules' counts, in a stable order.
-fn counts<C: weir_core::Clock + Clone>(rules: &Rules<C>) -> Vec<SavedCount> {
-    let mut c = rules.budget_counts();
-    c.sort_unstable_by(|a, b| (&a.rule, &a.key).cmp(&(&b.rule, &b.key)));
-    c
-}
-
 /// Writes the counts of `rules` to `path` whenever they changed, every [`SAVE_EVERY`], until
-/// `stop` says so; then once more.
+/// `stop` says so; then once more. Nothing is collected while they stay the same
+/// ([`Rules::budget_changes`]).
 pub async fn keep<C>(rules: Arc<Rules<C>>, path: PathBuf, mut stop: crate::net::accept::Shutdown)
 where
     C: weir_core::Clock + Clone + 'static,
 {
-    let mut last: Vec<SavedCount> = Vec::new();
+    let mut saved = rules.budget_changes();
     loop {
         let stopping = tokio::select! {
             () = tokio::time::sleep(SAVE_EVERY) => false,
             () = stop.stopping() => true,
         };
-        let now = counts(&rules);
-        if now != last {
-            let (p, c) = (path.clone(), now.clone());
-            let written = tokio::task::spawn_blocking(move || save(&p, &c)).await;
+        let now = rules.budget_changes();
+        if now != saved {
+            let (p, counts) = (path.clone(), rules.budget_counts());
+            let written = tokio::task::spawn_blocking(move || save(&p, &counts)).await;
             match written {
-                Ok(Ok(())) => last = now,
+                Ok(Ok(())) => saved = now,
                 Ok(Err(e)) => {
                     tracing::warn!(file = %path.display(), "budget counts not saved: {e}")
                 }
@@ -111,6 +105,20 @@ mod tests {
         }];
         save(&path, &counts).unwrap();
         assert_eq!(load(&path).unwrap(), counts);
+        // A file of 100 000 users' counts (the default `max_values` of one rule) is read back
+        // whole, well within the size bound.
+        let many: Vec<SavedCount> = (0..100_000)
+            .map(|i| SavedCount {
+                rule: "tokens-per-user-month".into(),
+                key: format!("user-{i:08}"),
+                period_start: 1_796_083_200,
+                used: 999_999,
+            })
+            .collect();
+        save(&path, &many).unwrap();
+        let size = std::fs::metadata(&path).unwrap().len();
+        assert!(size < MAX_STATE_BYTES / 4, "{size} bytes");
+        assert_eq!(load(&path).unwrap(), many);
         std::fs::write(&path, "[{\"rule\": 1}]").unwrap();
         let e = load(&path).unwrap_err();
         assert!(e.contains("rules.yaml.budgets.json:1:"), "{e}");
