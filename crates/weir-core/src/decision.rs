@@ -22,16 +22,13 @@ const NEVER: Nanos = u64::MAX;
 ///   request must wait before proceeding; zero otherwise.
 ///
 /// Denied requests consume nothing. Times are kept as nanoseconds and `remaining` may be kept as
-/// a quotient still to divide (`remaining_raw / remaining_unit`), so building a decision on the
-/// hot path costs a few stores; the accessors do the conversions when asked.
+/// a quotient still to divide ([`Remaining`]), so building a decision on the hot path costs a
+/// few stores; the accessors do the conversions when asked.
 #[derive(Debug, Clone, Copy)]
 pub struct Decision {
     allowed: bool,
     limit: u64,
-    remaining: u64,
-    /// `remaining()` = `remaining / remaining_unit` (1 for counters; the emission interval for
-    /// GCRA-style algorithms, whose remaining is a time span divided by it).
-    remaining_unit: u64,
+    remaining: Remaining,
     retry_after: Nanos,
     reset_after: Nanos,
     wait: Nanos,
@@ -44,8 +41,7 @@ impl Decision {
         Self {
             allowed: true,
             limit,
-            remaining,
-            remaining_unit: 1,
+            remaining: Remaining::units(remaining),
             retry_after: 0,
             reset_after,
             wait,
@@ -58,8 +54,7 @@ impl Decision {
         Self {
             allowed: false,
             limit,
-            remaining,
-            remaining_unit: 1,
+            remaining: Remaining::units(remaining),
             retry_after: retry_after.min(NEVER - 1),
             reset_after,
             wait: 0,
@@ -72,8 +67,7 @@ impl Decision {
         Self {
             allowed: false,
             limit,
-            remaining,
-            remaining_unit: 1,
+            remaining: Remaining::units(remaining),
             retry_after: NEVER,
             reset_after,
             wait: 0,
@@ -84,8 +78,10 @@ impl Decision {
     /// takes `unit` nanoseconds (so remaining = ⌊span / unit⌋, divided only when read).
     #[inline]
     pub fn with_remaining_span(mut self, span: Nanos, unit: Nanos) -> Self {
-        self.remaining = span;
-        self.remaining_unit = unit.max(1);
+        self.remaining = Remaining {
+            span,
+            unit: unit.max(1),
+        };
         self
     }
 
@@ -104,11 +100,14 @@ impl Decision {
     /// Units that could still be admitted at once after this decision.
     #[inline]
     pub fn remaining(&self) -> u64 {
-        if self.remaining_unit == 1 {
-            self.remaining
-        } else {
-            self.remaining / self.remaining_unit
-        }
+        self.remaining.get()
+    }
+
+    /// [`Decision::remaining`] not yet divided: for a caller that keeps it and may never read it
+    /// (a block reason, read only when a response announces it).
+    #[inline]
+    pub fn remaining_lazy(&self) -> Remaining {
+        self.remaining
     }
 
     /// `Some(ZERO)` when allowed; the earliest retry time when denied; `None` = never.
@@ -133,6 +132,54 @@ impl Decision {
     #[inline]
     pub fn is_never(&self) -> bool {
         self.retry_after == NEVER
+    }
+}
+
+/// Units that could still be admitted at once, as a decision holds it: a time span and the time
+/// one unit takes (GCRA-style algorithms), divided only when read — an integer division costs
+/// tens of cycles, more than building the whole decision. Compared and shown by its value.
+#[derive(Clone, Copy)]
+pub struct Remaining {
+    span: u64,
+    /// 1 for counters.
+    unit: u64,
+}
+
+impl Remaining {
+    /// `n` units.
+    #[inline]
+    pub const fn units(n: u64) -> Self {
+        Self { span: n, unit: 1 }
+    }
+
+    /// The units (⌊span / unit⌋).
+    #[inline]
+    pub fn get(self) -> u64 {
+        if self.unit == 1 {
+            self.span
+        } else {
+            self.span / self.unit
+        }
+    }
+}
+
+impl From<u64> for Remaining {
+    fn from(n: u64) -> Self {
+        Self::units(n)
+    }
+}
+
+impl PartialEq for Remaining {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for Remaining {}
+
+impl std::fmt::Debug for Remaining {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
     }
 }
 

@@ -80,7 +80,7 @@ pub use coarse_clock::{AnyClock, ClockKind, CoarseClock};
 pub use concurrency::{ConcurrencyConfig, ConcurrencyLimiter, Permit, QueueOrder};
 pub use cost::{CostReservation, Settle};
 pub use criticality::Criticality;
-pub use decision::Decision;
+pub use decision::{Decision, Remaining};
 pub use error::ConfigError;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;

@@ -22,7 +22,7 @@ use weir_core::learned::Quantiles;
 use weir_core::stats::Outcome;
 use weir_core::{
     Clock, ConcurrencyConfig, ConcurrencyLimiter, ConfigError, Criticality, Decision,
-    MonotonicClock, Nanos, Permit, QueueOrder,
+    MonotonicClock, Nanos, Permit, QueueOrder, Remaining,
 };
 
 use crate::config::{
@@ -87,8 +87,8 @@ pub struct Block {
     pub rate: Option<(u64, Duration)>,
     /// What the rule had left for the call's key, for rate rules (`RateLimit`'s `r=`). With
     /// no `retry_after`, the call asked for more than the rule can ever hold (a cost estimate
-    /// above its burst): no wait lets it pass.
-    pub remaining: Option<u64>,
+    /// above its burst): no wait lets it pass. Divided only when read ([`Remaining::get`]).
+    pub remaining: Option<Remaining>,
 }
 
 /// Who a flow rule counts.
@@ -283,6 +283,8 @@ struct Extra<C: Clock> {
     over_budget: Option<Arc<str>>,
     /// Calendar budgets with `shared: true` left to [`Guard::decide_shared`].
     budget_asks: Vec<BudgetAsk>,
+    /// The resource's learned costs once a `cost:` rule read them (see [`Guard::learned`]).
+    learned: Option<Option<Quantiles>>,
 }
 
 /// A `shared: true` calendar budget's take left to the caller.
@@ -627,7 +629,7 @@ impl<C: Clock + Clone> Guard<C> {
                 kind,
                 retry_after: d.retry_after(),
                 rate: Some((d.limit(), ask.window)),
-                remaining: Some(d.remaining()),
+                remaining: Some(d.remaining_lazy()),
             });
             if let Err(block) = decided {
                 let now = self.resource.as_ref().map_or(0, |r| r.clock.now());
@@ -697,7 +699,7 @@ impl<C: Clock + Clone> Guard<C> {
             kind: RuleKind::Flow,
             retry_after: d.retry_after(),
             rate: Some((b.config.limit, window)),
-            remaining: Some(d.remaining()),
+            remaining: Some(d.remaining_lazy()),
         })?;
         if t.over {
             let extra = self.extra_mut();
@@ -755,8 +757,22 @@ impl<C: Clock> Guard<C> {
                 asks: Vec::new(),
                 over_budget: None,
                 budget_asks: Vec::new(),
+                learned: None,
             })
         })
+    }
+
+    /// What `res`'s calls cost lately, for `estimate: learned`: read when a `cost:` rule of the
+    /// call first asks, then kept, so every rule holds the same. A rule without `cost:` never
+    /// asks: its pass path reads nothing.
+    fn learned(&mut self, res: &Resource<C>) -> Option<Quantiles> {
+        if !res.learns {
+            return None;
+        }
+        *self
+            .extra_mut()
+            .learned
+            .get_or_insert_with(|| res.stats.learned())
     }
 
     /// How long the caller must wait before proceeding (paced rules); zero otherwise.
@@ -1157,6 +1173,7 @@ impl<C: Clock + Clone> Rules<C> {
         self.entry_in(&resolved.compiled, resolved.resource.clone(), resource, ctx)
     }
 
+    #[inline(always)]
     fn entry_in(
         &self,
         compiled: &Compiled<C>,
@@ -1259,7 +1276,6 @@ impl<C: Clock + Clone> Rules<C> {
         res: &Resource<C>,
         ctx: &Context<'_>,
         now: Nanos,
-        learned: Option<Quantiles>,
         guard: &mut Guard<C>,
     ) -> Result<(), Block> {
         for (config, h, id, shared) in &res.hot {
@@ -1274,6 +1290,7 @@ impl<C: Clock + Clone> Rules<C> {
             let n = match &config.cost {
                 None => 1,
                 Some(c) => {
+                    let learned = guard.learned(res);
                     c.estimate_of(ctx.cost, config.burst.unwrap_or(config.threshold), learned)
                 }
             };
@@ -1312,7 +1329,7 @@ impl<C: Clock + Clone> Rules<C> {
                 kind: RuleKind::HotParam,
                 retry_after: d.retry_after(),
                 rate: Some((d.limit(), config.window.unwrap_or(ONE_SECOND))),
-                remaining: Some(d.remaining()),
+                remaining: Some(d.remaining_lazy()),
             })?;
             if let (Some(rule), true) = (&config.cost, d.allowed()) {
                 let budget = Budget::after(id, &d, config.window.unwrap_or(ONE_SECOND));
@@ -1338,10 +1355,10 @@ impl<C: Clock + Clone> Rules<C> {
     #[inline(never)]
     fn ask_shared_flow(
         &self,
+        res: &Resource<C>,
         f: &Flow<C>,
         key: Option<&str>,
         ctx: &Context<'_>,
-        learned: Option<Quantiles>,
         guard: &mut Guard<C>,
     ) -> bool {
         let (Some(rule), Some(store)) = (&f.shared, self.shared.store.load_full()) else {
@@ -1349,7 +1366,7 @@ impl<C: Clock + Clone> Rules<C> {
         };
         let n = match &f.config.cost {
             None => 1,
-            Some(c) => c.estimate_of(ctx.cost, f.cost_cap(), learned),
+            Some(c) => c.estimate_of(ctx.cost, f.cost_cap(), guard.learned(res)),
         };
         guard.ask_shared(SharedAsk {
             store,
@@ -1408,13 +1425,9 @@ impl<C: Clock + Clone> Rules<C> {
         now: Nanos,
         guard: &mut Guard<C>,
     ) -> Result<(), Block> {
-        // What the resource's calls cost lately, read once: every rule holds the same.
-        let learned = if res.learns {
-            res.stats.learned()
-        } else {
-            None
-        };
-        self.check_hot(res, ctx, now, learned, guard)?;
+        if !res.hot.is_empty() {
+            self.check_hot(res, ctx, now, guard)?;
+        }
         // Borrowed unless the origin is too long to store as is.
         let origin_key = self.shared.keys.bounded(ctx.origin);
         for f in &res.flows {
@@ -1449,7 +1462,7 @@ impl<C: Clock + Clone> Rules<C> {
                 // the rule's own limiter at its safe capacity — never unlimited.
                 let n = match &f.config.cost {
                     None => 1,
-                    Some(cost) => cost.estimate_of(ctx.cost, f.cost_cap(), learned),
+                    Some(cost) => cost.estimate_of(ctx.cost, f.cost_cap(), guard.learned(res)),
                 };
                 let handle = self.shared.cluster.load();
                 let leased = handle
@@ -1458,7 +1471,10 @@ impl<C: Clock + Clone> Rules<C> {
                 let d = leased.or_else(|| f.state.single.as_ref().map(|s| s.acquire_at(n, now)));
                 let ok = d.is_none_or(|d| d.allowed());
                 verdict(ok, f.config.shadow, &f.state.stats, || {
-                    block(d.and_then(|d| d.retry_after()), d.map(|d| d.remaining()))
+                    block(
+                        d.and_then(|d| d.retry_after()),
+                        d.map(|d| d.remaining_lazy()),
+                    )
                 })?;
                 if let (Some(_), Some(d)) = (&f.config.cost, d.filter(Decision::allowed)) {
                     let on = match (leased, handle.as_ref()) {
@@ -1473,24 +1489,25 @@ impl<C: Clock + Clone> Rules<C> {
                 verdict(ok, f.config.shadow, &f.state.stats, || {
                     block(Some(stats.window.bucket_duration()), None)
                 })?;
-            } else if f.shared.is_some() && self.ask_shared_flow(f, key, ctx, learned, guard) {
+            } else if f.shared.is_some() && self.ask_shared_flow(res, f, key, ctx, guard) {
                 // Left to the shared store.
-            } else if let Some((d, n)) = {
+            } else if let Some(d) = {
                 let n = match &f.config.cost {
                     None => 1,
-                    Some(c) => c.estimate_of(ctx.cost, f.cost_cap(), learned),
+                    Some(c) => c.estimate_of(ctx.cost, f.cost_cap(), guard.learned(res)),
                 };
-                let d = match (&f.state.single, &f.state.rate, key) {
+                match (&f.state.single, &f.state.rate, key) {
                     (Some(single), _, _) => Some(single.acquire_at(n, now)),
                     (None, Some(rate), Some(key)) => Some(rate.acquire_at(key, n, now)),
                     _ => None,
-                };
-                d.map(|d| (d, n))
+                }
             } {
                 verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
-                    block(d.retry_after(), Some(d.remaining()))
+                    block(d.retry_after(), Some(d.remaining_lazy()))
                 })?;
-                if f.config.cost.is_some() && d.allowed() {
+                if let (Some(c), true) = (&f.config.cost, d.allowed()) {
+                    // The estimate just taken: the learned costs were read for it and kept.
+                    let n = c.estimate_of(ctx.cost, f.cost_cap(), guard.learned(res));
                     guard.hold_flow(f, key, &d, n, now);
                 }
                 guard.wait = guard
@@ -1524,7 +1541,7 @@ impl<C: Clock + Clone> Rules<C> {
             }
         }
         if !res.budgets.is_empty() {
-            self.check_budgets(res, ctx, learned, guard)?;
+            self.check_budgets(res, ctx, guard)?;
         }
         Ok(())
     }
@@ -1536,7 +1553,6 @@ impl<C: Clock + Clone> Rules<C> {
         &self,
         res: &Resource<C>,
         ctx: &Context<'_>,
-        learned: Option<Quantiles>,
         guard: &mut Guard<C>,
     ) -> Result<(), Block> {
         for (index, b) in res.budgets.iter().enumerate() {
@@ -1546,7 +1562,7 @@ impl<C: Clock + Clone> Rules<C> {
             let key = self.shared.keys.bounded(key);
             let n = match &b.config.cost {
                 None => 1,
-                Some(c) => c.estimate_of(ctx.cost, b.config.limit, learned),
+                Some(c) => c.estimate_of(ctx.cost, b.config.limit, guard.learned(res)),
             };
             if b.config.shared {
                 if let Some(store) = self.shared.store.load_full() {

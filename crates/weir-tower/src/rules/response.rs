@@ -22,13 +22,13 @@ pub fn blocked_response<B: From<String>>(block: &Block) -> Response<B> {
     let retry = block.retry_after.map(|r| problem::ceil_secs(r).max(1));
     // A rate rule that had room left yet refused with no retry time: the call asked for more
     // than the rule can ever hold (a cost estimate above its burst). Waiting will not help.
-    let never = block.rate.is_some() && retry.is_none() && block.remaining.is_some_and(|r| r > 0);
+    let remaining = block.remaining.map_or(0, |r| r.get());
+    let never = block.rate.is_some() && retry.is_none() && remaining > 0;
     let detail = match retry {
         Some(s) => format!("{what} {} exceeded; retry in {s} s", block.rule),
         None if never => format!(
             "{what} {}: the call asks for more than the rule can ever hold ({} left now); lower its estimate (max_tokens) — no wait lets it pass",
-            block.rule,
-            block.remaining.unwrap_or(0)
+            block.rule, remaining
         ),
         None => format!("{what} {}", block.rule),
     };
@@ -46,7 +46,7 @@ pub fn blocked_response<B: From<String>>(block: &Block) -> Response<B> {
         let now = format!(
             "\"{}\";r={};t={}",
             block.rule,
-            block.remaining.unwrap_or(0),
+            remaining,
             retry.unwrap_or(0)
         );
         if let (Ok(p), Ok(n)) = (HeaderValue::from_str(&policy), HeaderValue::from_str(&now)) {
