@@ -209,3 +209,23 @@ impl std::hash::Hash for Decision {
             .hash(state);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remaining_span_is_divided_when_read_and_compared_by_its_units() {
+        // 2.5 units of 400 ns each left: 2 whole units.
+        let d = Decision::deny(10, 0, 100, 4_000).with_remaining_span(1_000, 400);
+        let lazy = d.remaining_lazy();
+        assert_eq!(lazy.get(), 2);
+        assert_eq!(d.remaining(), 2);
+        assert_eq!(lazy, Remaining::units(2));
+        assert_ne!(lazy, Remaining::from(3));
+        assert_eq!(format!("{lazy:?}"), "2");
+        // A zero unit never divides by zero.
+        let zero = Decision::deny(10, 0, 100, 4_000).with_remaining_span(7, 0);
+        assert_eq!(zero.remaining(), 7);
+    }
+}
