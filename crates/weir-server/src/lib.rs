@@ -10,31 +10,35 @@
 //! - [`state_file`]: state kept beside a configuration file across restarts (JSON, written
 //!   atomically).
 //! - [`admin`]: the admin port's parts — `switches` (degradation switches and their API).
+//! - [`grpc`]: gRPC transport — `frame` (unary calls framed by hand on hyper), `batch`
+//!   (streams run on their connection's task, answers written together), `reflection`.
 //! - [`rls`]: Envoy's rate-limit service (RLS v3) on Lyft's configuration — `config` (the
 //!   file), `store` (the seam: where counters live, memory or Redis), `engine` (matching and
-//!   Lyft's answers, one clock read per request), `server` (the service and its HTTP API),
-//!   `grpc` (the method and its request message), `latency`, `dashboard`, and `embed`
-//!   ([`rls::Server::builder`], the entry point for embedding).
+//!   Lyft's answers, one clock read per request), `service` (the engine in force and its
+//!   reloads), its front ends `grpc` (`ShouldRateLimit` on the wire) and `json` (`POST /json`),
+//!   `latency`, `metrics`, `settlement`.
 //! - [`quota`]: the cluster-quota lease server's front ends over weir-quota's sans-I/O core —
 //!   `api` (HTTP/JSON), `grpc`, `ha` (failover through Redis), `rlqs` (Envoy's RLQS streams).
-//! - [`grpc`]: the gRPC port — `frame` (unary calls framed by hand on hyper), `batch` (streams
-//!   run on their connection's task, answers written together), `reflection`, and `router`
-//!   (each call to its service: rate limit, lease API, RLQS, health, reflection; the port's
-//!   server). It is the one module that knows every gRPC service.
+//!   `rls` and `quota` know nothing of each other.
 //! - [`proxy`]: the reverse proxy applying weir-rules to any HTTP service, with its metrics,
 //!   per-address upstream slots, paced request bodies and `h1_client` (bodiless requests to
 //!   the upstream on the caller's task).
+//! - [`serve`]: the top floor, the `weir serve` process — [`serve::Server::builder`] composes
+//!   the rate-limit service and a lease server on one gRPC port (one router for every gRPC
+//!   service) and one HTTP port (JSON API, health, `/metrics`, the dashboard, the lease API).
 //!
-//! A new server goes in its own module beside `rls`, `quota` and `proxy`, built on `net`; a
-//! new gRPC service is a module of its server listed in `grpc::router`; a new store for the
-//! rate-limit service implements `rls::store::Store`.
+//! A new server goes in its own module beside `rls`, `quota` and `proxy`, built on `net`, and
+//! is composed into a process at the top floor; a new gRPC service of `weir serve` is a module
+//! of its server routed in `serve`'s gRPC router; a new store for the rate-limit service
+//! implements `rls::store::Store`.
 //!
 //! Embedding the rate-limit service in an existing tokio program (Envoy would call the gRPC
 //! listener; here the JSON API answers one request):
 //!
 //! ```
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
-//! use weir_server::rls::{MemoryStore, Server};
+//! use weir_server::rls::MemoryStore;
+//! use weir_server::serve::Server;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -74,4 +78,5 @@ pub mod proxy;
 pub mod quota;
 pub mod reload;
 pub mod rls;
+pub mod serve;
 pub mod state_file;

@@ -43,13 +43,13 @@ impl Reloads {
 
 /// Watches `path` for `owner` (until the watcher or `owner` is dropped), calling `reload` on a
 /// change and counting the outcome in `counts`; `what` names the file in the messages.
-pub fn watch<S: Send + Sync + 'static>(
+pub fn watch<S: Send + Sync + 'static, E: std::fmt::Display + 'static>(
     owner: &Arc<S>,
     path: PathBuf,
     interval: Duration,
     counts: Arc<Reloads>,
     what: &'static str,
-    reload: fn(&S) -> Result<(), Vec<String>>,
+    reload: fn(&S) -> Result<(), E>,
 ) -> std::io::Result<Watcher> {
     let me = Arc::downgrade(owner);
     let file = path.clone();
@@ -64,7 +64,8 @@ pub fn watch<S: Send + Sync + 'static>(
             }
             Err(errors) => {
                 counts.rejected.fetch_add(1, Ordering::Relaxed);
-                for e in errors {
+                // One event per problem: an error's display holds one per line.
+                for e in errors.to_string().lines() {
                     tracing::error!("reload kept the previous {what}: {e}");
                 }
             }

@@ -36,8 +36,7 @@ fn memory() -> std::sync::Arc<MemoryStore> {
 fn example() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let domains =
-            weir_server::rls::server::load(None, false).expect("the bundled example loads");
+        let domains = weir_server::rls::load(None, false).expect("the bundled example loads");
         Engine::build(&domains, EngineOptions::default(), memory(), None)
             .expect("the bundled example builds")
     })
@@ -98,7 +97,7 @@ pub fn rls_request(data: &[u8]) {
 
 /// A `/json` body: parsed, checked and decided.
 pub fn json_body(data: &[u8]) {
-    if let Ok(r) = weir_server::rls::server::from_json(data) {
+    if let Ok(r) = weir_server::rls::json::from_json(data) {
         decide(&r);
     }
 }

@@ -1,7 +1,8 @@
-//! The gRPC port: [`frame`] frames unary calls by hand on hyper, [`router`] sends each call to
-//! its service (rate limit, lease API, RLQS, health, reflection) and serves the port.
+//! gRPC transport every gRPC service here shares: [`frame`] frames unary calls by hand on
+//! hyper, [`batch`] runs a connection's streams on its task and writes their answers together,
+//! [`reflection`] serves the descriptors. Which service answers which path is the process's
+//! business (`crate::serve`).
 
 pub mod batch;
 pub mod frame;
 pub mod reflection;
-pub mod router;

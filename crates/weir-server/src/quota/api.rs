@@ -33,6 +33,7 @@ use weir_core::{Clock, Criticality, MonotonicClock};
 use weir_quota::config::QuotaConfig;
 use weir_quota::server::LeaseServer;
 use weir_quota::Ask;
+use weir_rules::yaml::LocatedErrors;
 
 use crate::net::budget::ConnectionBudget;
 
@@ -58,6 +59,17 @@ impl From<String> for CallError {
     fn from(s: String) -> Self {
         Self::Bad(s)
     }
+}
+
+/// Why a lease server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The quota file's problems, one per line, each with its file, line and column.
+    #[error("{0}")]
+    Config(#[from] LocatedErrors),
+    /// The parent lease server's address.
+    #[error("the parent lease server: {0}")]
+    Parent(weir_quota::net::NetError),
 }
 
 /// The lease server, its clock and its file.
@@ -121,7 +133,7 @@ impl Builder {
     /// Loads the file, starts the lease server (learning for one lease length), its watcher,
     /// its failover and its leases from a parent. Errors are the file's (one per line) or the
     /// parent's address. Must run inside a tokio runtime when a parent is given.
-    pub fn build(self) -> Result<Arc<QuotaApi>, String> {
+    pub fn build(self) -> Result<Arc<QuotaApi>, OpenError> {
         let api = QuotaApi::open(self.path, self.failover)?;
         if let Some(p) = self.parent {
             let ha = api.ha.clone();
@@ -133,7 +145,7 @@ impl Builder {
                 p.token,
                 move |now| crate::quota::ha::term(ha.as_deref(), now),
             )
-            .map_err(|e| format!("--parent: {e}"))?;
+            .map_err(OpenError::Parent)?;
             *api.parent.lock() = Some(link);
         }
         if let Some(interval) = self.watch {
@@ -156,7 +168,7 @@ impl QuotaApi {
     }
 
     /// Loads `path` and starts the lease server (learning for one lease length).
-    pub fn load(path: PathBuf) -> Result<Arc<Self>, String> {
+    pub fn load(path: PathBuf) -> Result<Arc<Self>, OpenError> {
         Self::open(path, None)
     }
 
@@ -165,12 +177,12 @@ impl QuotaApi {
     pub fn load_with_failover(
         path: PathBuf,
         ha: crate::quota::ha::Ha,
-    ) -> Result<Arc<Self>, String> {
+    ) -> Result<Arc<Self>, OpenError> {
         Self::open(path, Some(ha))
     }
 
-    fn open(path: PathBuf, ha: Option<crate::quota::ha::Ha>) -> Result<Arc<Self>, String> {
-        let config = QuotaConfig::load(&path).map_err(|e| e.to_string())?;
+    fn open(path: PathBuf, ha: Option<crate::quota::ha::Ha>) -> Result<Arc<Self>, OpenError> {
+        let config = QuotaConfig::load(&path)?;
         for w in config.warnings() {
             tracing::warn!("{}: {w}", path.display());
         }
@@ -263,9 +275,8 @@ impl QuotaApi {
     }
 
     /// Reads the quota file again and applies it.
-    fn reload(&self) -> Result<(), Vec<String>> {
-        let config = QuotaConfig::load(&self.path)
-            .map_err(|e| e.0.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+    fn reload(&self) -> Result<(), LocatedErrors> {
+        let config = QuotaConfig::load(&self.path)?;
         for w in config.warnings() {
             tracing::warn!("{}: {w}", self.path.display());
         }

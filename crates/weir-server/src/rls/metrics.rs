@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use crate::admin::metrics::{counter, counters, gauge, Collector, Encoder};
 use crate::net::budget::Budget;
 
-use super::server::Service;
+use super::service::Service;
 
 /// The service's collector (holds the service weakly: a dropped service reports none).
 #[derive(Debug)]

@@ -1,16 +1,18 @@
-//! `weir serve`: the Envoy rate-limit service (RLS v3) on Lyft's configuration format. To embed
-//! it, start from [`Server::builder`].
+//! Envoy's rate-limit service (RLS v3) on Lyft's configuration format: `config` (the file),
+//! `store` (the seam: where counters live, memory or Redis), `engine` (matching and Lyft's
+//! answers, one clock read per request), `service` (the engine in force, reloads), and its
+//! front ends `grpc` (`ShouldRateLimit` on the wire) and `json` (Lyft's `POST /json`). The
+//! `weir serve` process that puts them on ports is [`crate::serve`].
 
 pub mod config;
-pub mod dashboard;
-pub mod embed;
 pub mod engine;
 pub mod grpc;
+pub mod json;
 pub mod latency;
 pub mod metrics;
-pub mod server;
+pub mod service;
 pub mod settlement;
 pub mod store;
 
-pub use embed::{BuildError, Builder, Server};
+pub use service::{load, LoadError, Service, EXAMPLE};
 pub use store::{Counter, MemoryStore, RedisStore, Store};

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use weir_server::net::{accept, budget};
-use weir_server::quota::api::QuotaApi;
+use weir_server::quota::api::{OpenError, QuotaApi};
 use weir_server::rls;
+use weir_server::serve::Server;
 
 use super::args::*;
 use crate::{fail, runtime};
@@ -43,7 +44,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             Err(code) => return code,
         },
     };
-    let mut builder = rls::Server::builder()
+    let mut builder = Server::builder()
         .store_shared(store)
         .options(rls::engine::EngineOptions {
             shadow: args.shadow,
@@ -71,18 +72,18 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let server = match builder.build() {
         Ok(s) => s,
         Err(errors) => {
-            for e in errors.0 {
+            for e in errors.to_string().lines() {
                 eprintln!("weir: error: {e}");
             }
             return ExitCode::from(2);
         }
     };
     server.service().watch(RELOAD_INTERVAL);
-    let grpc = match rls::server::bind(args.grpc_addr, "gRPC").await {
+    let grpc = match bind(args.grpc_addr, "gRPC", "--grpc-addr").await {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
-    let http = match rls::server::bind(args.http_addr, "HTTP").await {
+    let http = match bind(args.http_addr, "HTTP", "--http-addr").await {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
@@ -213,11 +214,27 @@ fn lease_server(args: &ServeArgs, path: std::path::PathBuf) -> Result<Arc<QuotaA
             "--parent-client-id and --parent-token-file need --parent",
         ));
     }
-    builder.build().map_err(|errors| {
-        for e in errors.lines() {
-            eprintln!("weir: error: {e}");
+    builder.build().map_err(|e| match e {
+        OpenError::Parent(e) => fail(format_args!("--parent: {e}")),
+        OpenError::Config(errors) => {
+            for e in errors.to_string().lines() {
+                eprintln!("weir: error: {e}");
+            }
+            ExitCode::from(2)
         }
-        ExitCode::from(2)
+    })
+}
+
+/// Binds `addr` for the `what` listener, naming it and, when another server has the port,
+/// the flag that moves this one.
+async fn bind(addr: SocketAddr, what: &str, flag: &str) -> Result<tokio::net::TcpListener, String> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        let hint = if e.kind() == io::ErrorKind::AddrInUse {
+            format!(" (another server has it: choose another port with {flag})")
+        } else {
+            String::new()
+        };
+        format!("cannot listen for {what} on {addr}: {e}{hint}")
     })
 }
 
@@ -254,7 +271,7 @@ fn failover(args: &ServeArgs) -> Result<weir_server::quota::ha::Ha, ExitCode> {
 }
 
 /// The lines that say where everything is served.
-fn announce(args: &ServeArgs, server: &rls::Server, g: SocketAddr, h: SocketAddr) {
+fn announce(args: &ServeArgs, server: &Server, g: SocketAddr, h: SocketAddr) {
     let service = server.service();
     let config = args
         .config
@@ -276,7 +293,7 @@ fn announce(args: &ServeArgs, server: &rls::Server, g: SocketAddr, h: SocketAddr
         println!(
             "weir serve: quota {}: lease API on http://{h}/quota/v1/refresh and gRPC weir.quota.v1.QuotaService on {g}{}{}",
             q.display(),
-            if service.quota().is_some_and(|q| q.serves_rlqs()) {
+            if server.quota().is_some_and(|q| q.serves_rlqs()) {
                 format!(", Envoy RLQS on {g}")
             } else {
                 String::new()

@@ -1,6 +1,7 @@
-//! The gRPC port's one router: Envoy's rate-limit service (`rls`), the lease API
-//! (`quota_grpc`), Envoy's RLQS stream (`rlqs`, through tonic), health and reflection, each
-//! chosen by the request's path; and the server that runs it on a listener.
+//! `weir serve`'s gRPC port, its one router: Envoy's rate-limit service ([`crate::rls::grpc`]),
+//! the lease API ([`crate::quota::grpc`]), Envoy's RLQS stream ([`crate::quota::rlqs`], through
+//! tonic), health and reflection, each chosen by the request's path; and the server that runs
+//! it on a listener.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -13,29 +14,24 @@ use hyper::body::{Body, Incoming};
 use prost::Message;
 use weir_quota::proto::{REFRESH_PATH, RELEASE_PATH};
 
-use super::batch;
-use super::frame::{ok, status, unframe, Code, GrpcBody, MAX_MESSAGE};
+use crate::grpc::batch;
+use crate::grpc::frame::{ok, status, unframe, Code, GrpcBody, MAX_MESSAGE};
 use crate::net::budget::{BodyError, Budget, ConnectionBudget};
-use crate::rls::grpc::{decode, PATH};
-use crate::rls::server::{to_proto, Service};
+use crate::quota::api::QuotaApi;
+use crate::rls::grpc::{decode, to_proto, PATH};
+use crate::rls::Service;
 
-/// The ratelimit service as a hyper service, for one connection (whose request bodies count
+/// The port's services as one hyper service, for one connection (whose request bodies count
 /// against that connection's budget).
 #[derive(Clone)]
-pub struct GrpcService {
+struct GrpcService {
     service: Arc<Service>,
+    quota: Option<Arc<QuotaApi>>,
     budget: Arc<ConnectionBudget>,
 }
 
-impl GrpcService {
-    /// Serves `service` on a connection whose bodies are bounded by `budget`.
-    pub fn new(service: Arc<Service>, budget: Arc<ConnectionBudget>) -> Self {
-        Self { service, budget }
-    }
-}
-
 /// A unary answer framed here, or the answer of tonic's RLQS stream.
-pub type AnyBody = http_body_util::Either<GrpcBody, tonic::body::Body>;
+type AnyBody = http_body_util::Either<GrpcBody, tonic::body::Body>;
 
 impl hyper::service::Service<Request<Incoming>> for GrpcService {
     type Response = Response<AnyBody>;
@@ -43,7 +39,11 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
     type Future = Pin<Box<dyn Future<Output = Result<Response<AnyBody>, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let (service, budget) = (self.service.clone(), self.budget.clone());
+        let (service, quota, budget) = (
+            self.service.clone(),
+            self.quota.clone(),
+            self.budget.clone(),
+        );
         if let Some(mut reflection) = crate::grpc::reflection::server_for(req.uri().path()) {
             return Box::pin(async move {
                 let r = tower::Service::call(&mut reflection, req).await;
@@ -54,7 +54,7 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
             });
         }
         if req.uri().path() == crate::quota::rlqs::PATH {
-            if let Some(q) = service.quota().filter(|q| q.serves_rlqs()) {
+            if let Some(q) = quota.as_ref().filter(|q| q.serves_rlqs()) {
                 // A long-lived stream: tonic reads it as it comes (bounded per message),
                 // not the unary path's whole-body read.
                 let mut rlqs = q.rlqs().server();
@@ -68,7 +68,7 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
             }
         }
         Box::pin(async move {
-            Ok(handle(&service, &budget, req)
+            Ok(handle(&service, quota.as_ref(), &budget, req)
                 .await
                 .map(http_body_util::Either::Left))
         })
@@ -77,6 +77,7 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
 
 async fn handle<B>(
     service: &Service,
+    lease_api: Option<&Arc<QuotaApi>>,
     budget: &Arc<ConnectionBudget>,
     req: Request<B>,
 ) -> Response<GrpcBody>
@@ -86,7 +87,7 @@ where
 {
     let path = req.uri().path();
     let health = path == crate::quota::rlqs::HEALTH_PATH;
-    let quota = match service.quota() {
+    let quota = match lease_api {
         _ if health => None,
         Some(q) if path == REFRESH_PATH || path == RELEASE_PATH => Some((q, path == REFRESH_PATH)),
         _ if path == PATH => None,
@@ -135,8 +136,7 @@ where
                 })
             }) {
             Ok(_) => {
-                let follower = service
-                    .quota()
+                let follower = lease_api
                     .is_some_and(|q| q.elsewhere(weir_core::Clock::now(&q.clock)).is_some());
                 ok(&crate::quota::rlqs::health(follower))
             }
@@ -173,8 +173,9 @@ where
 /// hand-framed unary method of `grpc.rs`; every stream runs on its connection's task
 /// ([`batch::ConnectionExecutor`]), so the answers to one socket read (memory store) or to one
 /// batch of Redis replies leave in one write (see `batch.rs`).
-pub async fn serve_grpc(
+pub(crate) async fn serve_grpc(
     service: Arc<Service>,
+    quota: Option<Arc<QuotaApi>>,
     listener: tokio::net::TcpListener,
     limits: crate::net::accept::Limits,
     bodies: Arc<Budget>,
@@ -186,7 +187,11 @@ pub async fn serve_grpc(
         "gRPC",
         shutdown,
         move |stream, _, sd, conn| {
-            let svc = GrpcService::new(service.clone(), bodies.connection());
+            let svc = GrpcService {
+                service: service.clone(),
+                quota: quota.clone(),
+                budget: bodies.connection(),
+            };
             async move {
                 let r = batch::serve(grpc_builder, stream, svc, sd, conn, limits.timeouts).await;
                 if let Err(e) = r {
@@ -258,7 +263,7 @@ mod tests {
             .build()
             .unwrap();
         let budget = crate::net::budget::Budget::new(Default::default()).connection();
-        rt.block_on(handle(&service(), &budget, req))
+        rt.block_on(handle(&service(), None, &budget, req))
     }
 
     fn grpc_status(r: &Response<GrpcBody>) -> (String, String) {

@@ -12,18 +12,20 @@ use serde_json::{json, Map, Value};
 use weir_rules::metrics::{HeavySnapshot, ResourceSnapshot, RuleKind};
 use weir_tower::dashboard::{unix_now, Dashboard, Sample, Source};
 
-use super::server::Service;
+use crate::quota::api::QuotaApi;
+use crate::rls::Service;
 
 /// Store state changes kept.
 const MAX_STORE_TRANSITIONS: usize = 64;
 
 /// The dashboard of a `weir serve` process.
-pub fn dashboard(service: Arc<Service>) -> Arc<Dashboard> {
+pub(crate) fn dashboard(service: Arc<Service>, quota: Option<Arc<QuotaApi>>) -> Arc<Dashboard> {
     Dashboard::new(
         "weir serve",
         "rules",
         ServeSource {
             service,
+            quota,
             store: Mutex::new((None, VecDeque::new())),
         },
     )
@@ -34,6 +36,8 @@ type StoreChange = (u64, &'static str, &'static str);
 
 struct ServeSource {
     service: Arc<Service>,
+    /// The lease server served beside it, whose allocation table the dashboard shows.
+    quota: Option<Arc<QuotaApi>>,
     /// The store's last seen state and its changes.
     store: Mutex<(Option<&'static str>, VecDeque<StoreChange>)>,
 }
@@ -132,7 +136,7 @@ impl Source for ServeSource {
         info.insert("decisions_only".into(), Value::Bool(true));
         info.insert("config".into(), Value::Object(config));
         info.insert("store".into(), self.store());
-        if let Some(q) = self.service.quota() {
+        if let Some(q) = &self.quota {
             info.insert("quota".into(), Value::Array(q.table()));
         }
         Sample {

@@ -1,6 +1,17 @@
-//! The rate-limit service for any tokio program: [`Server::builder`], then
-//! [`Server::serve_grpc`] (what Envoy calls) and [`Server::serve_http`] (the JSON API, health,
-//! `/metrics` and the dashboard), each until a future of the caller's completes.
+//! The `weir serve` process for any tokio program, composed of the services below it: the
+//! rate-limit service ([`crate::rls`]) and, when asked, a lease server ([`crate::quota`]) on
+//! the same two ports. [`Server::builder`], then [`Server::serve_grpc`] (what Envoy calls:
+//! `ShouldRateLimit`, the lease API, RLQS, health, reflection — [`grpc`]) and
+//! [`Server::serve_http`] (Lyft's JSON API, health, `/metrics`, the dashboard, the lease API's
+//! routes — [`http`]), each until a future of the caller's completes. The caller binds the
+//! listeners and says where they are.
+//!
+//! This is the one module that knows every service of the process; `rls` and `quota` know
+//! nothing of each other.
+
+mod dashboard;
+mod grpc;
+mod http;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -8,17 +19,21 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use super::engine::{EngineOptions, HeaderStyle};
-use super::server::{Admin, Service};
-use super::store::{MemoryStore, Store};
+pub use grpc::{
+    GRPC_CONNECTION_WINDOW, GRPC_MAX_HEADER_LIST, GRPC_MAX_STREAMS, GRPC_STREAM_WINDOW,
+};
+
 use crate::admin::metrics::Metrics;
 use crate::net::accept::Limits;
 use crate::net::budget::{BodyLimits, Budget};
 use crate::quota::api::QuotaApi;
+use crate::rls::engine::{EngineOptions, HeaderStyle};
+use crate::rls::{LoadError, MemoryStore, Service, Store};
 
-/// Envoy's rate-limit service, ready to serve on listeners the caller opened.
+/// The `weir serve` process's servers, ready to serve on listeners the caller opened.
 pub struct Server {
     service: Arc<Service>,
+    quota: Option<Arc<QuotaApi>>,
     limits: Limits,
     bodies: Arc<Budget>,
 }
@@ -36,11 +51,11 @@ pub struct Builder {
     quota: Option<Arc<QuotaApi>>,
 }
 
-/// Why a [`Server`] could not be built: every error of the configuration, each with its file,
-/// line and column.
+/// Why a [`Server`] could not be built: every error of the rate-limit configuration, each
+/// with its file, line and column, one per line.
 #[derive(Debug, thiserror::Error)]
-#[error("{}", .0.join("\n"))]
-pub struct BuildError(pub Vec<String>);
+#[error(transparent)]
+pub struct BuildError(#[from] pub LoadError);
 
 impl Server {
     /// A builder with the defaults of `weir serve`.
@@ -57,17 +72,23 @@ impl Server {
         }
     }
 
-    /// The service itself (decisions, reloads, the engine's counters).
+    /// The rate-limit service (decisions, reloads, the engine's counters).
     pub fn service(&self) -> &Arc<Service> {
         &self.service
+    }
+
+    /// The lease server served beside it, if any.
+    pub fn quota(&self) -> Option<&Arc<QuotaApi>> {
+        self.quota.as_ref()
     }
 
     /// Serves gRPC (`ShouldRateLimit`, health, reflection) on `listener` until `stop`
     /// completes, then lets the calls in flight finish.
     pub async fn serve_grpc(&self, listener: TcpListener, stop: impl Future<Output = ()>) {
         let (trigger, shutdown) = crate::net::accept::shutdown();
-        let serve = crate::grpc::router::serve_grpc(
+        let serve = grpc::serve_grpc(
             self.service.clone(),
+            self.quota.clone(),
             listener,
             self.limits,
             self.bodies.clone(),
@@ -85,15 +106,16 @@ impl Server {
         token: Option<String>,
         stop: impl Future<Output = ()>,
     ) {
-        let dashboard = super::dashboard::dashboard(self.service.clone());
+        let dashboard = dashboard::dashboard(self.service.clone(), self.quota.clone());
         dashboard.spawn_sampler();
         let (trigger, shutdown) = crate::net::accept::shutdown();
-        let serve = super::server::serve_http(
+        let serve = http::serve_http(
             self.service.clone(),
+            self.quota.clone(),
             listener,
             self.limits,
             self.bodies.clone(),
-            Admin { dashboard, token },
+            http::Admin { dashboard, token },
             shutdown,
         );
         until(serve, stop, trigger).await;
@@ -123,7 +145,7 @@ impl Builder {
     }
 
     /// Where the counters live (default: [`MemoryStore::default`]; a
-    /// [`super::RedisStore`] for one limit across instances, or any [`Store`]).
+    /// [`crate::rls::RedisStore`] for one limit across instances, or any [`Store`]).
     pub fn store(self, store: impl Store) -> Self {
         self.store_shared(Arc::new(store))
     }
@@ -174,24 +196,19 @@ impl Builder {
 
     /// Loads the configuration and builds the engine.
     pub fn build(self) -> Result<Server, BuildError> {
-        let mut service = Service::new(self.config, self.store, self.options, self.metrics)
-            .map_err(BuildError)?
+        let service = Service::new(self.config, self.store, self.options, self.metrics)?
             .with_headers(self.headers);
-        if let Some(q) = self.quota {
-            service = service.with_quota(q);
-        }
         let service = Arc::new(service);
         let metrics = service.metrics();
-        metrics.register(super::metrics::RlsCollector(Arc::downgrade(&service)));
-        if let Some(q) = service.quota() {
+        metrics.register(crate::rls::metrics::RlsCollector(Arc::downgrade(&service)));
+        if let Some(q) = &self.quota {
             metrics.register(crate::quota::api::Collector(Arc::downgrade(q)));
         }
         let bodies = Budget::new(self.bodies);
-        service
-            .metrics()
-            .register(super::metrics::BufferedBodies(bodies.clone()));
+        metrics.register(crate::rls::metrics::BufferedBodies(bodies.clone()));
         Ok(Server {
             service,
+            quota: self.quota,
             limits: self.limits,
             bodies,
         })
