@@ -28,7 +28,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => cli::run::run_simulate(args),
         Command::Serve(args) => cli::serve::run_serve(args),
         Command::CheckConfig(args) => cli::check::run_check_config(args),
-        Command::Proxy(args) => cli::run::run_proxy(*args),
+        Command::Proxy(args) => cli::proxy::run_proxy(*args),
         Command::Quota(QuotaCommand::Allocate(args)) => cli::run::run_allocate(args),
     }
 }

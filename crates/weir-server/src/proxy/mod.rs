@@ -708,17 +708,36 @@ impl Service<Request<ClientBody>> for Upstreams {
     }
 }
 
-/// Why the proxy could not start: one line, and the exit code (2 for bad usage or
-/// configuration).
-pub type StartError = (u8, String);
+/// Why a proxy could not start: one line naming the setting (by `weir proxy`'s flag) or the
+/// file at fault. Every variant but [`StartError::Watcher`] is a mistake of configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting is invalid or contradicts another.
+    #[error("{0}")]
+    Setting(String),
+    /// The rule file, or a state file beside it, cannot be read or is invalid.
+    #[error("{0}")]
+    File(String),
+    /// The shared store (`store`) cannot be reached.
+    #[error("{0}")]
+    Store(String),
+    /// The rule file's watcher could not start (the system refused a thread).
+    #[error("cannot start the rule watcher: {0}")]
+    Watcher(#[source] std::io::Error),
+}
 
-fn usage(e: impl std::fmt::Display) -> StartError {
-    (2, e.to_string())
+fn setting(e: impl std::fmt::Display) -> StartError {
+    StartError::Setting(e.to_string())
+}
+
+fn file(e: impl std::fmt::Display) -> StartError {
+    StartError::File(e.to_string())
 }
 
 /// A proxy ready to serve: its rules loaded and watched, its leases started, its upstream
-/// clients made. [`Proxy::build`] from [`Settings`], then [`Proxy::serve`] on listeners the
-/// caller opened; [`run`] is `weir proxy`.
+/// clients made. [`Proxy::build`] from [`Settings`], [`Proxy::connect_store`], then
+/// [`Proxy::serve`] on listeners the caller opened ([`bind_shared`] for the clients' one, so
+/// that every worker thread listens on its own) and [`Proxy::release_leases`] once stopped.
 pub struct Proxy {
     rules: Arc<Rules<weir_core::AnyClock>>,
     quota: Option<weir_quota::net::LeaseClient>,
@@ -735,9 +754,9 @@ impl Proxy {
     /// Loads the rule file (and the switch states saved beside it), starts the leases of its
     /// cluster rules and the file's watcher, and makes the upstream clients.
     pub fn build(s: Settings) -> Result<Self, StartError> {
-        let upstream = parse_upstream(&s.upstream).map_err(usage)?;
+        let upstream = parse_upstream(&s.upstream).map_err(setting)?;
         if crate::net::points_at(&upstream, s.listen) {
-            return Err(usage(format_args!(
+            return Err(setting(format_args!(
                 "--upstream {} is this proxy's own --listen address: every request would loop",
                 s.upstream
             )));
@@ -880,7 +899,7 @@ impl Proxy {
         };
         let limiter = weir_redis::RedisLimiter::connect(url, weir_redis::RedisConfig::default())
             .await
-            .map_err(|e| usage(format_args!("--store {url:?}: {e}")))?;
+            .map_err(|e| StartError::Store(format!("--store {url:?}: {e}")))?;
         let keys = 100_000;
         self.rules.set_shared(shared::RedisShared::new(
             limiter,
@@ -888,6 +907,21 @@ impl Proxy {
             keys,
         ));
         Ok(())
+    }
+
+    /// The upstream requests go to.
+    pub fn upstream(&self) -> &Uri {
+        &self.forward.to.upstream
+    }
+
+    /// The gutter upstream refused and failing requests go to, if any.
+    pub fn gutter(&self) -> Option<&Uri> {
+        self.gutter.as_ref().map(|g| &g.to.upstream)
+    }
+
+    /// The rule file.
+    pub fn rules_file(&self) -> &std::path::Path {
+        &self.settings.rules
     }
 
     /// Gives the cluster rules' leases back, so that other proxies get the capacity at once.
@@ -898,55 +932,10 @@ impl Proxy {
     }
 }
 
-/// Runs `weir proxy` until interrupted: builds the proxy, opens its listeners, serves, and
-/// on a stop signal lets the requests in flight finish (at most `drain_timeout`).
-pub async fn run(s: Settings) -> Result<(), StartError> {
-    let (listen, admin_addr, token, drain) =
-        (s.listen, s.admin, s.admin_token.is_some(), s.drain_timeout);
-    let proxy = Proxy::build(s)?;
-    proxy.connect_store().await?;
-    let listener =
-        bind_shared(listen).map_err(|e| usage(format_args!("cannot listen on {listen}: {e}")))?;
-    if let Some(addr) = admin_addr.filter(|a| !a.ip().is_loopback() && !token) {
-        tracing::warn!(
-            "--admin {addr} is reachable from other hosts and has no --admin-token: anyone who can connect reads the dashboard and /metrics"
-        );
-    }
-    let admin = match admin_addr {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| usage(format_args!("cannot listen for --admin on {addr}: {e}")))?,
-        ),
-        None => None,
-    };
-    let local = listener.local_addr().map_or(listen, |a| a);
-    println!(
-        "weir proxy: http://{local} -> {}{} (rules: {}{})",
-        proxy.forward.to.upstream,
-        proxy
-            .gutter
-            .as_ref()
-            .map(|g| format!(", gutter {}", g.to.upstream))
-            .unwrap_or_default(),
-        proxy.settings.rules.display(),
-        admin
-            .as_ref()
-            .and_then(|a| a.local_addr().ok())
-            .map(|a| format!(", dashboard: http://{a}/, metrics: http://{a}/metrics"))
-            .unwrap_or_default()
-    );
-    let (trigger, shutdown) = crate::net::accept::shutdown();
-    let serving = proxy.serve(listener, admin, shutdown);
-    crate::net::accept::run_until_stopped("weir proxy", serving, trigger, drain).await;
-    proxy.release_leases().await;
-    Ok(())
-}
-
 /// The rule file's rules on `--clock`, with the switch states saved beside it (set over the
 /// admin API before a restart); answers the switch state file too.
 fn load_rules(s: &Settings) -> Result<(Arc<Rules<weir_core::AnyClock>>, PathBuf), StartError> {
-    let set = weir_rules::watch::load(&s.rules).map_err(usage)?;
+    let set = weir_rules::watch::load(&s.rules).map_err(file)?;
     if set.http.as_ref().is_none_or(|h| h.routes.is_empty()) {
         tracing::warn!(
             file = %s.rules.display(),
@@ -956,17 +945,17 @@ fn load_rules(s: &Settings) -> Result<(Arc<Rules<weir_core::AnyClock>>, PathBuf)
     let clock = s
         .clock
         .build()
-        .map_err(|e| usage(format_args!("--clock: {e}")))?;
+        .map_err(|e| setting(format_args!("--clock: {e}")))?;
     let rules = Rules::with_clock(&set, clock)
-        .map_err(|e| usage(format_args!("{}: {e}", s.rules.display())))?;
+        .map_err(|e| file(format_args!("{}: {e}", s.rules.display())))?;
     let switch_file = switches::state_path(&s.rules);
-    let saved = switches::load(&switch_file).map_err(usage)?;
+    let saved = switches::load(&switch_file).map_err(file)?;
     if !saved.is_empty() {
         tracing::info!(file = %switch_file.display(), "switch states restored: {saved:?}");
         rules.restore_switches(&saved);
     }
     let budget_file = budget_file::state_path(&s.rules);
-    let restored = budget_file::restore(&rules, &budget_file).map_err(usage)?;
+    let restored = budget_file::restore(&rules, &budget_file).map_err(file)?;
     if restored > 0 {
         tracing::info!(file = %budget_file.display(), "budget counts restored: {restored}");
     }
@@ -984,7 +973,7 @@ fn lease_client(
         (_, true) => Ok(None),
         (None, false) => {
             let names: Vec<&str> = cluster.iter().map(|(n, _)| n.as_str()).collect();
-            Err(usage(format_args!(
+            Err(setting(format_args!(
                 "{}: cluster flow rules ({}) need --quota-server http://HOST:PORT",
                 s.rules.display(),
                 names.join(", ")
@@ -998,7 +987,7 @@ fn lease_client(
             }
             let client = b
                 .start()
-                .map_err(|e| usage(format_args!("--quota-server: {e}")))?;
+                .map_err(|e| setting(format_args!("--quota-server: {e}")))?;
             rules.set_cluster(client.clone());
             Ok(Some(client))
         }
@@ -1046,7 +1035,7 @@ fn watch_rules(
             }
         };
     })
-    .map_err(|e| (1, format!("cannot start the rule watcher: {e}")))
+    .map_err(StartError::Watcher)
 }
 
 /// What one worker thread serves clients with.
@@ -1230,7 +1219,7 @@ fn gutter(
     let Some(url) = &s.gutter else {
         return Ok(None);
     };
-    let uri = parse_upstream(url).map_err(|e| usage(e.replace("--upstream", "--gutter")))?;
+    let uri = parse_upstream(url).map_err(|e| setting(e.replace("--upstream", "--gutter")))?;
     let lane = |max: usize| weir_tower::gutter::LaneConfig {
         breaker: s.upstream_breaker.clone(),
         max_in_flight: max.max(1) as u64,
@@ -1241,7 +1230,7 @@ fn gutter(
         &lane(s.max_upstream_requests),
         &lane(s.gutter_max_requests),
     )
-    .map_err(|e| usage(format_args!("--upstream-breaker: {e}")))?;
+    .map_err(|e| setting(format_args!("--upstream-breaker: {e}")))?;
     let _ = stats.gutter.set(g);
     Ok(Some(Forward {
         to: Arc::new(ForwardTo {

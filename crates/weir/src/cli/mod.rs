@@ -2,5 +2,6 @@
 
 pub(crate) mod args;
 pub(crate) mod check;
+pub(crate) mod proxy;
 pub(crate) mod run;
 pub(crate) mod serve;

@@ -1,11 +1,10 @@
-//! `weir proxy`, `weir simulate` and `weir quota allocate`, wired from the flags.
+//! `weir simulate` and `weir quota allocate`, wired from the flags.
 
 use std::fs::File;
 use std::io::{self, BufReader, Write};
 use std::process::ExitCode;
 
 use weir::{duration, overload, quota, simulate};
-use weir_server::proxy;
 
 use super::args::*;
 use crate::fail;
@@ -49,90 +48,6 @@ pub(crate) fn run_allocate(args: AllocateArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => fail(e),
-    }
-}
-
-/// `weir proxy` until a signal stops it: clients are served by its worker threads (a runtime
-/// each); this runtime, one thread, keeps the admin listener, reloads and leases.
-pub(crate) fn run_proxy(args: ProxyArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("weir: error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let quota_token = match &args.quota_token_file {
-        None => None,
-        Some(f) => match std::fs::read_to_string(f) {
-            Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
-            Ok(_) => {
-                eprintln!("weir: error: --quota-token-file {}: empty", f.display());
-                return ExitCode::from(2);
-            }
-            Err(e) => {
-                eprintln!("weir: error: --quota-token-file {}: {e}", f.display());
-                return ExitCode::from(2);
-            }
-        },
-    };
-    if args.workers == Some(0) {
-        eprintln!("weir: error: --workers must be at least 1");
-        return ExitCode::from(2);
-    }
-    if args.instances != 1 && args.store.is_none() {
-        eprintln!("weir: error: --instances applies to a shared store (--store redis://…)");
-        return ExitCode::from(2);
-    }
-    let settings = proxy::Settings {
-        rules: args.rules,
-        listen: args.listen,
-        upstream: args.upstream,
-        admin: args.admin,
-        admin_token: args.admin_token.filter(|t| !t.is_empty()),
-        upstream_timeout: args.upstream_timeout,
-        reload_interval: args.reload_interval,
-        limits: args.connections.limits(),
-        max_upstream_requests: args.max_upstream_requests,
-        max_upstream_per_address: args
-            .max_upstream_per_address
-            .unwrap_or(args.max_upstream_requests / 4)
-            .max(1),
-        body_pace: proxy::paced::Pace {
-            idle: args.body_idle_timeout,
-            min_rate: args.body_min_rate,
-        },
-        max_buffered_bytes: args.max_buffered_bytes,
-        quota_client_id: args.quota_client_id.unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/etc/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_default();
-            format!("weir-proxy-{host}-{}", std::process::id())
-        }),
-        quota_server: args.quota_server,
-        quota_token,
-        upstream_protocol: args.upstream_protocol,
-        drain_timeout: args.drain_timeout,
-        clock: args.clock,
-        gutter: args.gutter,
-        gutter_max_requests: args.gutter_max_requests,
-        upstream_breaker: args.upstream_breaker,
-        store: args.store,
-        instances: args.instances,
-        workers: args
-            .workers
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-    };
-    match runtime.block_on(proxy::run(settings)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err((code, e)) => {
-            eprintln!("weir: error: {e}");
-            ExitCode::from(code)
-        }
     }
 }
 

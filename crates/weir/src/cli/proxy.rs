@@ -1,0 +1,137 @@
+//! `weir proxy`: the reverse proxy wired from the flags — weir-server builds it; this binds
+//! its listeners, says where it serves, and drains it on a stop signal.
+
+use std::process::ExitCode;
+
+use weir_server::net::accept;
+use weir_server::proxy;
+
+use super::args::*;
+use crate::fail;
+
+/// `weir proxy` until a signal stops it: clients are served by its worker threads (a runtime
+/// each); this runtime, one thread, keeps the admin listener, reloads and leases.
+pub(crate) fn run_proxy(args: ProxyArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("weir: error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let quota_token = match &args.quota_token_file {
+        None => None,
+        Some(f) => match std::fs::read_to_string(f) {
+            Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+            Ok(_) => {
+                eprintln!("weir: error: --quota-token-file {}: empty", f.display());
+                return ExitCode::from(2);
+            }
+            Err(e) => {
+                eprintln!("weir: error: --quota-token-file {}: {e}", f.display());
+                return ExitCode::from(2);
+            }
+        },
+    };
+    if args.workers == Some(0) {
+        eprintln!("weir: error: --workers must be at least 1");
+        return ExitCode::from(2);
+    }
+    if args.instances != 1 && args.store.is_none() {
+        eprintln!("weir: error: --instances applies to a shared store (--store redis://…)");
+        return ExitCode::from(2);
+    }
+    let settings = proxy::Settings {
+        rules: args.rules,
+        listen: args.listen,
+        upstream: args.upstream,
+        admin: args.admin,
+        admin_token: args.admin_token.filter(|t| !t.is_empty()),
+        upstream_timeout: args.upstream_timeout,
+        reload_interval: args.reload_interval,
+        limits: args.connections.limits(),
+        max_upstream_requests: args.max_upstream_requests,
+        max_upstream_per_address: args
+            .max_upstream_per_address
+            .unwrap_or(args.max_upstream_requests / 4)
+            .max(1),
+        body_pace: proxy::paced::Pace {
+            idle: args.body_idle_timeout,
+            min_rate: args.body_min_rate,
+        },
+        max_buffered_bytes: args.max_buffered_bytes,
+        quota_client_id: args.quota_client_id.unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default();
+            format!("weir-proxy-{host}-{}", std::process::id())
+        }),
+        quota_server: args.quota_server,
+        quota_token,
+        upstream_protocol: args.upstream_protocol,
+        drain_timeout: args.drain_timeout,
+        clock: args.clock,
+        gutter: args.gutter,
+        gutter_max_requests: args.gutter_max_requests,
+        upstream_breaker: args.upstream_breaker,
+        store: args.store,
+        instances: args.instances,
+        workers: args
+            .workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    };
+    match runtime.block_on(serve(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ proxy::StartError::Watcher(_)) => {
+            eprintln!("weir: error: {e}");
+            ExitCode::FAILURE
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Builds the proxy, opens its listeners, says where it serves, serves, and on a stop signal
+/// lets the requests in flight finish (at most `--drain-timeout`) and gives its leases back.
+async fn serve(s: proxy::Settings) -> Result<(), proxy::StartError> {
+    let (listen, admin_addr, token, drain) =
+        (s.listen, s.admin, s.admin_token.is_some(), s.drain_timeout);
+    let proxy = proxy::Proxy::build(s)?;
+    proxy.connect_store().await?;
+    let listener = proxy::bind_shared(listen)
+        .map_err(|e| proxy::StartError::Setting(format!("cannot listen on {listen}: {e}")))?;
+    if let Some(addr) = admin_addr.filter(|a| !a.ip().is_loopback() && !token) {
+        tracing::warn!(
+            "--admin {addr} is reachable from other hosts and has no --admin-token: anyone who can connect reads the dashboard and /metrics"
+        );
+    }
+    let admin = match admin_addr {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            proxy::StartError::Setting(format!("cannot listen for --admin on {addr}: {e}"))
+        })?),
+        None => None,
+    };
+    let local = listener.local_addr().map_or(listen, |a| a);
+    println!(
+        "weir proxy: http://{local} -> {}{} (rules: {}{})",
+        proxy.upstream(),
+        proxy
+            .gutter()
+            .map(|g| format!(", gutter {g}"))
+            .unwrap_or_default(),
+        proxy.rules_file().display(),
+        admin
+            .as_ref()
+            .and_then(|a| a.local_addr().ok())
+            .map(|a| format!(", dashboard: http://{a}/, metrics: http://{a}/metrics"))
+            .unwrap_or_default()
+    );
+    let (trigger, shutdown) = accept::shutdown();
+    let serving = proxy.serve(listener, admin, shutdown);
+    accept::run_until_stopped("weir proxy", serving, trigger, drain).await;
+    proxy.release_leases().await;
+    Ok(())
+}
