@@ -32,7 +32,7 @@ pub fn state_path(rules: &Path) -> PathBuf {
 
 /// The states saved in `path` (none when it does not exist); an unreadable or malformed file
 /// is an error naming it.
-pub fn load(path: &Path) -> Result<HashMap<String, bool>, String> {
+pub fn load(path: &Path) -> Result<HashMap<String, bool>, crate::state_file::StateFileError> {
     let saved =
         crate::state_file::load(path, MAX_STATE_BYTES, "{\"SWITCH_ID\": true|false, …}", "")?;
     Ok(saved.unwrap_or_default())
@@ -157,7 +157,14 @@ mod tests {
         assert_eq!(load(&path).unwrap(), states);
         std::fs::write(&path, "{\"a\": \"yes\"}").unwrap();
         let e = load(&path).unwrap_err();
-        assert!(e.contains("rules.yaml.switches.json:1:"), "{e}");
+        assert!(
+            matches!(
+                e,
+                crate::state_file::StateFileError::Malformed { line: 1, .. }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("rules.yaml.switches.json:1:"), "{e}");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

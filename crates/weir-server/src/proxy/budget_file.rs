@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use weir_rules::budget::SavedCount;
+
+use crate::state_file::StateFileError;
 use weir_rules::engine::Rules;
 
 /// How often changed counts are written.
@@ -27,7 +29,7 @@ pub fn state_path(rules: &Path) -> PathBuf {
 
 /// The counts saved in `path` (none when it does not exist); an unreadable or malformed file
 /// is an error naming it, its line and column.
-pub fn load(path: &Path) -> Result<Vec<SavedCount>, String> {
+pub fn load(path: &Path) -> Result<Vec<SavedCount>, StateFileError> {
     let saved = crate::state_file::load(
         path,
         MAX_STATE_BYTES,
@@ -43,7 +45,7 @@ pub fn save(path: &Path, counts: &[SavedCount]) -> std::io::Result<()> {
 }
 
 /// Restores the counts saved beside the rule file into `rules`; answers how many were taken.
-pub fn restore<C>(rules: &Rules<C>, path: &Path) -> Result<usize, String>
+pub fn restore<C>(rules: &Rules<C>, path: &Path) -> Result<usize, StateFileError>
 where
     C: weir_core::Clock + Clone,
 {
@@ -120,7 +122,7 @@ mod tests {
         assert!(size < MAX_STATE_BYTES / 4, "{size} bytes");
         assert_eq!(load(&path).unwrap(), many);
         std::fs::write(&path, "[{\"rule\": 1}]").unwrap();
-        let e = load(&path).unwrap_err();
+        let e = load(&path).unwrap_err().to_string();
         assert!(e.contains("rules.yaml.budgets.json:1:"), "{e}");
         assert!(e.contains("delete the file"), "{e}");
         std::fs::remove_dir_all(&dir).ok();

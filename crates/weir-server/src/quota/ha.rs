@@ -55,6 +55,20 @@ pub struct Ha {
     stopped: AtomicBool,
 }
 
+/// Why a server cannot join a failover group.
+#[derive(Debug, thiserror::Error)]
+pub enum HaError {
+    /// The HTTP address to advertise is not `http://HOST:PORT`.
+    #[error("--quota-advertise {0:?}: expected http://HOST:PORT")]
+    Http(String),
+    /// The gRPC address to advertise is not `HOST:PORT`.
+    #[error("gRPC address {0:?}: expected HOST:PORT")]
+    Grpc(String),
+    /// The Redis address or the group's name.
+    #[error(transparent)]
+    Redis(#[from] weir_redis::StoreError),
+}
+
 impl Ha {
     /// Campaigns in `group` on the Redis at `url`, advertised to clients as `http`
     /// (`http://HOST:PORT` of this server's HTTP API) and `grpc` (`HOST:PORT` of its gRPC
@@ -65,21 +79,18 @@ impl Ha {
         http: &str,
         grpc: Option<&str>,
         ttl: Duration,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, HaError> {
         let plain = |s: &str| !s.is_empty() && !s.contains([' ', '|']);
         if !http.starts_with("http://") || !plain(http) {
-            return Err(format!(
-                "--quota-advertise {http:?}: expected http://HOST:PORT"
-            ));
+            return Err(HaError::Http(http.to_string()));
         }
         let advertise = match grpc {
             Some(g) if plain(g) => format!("{http} grpc={g}"),
-            Some(g) => return Err(format!("gRPC address {g:?}: expected HOST:PORT")),
+            Some(g) => return Err(HaError::Grpc(g.to_string())),
             None => http.to_string(),
         };
         let renew = ttl / 5;
-        let election = Election::new(url, group, &advertise, renew.max(Duration::from_millis(50)))
-            .map_err(|e| e.to_string())?;
+        let election = Election::new(url, group, &advertise, renew.max(Duration::from_millis(50)))?;
         Ok(Self {
             election,
             leadership: Mutex::new(Leadership::new(HaConfig { ttl, renew })),

@@ -144,6 +144,24 @@ pub struct Response {
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
+/// Why an engine could not be built from a valid configuration (the previous one, on a reload,
+/// stays in force).
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The clock asked for cannot run here.
+    #[error("clock: {0}")]
+    Clock(weir_core::ConfigError),
+    /// The store cannot count a rule's limit.
+    #[error("rule {rule}: {source}")]
+    Counter {
+        /// The rule's id.
+        rule: String,
+        /// The store's reason.
+        #[source]
+        source: super::store::CounterError,
+    },
+}
+
 /// A request the service refuses (gRPC INVALID_ARGUMENT / HTTP 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -278,11 +296,11 @@ const ALIGN_SPAN_NANOS: u128 = 15_330 * 86_400 * 1_000_000_000;
 impl EngineClock {
     /// `kind`'s process-wide clock, aligned to the wall clock once per process (reloads and
     /// every engine share the offset, so kept counters keep their windows).
-    pub fn aligned(kind: weir_core::ClockKind) -> Result<Self, String> {
+    pub fn aligned(kind: weir_core::ClockKind) -> Result<Self, EngineError> {
         use std::sync::OnceLock;
         use weir_core::Clock;
         static OFFSET: OnceLock<weir_core::Nanos> = OnceLock::new();
-        let inner = kind.build().map_err(|e| format!("clock: {e}"))?;
+        let inner = kind.build().map_err(EngineError::Clock)?;
         let offset = *OFFSET.get_or_init(|| {
             let wall = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -370,7 +388,7 @@ fn counter(
     id: &str,
     limit: &RateLimit,
     count_denied: bool,
-) -> Result<Option<Arc<dyn Counter>>, String> {
+) -> Result<Option<Arc<dyn Counter>>, EngineError> {
     if limit.unlimited || limit.denies_all() {
         return Ok(None);
     }
@@ -378,7 +396,10 @@ fn counter(
     store
         .counter(counter_name(id, limit), &spec)
         .map(Some)
-        .map_err(|e| format!("rule {id}: {e}"))
+        .map_err(|source| EngineError::Counter {
+            rule: id.to_string(),
+            source,
+        })
 }
 
 /// The counters of a reloaded rule: the previous rule's when they still mean the same
@@ -391,7 +412,7 @@ fn reloaded_counter(
     previous: Option<&Rule>,
     count_denied: bool,
     retunes: &mut Vec<Retune>,
-) -> Result<Option<Arc<dyn Counter>>, String> {
+) -> Result<Option<Arc<dyn Counter>>, EngineError> {
     let kept = previous.filter(|p| {
         !limit.unlimited && p.limit.algorithm == limit.algorithm && p.limit.window == limit.window
     });
@@ -405,7 +426,10 @@ fn reloaded_counter(
     if *old.spec() == spec {
         return Ok(Some(old.clone()));
     }
-    let (counter, retune) = old.retuned(&spec).map_err(|e| format!("rule {id}: {e}"))?;
+    let (counter, retune) = old.retuned(&spec).map_err(|source| EngineError::Counter {
+        rule: id.to_string(),
+        source,
+    })?;
     retunes.push(retune);
     Ok(Some(counter))
 }
@@ -420,7 +444,7 @@ impl Engine {
         options: EngineOptions,
         store: Arc<dyn Store>,
         previous: Option<&Engine>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, EngineError> {
         let clock = match previous {
             Some(p) => p.clock.clone(),
             None => EngineClock::aligned(options.clock)?,
@@ -435,7 +459,7 @@ impl Engine {
         store: Arc<dyn Store>,
         previous: Option<&Engine>,
         clock: EngineClock,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, EngineError> {
         let old: HashMap<&str, &Arc<Rule>> = previous
             .map(|p| p.rules.iter().map(|r| (r.id.as_str(), r)).collect())
             .unwrap_or_default();
@@ -589,7 +613,7 @@ impl Engine {
             &limit,
             true,
         )
-        .map_err(BadRequest)?
+        .map_err(|e| BadRequest(e.to_string()))?
         .ok_or_else(|| BadRequest("override without limit".into()))?;
         map.insert(key, rule.clone());
         Ok(rule)
@@ -1166,7 +1190,7 @@ impl Built<'_> {
         prefix: &str,
         descriptors: &[Descriptor],
         value_to_metric_above: bool,
-    ) -> Result<Vec<Node>, String> {
+    ) -> Result<Vec<Node>, EngineError> {
         let mut nodes = Vec::with_capacity(descriptors.len());
         for d in descriptors {
             let id = match &d.value {
@@ -1197,7 +1221,7 @@ impl Built<'_> {
         d: &Descriptor,
         limit: &RateLimit,
         value_to_metric: bool,
-    ) -> Result<Arc<Rule>, String> {
+    ) -> Result<Arc<Rule>, EngineError> {
         let shadow = d.shadow_mode || self.options.shadow;
         let previous = self.old.get(id).map(|r| &***r);
         let count_denied = self.count_denied && limit.algorithm == RateAlgorithm::FixedWindow;
@@ -1482,7 +1506,11 @@ descriptors:
         c.descriptors.push(bad);
         let refused = Engine::build(&[c], EngineOptions::default(), memory(), Some(&e4));
         let e = refused.err().unwrap();
-        assert!(e.starts_with("rule d.bad"), "{e}");
+        assert!(
+            matches!(&e, EngineError::Counter { rule, .. } if rule == "d.bad"),
+            "{e}"
+        );
+        assert!(e.to_string().starts_with("rule d.bad"), "{e}");
         assert_eq!(passes(&e4, &exact, 3).await, 0, "old limit still enforced");
     }
 

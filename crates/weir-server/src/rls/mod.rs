@@ -14,5 +14,6 @@ pub mod service;
 pub mod settlement;
 pub mod store;
 
+pub use engine::EngineError;
 pub use service::{load, LoadError, Service, EXAMPLE};
-pub use store::{Counter, MemoryStore, RedisStore, Store};
+pub use store::{Counter, CounterError, MemoryStore, RedisStore, Store};

@@ -196,8 +196,8 @@ pub enum LoadError {
     #[error("{}", lines(.0))]
     Config(Vec<ConfigError>),
     /// Valid files the engine could not build (the clock it was asked for, a rule's limit).
-    #[error("{0}")]
-    Engine(String),
+    #[error(transparent)]
+    Engine(#[from] super::engine::EngineError),
 }
 
 fn lines(errors: &[ConfigError]) -> String {

@@ -30,7 +30,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// The counters of one limit: `spec` under `name` (stable while the limit's meaning is:
     /// the rule's id with its algorithm and window). Errors name no rule: the caller does.
-    fn counter(&self, name: String, spec: &RateSpec) -> Result<Arc<dyn Counter>, String>;
+    fn counter(&self, name: String, spec: &RateSpec) -> Result<Arc<dyn Counter>, CounterError>;
 
     /// The state of a store that can fall back to local decisions (Redis); `None` for a store
     /// that cannot fail.
@@ -59,7 +59,29 @@ pub trait Counter: Send + Sync {
     /// other parameters: a new limit, burst or counting of denied hits. The returned counter
     /// answers with the new parameters at once; state shared with this one takes them when the
     /// [`Retune`] is applied, after the whole new configuration proved valid.
-    fn retuned(&self, spec: &RateSpec) -> Result<(Arc<dyn Counter>, Retune), String>;
+    fn retuned(&self, spec: &RateSpec) -> Result<(Arc<dyn Counter>, Retune), CounterError>;
+}
+
+/// Why a store cannot count a limit. Names no rule: the engine does.
+#[derive(Debug, thiserror::Error)]
+pub enum CounterError {
+    /// The limit's parameters make no limiter (weir-core's refusal, the same for every store).
+    #[error(transparent)]
+    Spec(#[from] weir_core::ConfigError),
+    /// A retune would change what the counts mean (another algorithm or window).
+    #[error(
+        "a retune keeps the algorithm and window ({} per {:?} → {} per {:?})",
+        old.algorithm, old.window, new.algorithm, new.window
+    )]
+    Changed {
+        /// The parameters in force.
+        old: Box<RateSpec>,
+        /// The parameters asked for.
+        new: Box<RateSpec>,
+    },
+    /// A store of another crate refused, for its own reason.
+    #[error(transparent)]
+    Store(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Parameters that shared counter state takes when applied (see [`Counter::retuned`]).
@@ -98,12 +120,12 @@ impl Future for Acquire<'_> {
 /// An adjustment being made: done at once (`None`, a memory store) or waiting on a round trip.
 pub type Adjust<'a> = Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>;
 
-fn same_meaning(old: &RateSpec, new: &RateSpec) -> Result<(), String> {
+fn same_meaning(old: &RateSpec, new: &RateSpec) -> Result<(), CounterError> {
     if old.algorithm != new.algorithm || old.window != new.window {
-        return Err(format!(
-            "a retune keeps the algorithm and window ({} per {:?} → {} per {:?})",
-            old.algorithm, old.window, new.algorithm, new.window
-        ));
+        return Err(CounterError::Changed {
+            old: Box::new(*old),
+            new: Box::new(*new),
+        });
     }
     Ok(())
 }
@@ -137,9 +159,9 @@ impl Store for MemoryStore {
         "memory"
     }
 
-    fn counter(&self, _name: String, spec: &RateSpec) -> Result<Arc<dyn Counter>, String> {
-        let clock = self.clock.build().map_err(|e| e.to_string())?;
-        let limiter = KeyedRate::new(spec, self.keys, clock).map_err(|e| e.to_string())?;
+    fn counter(&self, _name: String, spec: &RateSpec) -> Result<Arc<dyn Counter>, CounterError> {
+        let clock = self.clock.build()?;
+        let limiter = KeyedRate::new(spec, self.keys, clock)?;
         Ok(Arc::new(MemoryCounter {
             spec: *spec,
             limiter: Arc::new(limiter),
@@ -172,9 +194,9 @@ impl Counter for MemoryCounter {
         &self.spec
     }
 
-    fn retuned(&self, spec: &RateSpec) -> Result<(Arc<dyn Counter>, Retune), String> {
+    fn retuned(&self, spec: &RateSpec) -> Result<(Arc<dyn Counter>, Retune), CounterError> {
         same_meaning(&self.spec, spec)?;
-        spec.check().map_err(|e| e.to_string())?;
+        spec.check()?;
         let counter = Arc::new(MemoryCounter {
             spec: *spec,
             limiter: self.limiter.clone(),
@@ -220,8 +242,8 @@ impl Store for RedisStore {
         "redis"
     }
 
-    fn counter(&self, name: String, spec: &RateSpec) -> Result<Arc<dyn Counter>, String> {
-        let rule = RedisRule::new(name, spec, self.options).map_err(|e| e.to_string())?;
+    fn counter(&self, name: String, spec: &RateSpec) -> Result<Arc<dyn Counter>, CounterError> {
+        let rule = RedisRule::new(name, spec, self.options)?;
         Ok(Arc::new(RedisCounter {
             rule,
             limiter: self.limiter.clone(),
@@ -254,12 +276,9 @@ impl Counter for RedisCounter {
         self.rule.spec()
     }
 
-    fn retuned(&self, spec: &RateSpec) -> Result<(Arc<dyn Counter>, Retune), String> {
+    fn retuned(&self, spec: &RateSpec) -> Result<(Arc<dyn Counter>, Retune), CounterError> {
         same_meaning(self.rule.spec(), spec)?;
-        let (rule, retune) = self
-            .rule
-            .retuned(spec, self.options)
-            .map_err(|e| e.to_string())?;
+        let (rule, retune) = self.rule.retuned(spec, self.options)?;
         let counter = Arc::new(RedisCounter {
             rule,
             limiter: self.limiter.clone(),
@@ -318,7 +337,8 @@ mod tests {
         let Err(e) = store.counter("r".into(), &zero) else {
             panic!("burst 0 accepted")
         };
-        assert!(e.contains("burst"), "{e}");
+        assert!(matches!(e, CounterError::Spec(_)), "{e}");
+        assert!(e.to_string().contains("burst"), "{e}");
         assert_eq!(store.name(), "memory");
         assert!(store.fallback_status().is_none());
     }
