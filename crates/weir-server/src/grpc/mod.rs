@@ -3,6 +3,6 @@
 //! [`reflection`] serves the descriptors. Which service answers which path is the process's
 //! business (`crate::serve`).
 
-pub mod batch;
+pub(crate) mod batch;
 pub mod frame;
 pub mod reflection;

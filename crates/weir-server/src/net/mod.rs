@@ -7,7 +7,7 @@
 pub mod accept;
 pub mod budget;
 pub mod conn;
-pub mod dormant;
+pub(crate) mod dormant;
 
 /// Whether `target` (an `http://HOST:PORT` URI) names `listen`, an address this process
 /// listens on: the same port on the same IP, or on a loopback or unspecified listen address.

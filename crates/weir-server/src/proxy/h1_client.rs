@@ -269,6 +269,7 @@ impl H1Client {
     }
 
     /// Idle connections kept, all upstreams together.
+    #[cfg(test)]
     pub fn idle(&self) -> usize {
         let idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
         idle.iter().map(|e| e.conns.len()).sum()

@@ -9,13 +9,13 @@
 //! serves the live dashboard (weir-tower's `dashboard`), `/metrics` (Prometheus text) and
 //! `/healthz`; `--admin-token` puts the dashboard's data and `/metrics` behind a bearer token.
 
-pub mod ahead;
+mod ahead;
 pub mod budget_file;
-pub mod h1_client;
+mod h1_client;
 mod metrics;
 pub mod paced;
-pub mod shared;
-pub mod slots;
+mod shared;
+mod slots;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};

@@ -61,6 +61,7 @@ impl AddressSlots {
     }
 
     /// Addresses with a request in flight.
+    #[cfg(test)]
     pub fn addresses(&self) -> usize {
         self.shards.iter().map(|s| s.lock().len()).sum()
     }

@@ -5,9 +5,9 @@
 //! weir-quota.
 
 pub mod api;
-pub mod grpc;
+pub(crate) mod grpc;
 pub mod ha;
-pub mod rlqs;
+pub(crate) mod rlqs;
 
 /// Runs lease-server work (a refresh: allocation under the server's locks) on tokio's blocking
 /// pool, so that however long it takes it never holds a worker thread the rate-limit decisions

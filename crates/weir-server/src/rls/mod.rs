@@ -8,10 +8,10 @@ pub mod config;
 pub mod engine;
 pub mod grpc;
 pub mod json;
-pub mod latency;
-pub mod metrics;
+pub(crate) mod latency;
+pub(crate) mod metrics;
 pub mod service;
-pub mod settlement;
+pub(crate) mod settlement;
 pub mod store;
 
 pub use engine::EngineError;

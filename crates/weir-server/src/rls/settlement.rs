@@ -95,12 +95,14 @@ impl Ledger {
     }
 
     /// Keys remembered now.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         let g = self.inner.lock();
         g.current.len() + g.previous.len()
     }
 
     /// Whether no key is remembered.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
