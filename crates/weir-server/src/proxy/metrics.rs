@@ -5,13 +5,13 @@
 //! [`Snapshot`] and encodes it, so nothing is registered or looked up per request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use weir_rules::metrics::{ResourceSnapshot, RuleSnapshot, Snapshot};
 
-use super::ProxyStats;
 use weir_rules::history::state_name;
 
 /// One scrape's values.
@@ -255,6 +255,22 @@ impl Collector for Scrape {
         }
         Ok(())
     }
+}
+
+/// Counters of the proxy itself (beside the rules' own).
+#[derive(Default)]
+pub struct ProxyStats {
+    pub(super) forwarded: AtomicU64,
+    pub(super) upstream_unreachable: AtomicU64,
+    pub(super) upstream_timeout: AtomicU64,
+    pub(super) upstream_busy: AtomicU64,
+    pub(super) body_too_slow: AtomicU64,
+    pub(super) loops: AtomicU64,
+    pub(super) reloads_applied: AtomicU64,
+    pub(super) reloads_rejected: AtomicU64,
+    pub(super) switch_changes: Arc<AtomicU64>,
+    /// The gutter's decisions and breakers, when there is one.
+    pub(super) gutter: std::sync::OnceLock<weir_tower::gutter::Gutter<(), ()>>,
 }
 
 /// The proxy's collector: its rules and its own counters, read at each scrape.
