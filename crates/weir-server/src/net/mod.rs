@@ -1,6 +1,6 @@
 //! Connection plumbing shared by every server: [`accept`] (listeners, connection caps per
 //! process and per address, graceful stop), [`conn`] (per-connection idle and header
-//! timeouts), [`budget`] (request-body bounds per body and in all), [`dormant`] (signals waited
+//! timeouts), [`budget`] (request-body bounds per body and in all), `dormant` (signals waited
 //! for beside a connection's I/O without polling them on every wake-up), and [`points_at`]
 //! (whether an address a server is told to call is its own).
 

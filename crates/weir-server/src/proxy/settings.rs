@@ -33,7 +33,7 @@ pub struct Settings {
     /// How a request body streamed to the upstream must keep arriving (then 408).
     pub body_pace: paced::Pace,
     /// Most bytes of request bodies held at once, process-wide, to read JSON cost estimates
-    /// (each connection at most [`BodyLimits::default`]'s per-connection bytes).
+    /// (each connection at most [`crate::net::budget::BodyLimits::default`]'s per-connection bytes).
     pub max_buffered_bytes: usize,
     /// The quota server (`http://HOST:PORT` of `weir serve --quota`) for `cluster` flow rules.
     pub quota_server: Option<String>,

@@ -175,7 +175,7 @@ pub struct RateLimit {
 /// - a charge (a descriptor ending with `weir_cost=settle`) counts for at most `max`;
 /// - a refund (`is_negative_hits`) counts as its ask did (`min` to `max`) and never gives back
 ///   more than this instance charged the same key's asks in the last
-///   [`REFUND_HORIZON`](crate::rls::settlement::REFUND_HORIZON).
+///   `REFUND_HORIZON` (`rls::settlement`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CostBounds {
     /// The least one ask holds.

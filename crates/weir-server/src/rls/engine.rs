@@ -203,7 +203,7 @@ pub struct Rule {
 pub const MAX_METRIC_VALUES: usize = 1_000;
 
 /// The Prometheus counts of one metric label (`weir_rls_*_total{rule=…}`), kept in relaxed
-/// atomics on the request path and read by [`super::metrics`] at a scrape.
+/// atomics on the request path and read by the service's metrics collector at a scrape.
 #[derive(Debug, Default)]
 pub struct RuleMetrics {
     /// Hits counted.

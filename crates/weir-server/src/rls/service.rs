@@ -40,7 +40,7 @@ pub struct Service {
 impl Service {
     /// Builds from the configuration at `config` (or the bundled example), with counters in
     /// `store`; its metrics go to `metrics` (the builder registers its collector,
-    /// [`super::metrics::RlsCollector`]).
+    /// its `RlsCollector`).
     pub fn new(
         config: Option<PathBuf>,
         store: Arc<dyn Store>,

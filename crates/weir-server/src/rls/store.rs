@@ -10,9 +10,10 @@
 //! - [`RedisStore`]: one global count across instances on Redis (weir-redis: atomic Lua
 //!   scripts, with this instance's share decided locally while Redis is unreachable).
 //!
-//! A new store (another database, a sharded ring of servers) implements the two traits; the
-//! engine, the gRPC/HTTP front ends and the dashboard take it unchanged
-//! ([`super::Server::builder`]`.store(..)`).
+//! A new store (another database, a sharded ring of servers) implements the two traits,
+//! refusing a limit it cannot count with a [`CounterError`] (its own reason boxed in
+//! [`CounterError::Store`]); the engine, the gRPC/HTTP front ends and the dashboard take it
+//! unchanged (`crate::serve::Server::builder().store(..)`).
 
 use std::future::Future;
 use std::pin::Pin;

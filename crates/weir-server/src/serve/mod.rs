@@ -1,9 +1,9 @@
 //! The `weir serve` process for any tokio program, composed of the services below it: the
 //! rate-limit service ([`crate::rls`]) and, when asked, a lease server ([`crate::quota`]) on
 //! the same two ports. [`Server::builder`], then [`Server::serve_grpc`] (what Envoy calls:
-//! `ShouldRateLimit`, the lease API, RLQS, health, reflection — [`grpc`]) and
+//! `ShouldRateLimit`, the lease API, RLQS, health, reflection — `serve::grpc`) and
 //! [`Server::serve_http`] (Lyft's JSON API, health, `/metrics`, the dashboard, the lease API's
-//! routes — [`http`]), each until a future of the caller's completes. The caller binds the
+//! routes — `serve::http`), each until a future of the caller's completes. The caller binds the
 //! listeners and says where they are.
 //!
 //! This is the one module that knows every service of the process; `rls` and `quota` know
