@@ -1,0 +1,166 @@
+//! The `weir serve` process built in-process through weir-server's builders, on listeners
+//! bound to 127.0.0.1:0 — what an embedding program does, without the binary: a decision over
+//! Lyft's HTTP API, a lease from a lease server served beside it, the gRPC port's health, and
+//! typed errors for a bad configuration.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use weir_server::quota::api::{OpenError, QuotaApi};
+use weir_server::rls::{LoadError, MemoryStore};
+use weir_server::serve::Server;
+
+/// One HTTP/1.1 POST on a fresh connection; the whole answer (head and body).
+async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    answer
+}
+
+/// A file of `text` in a directory of its own under the system's temporary directory.
+fn file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-server-serve-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serve_process_decides_and_leases_on_its_two_ports() {
+    let quota = QuotaApi::load(file(
+        "quota.yaml",
+        "resources:\n  - {name: search, capacity: 1000/s}\n",
+    ))
+    .unwrap();
+    let server = Arc::new(
+        Server::builder()
+            .store(MemoryStore::default())
+            .quota(quota)
+            .build()
+            .unwrap(),
+    );
+    assert!(
+        server.quota().is_some(),
+        "the lease server is served beside"
+    );
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let serving = {
+        let (server, mut a, mut b) = (server.clone(), stopped.clone(), stopped);
+        tokio::spawn(async move {
+            tokio::join!(
+                server.serve_grpc(grpc, async move {
+                    let _ = a.wait_for(|s| *s).await;
+                }),
+                server.serve_http(http, None, async move {
+                    let _ = b.wait_for(|s| *s).await;
+                }),
+            );
+        })
+    };
+
+    // A decision of the bundled example over Lyft's JSON API.
+    let decision = post(
+        http_addr,
+        "/json",
+        r#"{"domain":"example","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.1"}]}]}"#,
+    )
+    .await;
+    assert!(decision.starts_with("HTTP/1.1 200"), "{decision}");
+    assert!(decision.contains(r#""overallCode":"OK""#), "{decision}");
+
+    // A lease from the lease server on the same HTTP port: a learning server grants what the
+    // client says it uses on its own.
+    let lease = post(
+        http_addr,
+        "/quota/v1/refresh",
+        r#"{"client":"host-7","resources":[{"resource":"search","wants":120,"safe":50}]}"#,
+    )
+    .await;
+    assert!(lease.starts_with("HTTP/1.1 200"), "{lease}");
+    assert!(lease.contains(r#""granted":50.0"#), "{lease}");
+    assert!(lease.contains(r#""leaseId""#), "{lease}");
+
+    // The gRPC port: health (`grpc.health.v1.Health/Check`, an empty request framed) over
+    // HTTP/2 with prior knowledge, as Envoy calls it.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let request = http::Request::post(format!("http://{grpc_addr}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(&[
+            0, 0, 0, 0, 0,
+        ])))
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), client.request(request))
+        .await
+        .expect("a gRPC answer within 10 s")
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let body = http_body_util::BodyExt::collect(answer.into_body())
+        .await
+        .unwrap();
+    let trailers = body.trailers().cloned().expect("gRPC trailers");
+    assert_eq!(trailers["grpc-status"], "0", "{trailers:?}");
+    // HealthCheckResponse { status: SERVING (1) }, framed: field 1, varint 1.
+    assert_eq!(&body.to_bytes()[..], &[0, 0, 0, 0, 2, 8, 1]);
+
+    stop.send_replace(true);
+    tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("the servers stop within 10 s")
+        .unwrap();
+}
+
+#[test]
+fn a_bad_configuration_is_a_typed_error_naming_its_file_and_line() {
+    let path = file(
+        "lyft.yaml",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n",
+    );
+    let Err(e) = Server::builder().config_file(&path).build() else {
+        panic!("a unit that is no unit was accepted");
+    };
+    let LoadError::Config(problems) = &e.0 else {
+        panic!("not the file's problems: {e}");
+    };
+    assert_eq!(problems.len(), 1, "{e}");
+    let text = e.to_string();
+    assert!(text.contains("lyft.yaml:4:"), "{text}");
+    assert!(text.contains("fortnight"), "{text}");
+}
+
+#[test]
+fn a_bad_quota_file_is_a_typed_error_one_problem_per_line() {
+    let path = file(
+        "bad-quota.yaml",
+        "resources:\n  - {name: a, capacity: -1/s}\n  - {name: a, capacity: 5/s}\n",
+    );
+    let Err(e) = QuotaApi::load(path) else {
+        panic!("a negative capacity was accepted");
+    };
+    assert!(matches!(e, OpenError::Config(_)), "{e}");
+    let text = e.to_string();
+    assert!(text.lines().count() >= 1, "{text}");
+    assert!(text.contains("bad-quota.yaml:2:"), "{text}");
+}
