@@ -10,8 +10,9 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, Request, Version};
 
-use weir_server::rls::engine::{Engine, EngineOptions, Request as RlsRequest};
+use weir_server::rls::engine::Engine;
 use weir_server::rls::MemoryStore;
+use weir_server::rls::{EngineOptions, Request as RlsRequest};
 
 /// A fuzz target: arbitrary bytes in, a panic only for a broken invariant.
 pub type Target = fn(&[u8]);

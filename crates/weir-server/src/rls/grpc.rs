@@ -15,7 +15,7 @@ use prost::Message;
 use serde_json::Value;
 
 use super::config::Unit;
-use super::engine::{BadRequest, HeaderStyle, Request, RequestDescriptor, Response};
+use super::request::{BadRequest, HeaderStyle, Request, RequestDescriptor, Response};
 use crate::grpc::frame::{unframe, Code};
 
 /// The one method served.

@@ -17,8 +17,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
 use super::config::Unit;
-use super::engine::{BadRequest, HeaderStyle, Request, Response};
 use super::grpc::{from_proto, pb_unit, whole_seconds};
+use super::request::{BadRequest, HeaderStyle, Request, Response};
 use super::service::Service;
 use crate::net::budget::{BodyError, ConnectionBudget};
 

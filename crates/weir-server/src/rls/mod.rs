@@ -10,10 +10,15 @@ pub mod grpc;
 pub mod json;
 pub(crate) mod latency;
 pub(crate) mod metrics;
+pub mod options;
+pub mod request;
 pub mod service;
 pub(crate) mod settlement;
 pub mod store;
+pub mod tree;
 
-pub use engine::EngineError;
+pub use options::EngineOptions;
+pub use request::{BadRequest, HeaderStyle, Request, Response};
 pub use service::{load, LoadError, Service, EXAMPLE};
 pub use store::{Counter, CounterError, MemoryStore, RedisStore, Store};
+pub use tree::EngineError;

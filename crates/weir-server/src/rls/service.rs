@@ -11,7 +11,9 @@ use std::time::Duration;
 use parking_lot::RwLock;
 
 use super::config::{self, ConfigError, DomainConfig};
-use super::engine::{BadRequest, Engine, EngineOptions, HeaderStyle, Request, Response};
+use super::engine::Engine;
+use super::options::EngineOptions;
+use super::request::{BadRequest, HeaderStyle, Request, Response};
 use super::store::Store;
 use crate::admin::metrics::Metrics;
 use crate::reload::Reloads;
@@ -197,7 +199,7 @@ pub enum LoadError {
     Config(Vec<ConfigError>),
     /// Valid files the engine could not build (the clock it was asked for, a rule's limit).
     #[error(transparent)]
-    Engine(#[from] super::engine::EngineError),
+    Engine(#[from] super::tree::EngineError),
 }
 
 fn lines(errors: &[ConfigError]) -> String {

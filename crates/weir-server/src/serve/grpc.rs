@@ -235,8 +235,8 @@ fn grpc_builder(
 mod tests {
     use super::*;
     use crate::grpc::frame::tests::framed;
-    use crate::rls::engine::EngineOptions;
     use crate::rls::store::MemoryStore;
+    use crate::rls::EngineOptions;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;

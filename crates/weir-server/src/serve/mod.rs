@@ -27,7 +27,7 @@ use crate::admin::metrics::Metrics;
 use crate::net::accept::Limits;
 use crate::net::budget::{BodyLimits, Budget};
 use crate::quota::api::QuotaApi;
-use crate::rls::engine::{EngineOptions, HeaderStyle};
+use crate::rls::{EngineOptions, HeaderStyle};
 use crate::rls::{LoadError, MemoryStore, Service, Store};
 
 /// The `weir serve` process's servers, ready to serve on listeners the caller opened.

@@ -184,7 +184,7 @@ pub(crate) fn check_lyft(args: &CheckConfigArgs) -> ExitCode {
         Ok(domains) => {
             let engine = match rls::engine::Engine::build(
                 &domains,
-                rls::engine::EngineOptions::default(),
+                rls::EngineOptions::default(),
                 std::sync::Arc::new(rls::MemoryStore::default()),
                 None,
             ) {

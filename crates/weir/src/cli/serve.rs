@@ -46,16 +46,16 @@ async fn serve(args: ServeArgs) -> ExitCode {
     };
     let mut builder = Server::builder()
         .store_shared(store)
-        .options(rls::engine::EngineOptions {
+        .options(rls::EngineOptions {
             shadow: args.shadow,
             clock: args.clock,
             response_metadata: args.response_metadata,
             merge_domains: args.merge_domains,
         })
         .headers(match args.response_headers.as_str() {
-            "draft03" => rls::engine::HeaderStyle::Draft03,
-            "ietf" => rls::engine::HeaderStyle::Ietf,
-            _ => rls::engine::HeaderStyle::None,
+            "draft03" => rls::HeaderStyle::Draft03,
+            "ietf" => rls::HeaderStyle::Ietf,
+            _ => rls::HeaderStyle::None,
         })
         .limits(args.connections.limits())
         .bodies(budget::BodyLimits {
