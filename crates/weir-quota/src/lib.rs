@@ -50,6 +50,7 @@ pub mod server;
 pub mod sim;
 pub mod sim_tree;
 pub mod upstream;
+pub mod wire;
 
 pub use allocate::{allocate, Demand, Division, QuotaError};
 pub use client::{ClientConfig, ResourceClient, Source};

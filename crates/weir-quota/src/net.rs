@@ -38,6 +38,7 @@ use weir_core::{Clock, Decision, MonotonicClock, Nanos};
 
 use crate::client::{ClientConfig, ResourceClient, Source};
 use crate::lease::Lease;
+use crate::wire::lease_id_text;
 
 mod parent;
 pub use parent::ParentLink;
@@ -355,19 +356,24 @@ impl LeaseClient {
             let _ = task.await;
         }
         let table = self.inner.table.load();
-        let names: Vec<&str> = table.resources.iter().map(|r| r.name()).collect();
-        let ids: Vec<String> = table
-            .resources
-            .iter()
-            .map(|r| lease_id_text(r.lease_id()))
-            .collect();
-        let body = serde_json::json!({
-            "client": self.inner.link.client_id, "resources": names, "leaseIds": ids,
-        });
+        let body = crate::wire::ReleaseRequest {
+            client: self.inner.link.client_id.clone(),
+            resources: table
+                .resources
+                .iter()
+                .map(|r| r.name().to_string())
+                .collect(),
+            lease_ids: table
+                .resources
+                .iter()
+                .map(|r| lease_id_text(r.lease_id()))
+                .collect(),
+        };
+        let body = serde_json::to_string(&body).unwrap_or_default();
         let target = self.inner.link.current_target();
         let _ = tokio::time::timeout(
             Duration::from_secs(2),
-            post(&self.inner.link, &target.release, body.to_string()),
+            post(&self.inner.link, &target.release, body),
         )
         .await;
     }
@@ -381,21 +387,6 @@ impl weir_rules::engine::ClusterQuota for LeaseClient {
 
     fn settle_at(&self, resource: &str, held: weir_core::cost::Held, actual: u64, now: Nanos) {
         LeaseClient::settle_at(self, resource, held, actual, now);
-    }
-}
-
-/// A lease id as the HTTP API writes it: 16 hex digits (JSON numbers lose precision past
-/// 2^53 in many languages).
-pub fn lease_id_text(id: u64) -> String {
-    format!("{id:016x}")
-}
-
-/// Reads what [`lease_id_text`] wrote (empty: 0, no lease); `None` for anything else.
-pub fn parse_lease_id(text: &str) -> Option<u64> {
-    match text {
-        "" => Some(0),
-        t if t.len() <= 16 => u64::from_str_radix(t, 16).ok(),
-        _ => None,
     }
 }
 
@@ -428,34 +419,39 @@ async fn refresh_all(
     table: &Table,
     now: Nanos,
 ) -> Result<Vec<Option<Lease>>, String> {
-    let asks: Vec<serde_json::Value> = table
+    let resources = table
         .resources
         .iter()
         .map(|r| {
             let a = r.ask(now);
-            serde_json::json!({
-                "resource": r.name(), "wants": a.wants, "needs": a.needs, "has": a.has, "safe": a.safe,
-                "weight": a.weight, "priority": a.priority.as_str(),
-                "leaseId": lease_id_text(a.lease_id),
-            })
+            crate::wire::ResourceAsk {
+                resource: r.name().to_string(),
+                wants: a.wants,
+                has: a.has,
+                safe: a.safe,
+                lease_id: Some(lease_id_text(a.lease_id)),
+                weight: a.weight,
+                priority: Some(a.priority.as_str().to_string()),
+                needs: a.needs,
+                holds: None,
+                term: 0,
+                parts: Vec::new(),
+            }
         })
         .collect();
-    let body = serde_json::json!({"client": inner.link.client_id, "resources": asks}).to_string();
+    let request = crate::wire::RefreshRequest {
+        client: inner.link.client_id.clone(),
+        resources,
+    };
+    let body = serde_json::to_string(&request).map_err(|e| e.to_string())?;
     let v = call_leader(&inner.link, body).await?;
-    let leases = v["leases"].as_array().ok_or("no leases in the answer")?;
-    let ms = |v: &serde_json::Value| Duration::from_millis(v.as_u64().unwrap_or(0));
-    Ok(leases
+    let answer: crate::wire::RefreshResponse =
+        serde_json::from_value(v).map_err(|e| format!("the answer: {e}"))?;
+    // One validation for every reader of the lease API (crate::wire::LeaseAnswer::lease).
+    Ok(answer
+        .leases
         .iter()
-        .map(|l| {
-            Some(Lease {
-                granted: l["granted"].as_f64()?,
-                expires_at: now.saturating_add(ms(&l["expiresInMs"]).as_nanos() as Nanos),
-                refresh: ms(&l["refreshInMs"]),
-                safe_capacity: l["safeCapacity"].as_f64()?,
-                learning: l["learning"].as_bool().unwrap_or(false),
-                lease_id: l["leaseId"].as_str().and_then(parse_lease_id).unwrap_or(0),
-            })
-        })
+        .map(|l| l.lease(now).map(|(lease, _)| lease))
         .collect())
 }
 

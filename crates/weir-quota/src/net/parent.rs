@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use weir_core::{Clock, Nanos};
 
-use super::{call_leader, lease_id_text, parse_lease_id, NetError, Transport};
-use crate::lease::Lease;
+use super::{call_leader, NetError, Transport};
 use crate::server::LeaseServer;
 use crate::upstream::{Asked, Upstream};
+use crate::wire::{lease_id_text, PartAsk, RefreshRequest, RefreshResponse, ResourceAsk};
 
 /// The task leasing a server's capacities from its parent; stops when dropped.
 pub struct ParentLink {
@@ -60,50 +60,38 @@ impl ParentLink {
     }
 }
 
-/// What a lease answer says, or `None` for anything else.
-fn lease_of(v: &serde_json::Value, now: Nanos) -> Option<(Lease, Duration)> {
-    let ms = |f: &str| v[f].as_u64().map(Duration::from_millis);
-    let expires_in = ms("expiresInMs")?;
-    let granted = v["granted"]
-        .as_f64()
-        .filter(|g| g.is_finite() && *g >= 0.0)?;
-    let safe = v["safeCapacity"]
-        .as_f64()
-        .filter(|g| g.is_finite() && *g >= 0.0)?;
-    Some((
-        Lease {
-            granted,
-            expires_at: now.saturating_add(Nanos::try_from(expires_in.as_nanos()).ok()?),
-            refresh: ms("refreshInMs")?,
-            safe_capacity: safe,
-            learning: v["learning"].as_bool().unwrap_or(false),
-            lease_id: v["leaseId"].as_str().and_then(parse_lease_id)?,
-        },
-        expires_in,
-    ))
-}
-
 /// The body of one call asking for `asks`.
 fn body(client: &str, asks: &[Asked]) -> String {
-    let resources: Vec<serde_json::Value> = asks
+    let resources = asks
         .iter()
-        .map(|a| {
-            let parts: Vec<serde_json::Value> = a
+        .map(|a| ResourceAsk {
+            resource: a.resource.clone(),
+            wants: a.ask.wants,
+            has: a.ask.has,
+            safe: a.ask.safe,
+            lease_id: Some(lease_id_text(a.ask.lease_id)),
+            weight: a.ask.weight,
+            priority: None,
+            needs: a.ask.needs,
+            holds: a.ask.holds,
+            term: a.ask.term,
+            parts: a
                 .parts
                 .iter()
-                .map(|p| {
-                    serde_json::json!({"wants": p.wants, "needs": p.needs, "weight": p.weight,
-                        "priority": p.priority.as_str()})
+                .map(|p| PartAsk {
+                    wants: p.wants,
+                    needs: Some(p.needs),
+                    weight: p.weight,
+                    priority: Some(p.priority.as_str().to_string()),
                 })
-                .collect();
-            serde_json::json!({
-                "resource": a.resource, "wants": a.ask.wants, "needs": a.ask.needs,
-                "has": a.ask.has, "safe": a.ask.safe, "holds": a.ask.holds,
-                "leaseId": lease_id_text(a.ask.lease_id), "parts": parts, "term": a.ask.term,
-            })
+                .collect(),
         })
         .collect();
-    serde_json::json!({"client": client, "resources": resources}).to_string()
+    let request = RefreshRequest {
+        client: client.to_string(),
+        resources,
+    };
+    serde_json::to_string(&request).unwrap_or_default()
 }
 
 fn apply(server: &LeaseServer, upstream: &Upstream, now: Nanos) {
@@ -150,20 +138,25 @@ async fn run<C: Clock>(
         for chunk in asks.chunks(super::MAX_RESOURCES) {
             let answer = call_leader(&link, body(&link.client_id, chunk)).await;
             let at = clock.now();
-            let leases = answer.as_ref().ok().and_then(|v| v["leases"].as_array());
+            let leases = answer
+                .as_ref()
+                .ok()
+                .and_then(|v| serde_json::from_value::<RefreshResponse>(v.clone()).ok())
+                .map(|r| r.leases);
             match leases {
                 Some(leases) if leases.len() == chunk.len() => {
                     if reachable != Some(true) {
                         tracing::info!(client = %link.client_id, "parent lease server reached");
                     }
                     reachable = Some(true);
-                    for (a, v) in chunk.iter().zip(leases) {
-                        match lease_of(v, at) {
+                    for (a, v) in chunk.iter().zip(&leases) {
+                        match v.lease(at) {
                             Some((lease, expires_in)) => {
                                 upstream.answered(&a.resource, &lease, expires_in, a.sent_at, at);
                             }
                             None => {
-                                tracing::warn!(resource = %a.resource, answer = %v, "parent lease server refused a resource; its grant holds until it lapses");
+                                let answer = serde_json::to_string(&v).unwrap_or_default();
+                                tracing::warn!(resource = %a.resource, %answer, "parent lease server refused a resource; its grant holds until it lapses");
                                 upstream.failed(&a.resource, Duration::from_secs(5), at);
                             }
                         }

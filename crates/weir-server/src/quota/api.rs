@@ -27,7 +27,6 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use weir_core::{Clock, Criticality, MonotonicClock};
 use weir_quota::config::QuotaConfig;
@@ -506,56 +505,6 @@ impl crate::admin::metrics::Collector for Collector {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RefreshBody {
-    client: String,
-    resources: Vec<ResourceAsk>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ResourceAsk {
-    resource: String,
-    wants: f64,
-    #[serde(default)]
-    has: f64,
-    #[serde(default)]
-    safe: f64,
-    #[serde(default, rename = "leaseId")]
-    lease_id: Option<String>,
-    #[serde(default = "one")]
-    weight: f64,
-    #[serde(default)]
-    priority: Option<String>,
-    /// Of `wants`, what is needed now (a lease server below sends it; default: all).
-    #[serde(default)]
-    needs: Option<f64>,
-    /// A lease server below: what it has granted its clients (see `Ask::holds`).
-    #[serde(default)]
-    holds: Option<f64>,
-    /// A lease server below in a failover group: its leader's term (see `Ask::term`).
-    #[serde(default)]
-    term: u64,
-    /// A lease server below: its demand in parts (this and `holds` honoured for callers whose
-    /// `clients` entry has `own_values: true`).
-    #[serde(default)]
-    parts: Vec<RawPart>,
-}
-
-/// One part of a server-below's demand, as the JSON API reads it.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPart {
-    wants: f64,
-    #[serde(default)]
-    needs: Option<f64>,
-    #[serde(default = "one")]
-    weight: f64,
-    #[serde(default)]
-    priority: Option<String>,
-}
-
 /// The fields of an ask that a lease client's measured rate or a lease server below adds, as
 /// a front end (HTTP/JSON or gRPC) read them.
 pub(crate) struct ServerFields {
@@ -580,7 +529,7 @@ pub(crate) struct WirePart {
 
 impl ServerFields {
     /// The JSON API's fields of `r`.
-    fn of_json(r: &ResourceAsk) -> Self {
+    fn of_json(r: &weir_quota::wire::ResourceAsk) -> Self {
         Self {
             needs: r.needs,
             holds: r.holds,
@@ -663,12 +612,8 @@ pub(crate) fn server_fields(
 /// A lease id as the JSON API writes it (16 hex digits); `field` names it in the error.
 fn lease_id(text: Option<&str>, field: &str) -> Result<u64, String> {
     let t = text.unwrap_or_default();
-    weir_quota::net::parse_lease_id(t)
+    weir_quota::wire::parse_lease_id(t)
         .ok_or_else(|| format!("{field}: {t:?}: expected at most 16 hex digits"))
-}
-
-fn one() -> f64 {
-    1.0
 }
 
 /// A client id: 1 to 256 bytes, no control characters (ids become metric labels and log
@@ -681,15 +626,6 @@ fn check_client(client: &str) -> Result<(), String> {
         return Err("client: no control characters".into());
     }
     Ok(())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReleaseBody {
-    client: String,
-    resources: Vec<String>,
-    #[serde(default, rename = "leaseIds")]
-    lease_ids: Vec<String>,
 }
 
 fn bad(message: String) -> axum::response::Response {
@@ -772,7 +708,7 @@ async fn refresh(
     request: axum::extract::Request,
 ) -> axum::response::Response {
     let token = bearer(&request);
-    let b: RefreshBody = match body(&budget, request).await {
+    let b: weir_quota::wire::RefreshRequest = match body(&budget, request).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -830,24 +766,15 @@ async fn refresh(
         Ok(a) => a,
         Err(e) => return refused(e),
     };
-    let ms = |ns: u64| ns / 1_000_000;
-    let leases: Vec<Value> = answers
+    let leases = answers
         .iter()
         .zip(&asks)
         .map(|(a, (resource, _))| match a {
-            Ok(l) => json!({
-                "resource": resource,
-                "granted": l.granted,
-                "expiresInMs": ms(l.expires_at.saturating_sub(now)),
-                "refreshInMs": l.refresh.as_millis() as u64,
-                "safeCapacity": l.safe_capacity,
-                "learning": l.learning,
-                "leaseId": weir_quota::net::lease_id_text(l.lease_id),
-            }),
-            Err(e) => json!({"resource": e.resource(), "error": e.to_string()}),
+            Ok(l) => weir_quota::wire::LeaseAnswer::granted(resource, l, now),
+            Err(e) => weir_quota::wire::LeaseAnswer::refused(e.resource(), e.to_string()),
         })
         .collect();
-    axum::Json(json!({ "leases": leases })).into_response()
+    axum::Json(weir_quota::wire::RefreshResponse { leases }).into_response()
 }
 
 async fn release(
@@ -856,7 +783,7 @@ async fn release(
     request: axum::extract::Request,
 ) -> axum::response::Response {
     let token = bearer(&request);
-    let b: ReleaseBody = match body(&budget, request).await {
+    let b: weir_quota::wire::ReleaseRequest = match body(&budget, request).await {
         Ok(b) => b,
         Err(r) => return r,
     };
