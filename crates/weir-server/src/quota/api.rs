@@ -305,7 +305,7 @@ impl QuotaApi {
     /// priority from the quota file, then the lease server. A server below's `parts`, `holds`
     /// and `term` are honoured only for a caller whose `clients` entry lets it choose its own
     /// values, `own_values: true` — otherwise each ask counts as one client.
-    pub(crate) fn refresh(
+    fn refresh(
         &self,
         client: &str,
         bearer: Option<&str>,
@@ -334,6 +334,25 @@ impl QuotaApi {
             }
         }
         Ok(self.server.refresh_parts(client, asks, &parts, now))
+    }
+
+    /// The one refresh both front ends run, on asks they decoded and [`checked`]: the lease
+    /// server's answer to each ask, with the ask's resource, in order.
+    pub(crate) fn refresh_checked(
+        &self,
+        client: &str,
+        bearer: Option<&str>,
+        checked: CheckedAsks,
+        now: weir_core::Nanos,
+    ) -> Result<Vec<Answer>, CallError> {
+        let CheckedAsks {
+            count,
+            mut asks,
+            parts,
+        } = checked;
+        let answers = self.refresh(client, bearer, count, &mut asks, parts, now)?;
+        warn_of_stale_ids(self, now);
+        Ok(asks.into_iter().map(|(r, _)| r).zip(answers).collect())
     }
 
     /// Gives `client`'s leases on `resources` (each with the lease id the caller holds) back.
@@ -455,7 +474,7 @@ impl QuotaApi {
 
 /// A client's ask for `resource` as the front ends read it from the wire (HTTP/JSON or gRPC),
 /// all of `wants` needed until [`server_fields`] reads a `needs`.
-pub(crate) fn client_ask(
+fn client_ask(
     resource: &str,
     wants: f64,
     has: f64,
@@ -478,15 +497,68 @@ pub(crate) fn client_ask(
     (resource.to_string(), ask)
 }
 
-/// The asks of a refresh: at most [`MAX_RESOURCES_PER_CALL`] of `items` (the call is refused
-/// past it), each read by `read` (given its index for the message), stopping at the first
-/// that is wrong.
-pub(crate) fn read_asks<T>(
-    items: &[T],
-    read: impl Fn(usize, &T) -> Result<(String, Ask), String>,
-) -> Result<Vec<(String, Ask)>, String> {
-    let items = &items[..items.len().min(MAX_RESOURCES_PER_CALL)];
-    items.iter().enumerate().map(|(i, t)| read(i, t)).collect()
+/// The lease server's answer to one ask of a refresh, with the ask's resource.
+pub(crate) type Answer = (
+    String,
+    Result<weir_quota::Lease, weir_quota::server::Refusal>,
+);
+
+/// One resource's ask as a front end (HTTP/JSON or gRPC) decoded it from its wire, before any
+/// check: what both protocols hand the one refresh ([`QuotaApi::refresh_checked`]).
+pub(crate) struct DecodedAsk {
+    pub resource: String,
+    pub wants: f64,
+    pub has: f64,
+    pub safe: f64,
+    pub weight: f64,
+    /// Its band, or why it could not be read.
+    pub priority: Result<Criticality, String>,
+    /// Its lease id, or why it could not be read.
+    pub lease_id: Result<u64, String>,
+    /// What a measured rate or a lease server below adds.
+    pub fields: ServerFields,
+}
+
+/// The asks of one refresh, checked: each with its parts, and how many the call carried.
+pub(crate) struct CheckedAsks {
+    count: usize,
+    asks: Vec<(String, Ask)>,
+    parts: Vec<Vec<weir_quota::lease::Part>>,
+}
+
+/// Checks the asks of one refresh, whatever the protocol: at most [`MAX_RESOURCES_PER_CALL`]
+/// are read (the call is refused past it), stopping at the first that is wrong, the error
+/// naming its field (`resources[3].parts[1].weight: …`).
+pub(crate) fn checked(decoded: &[DecodedAsk]) -> Result<CheckedAsks, String> {
+    let read = &decoded[..decoded.len().min(MAX_RESOURCES_PER_CALL)];
+    let mut asks = Vec::with_capacity(read.len());
+    let mut parts = Vec::with_capacity(read.len());
+    for (i, d) in read.iter().enumerate() {
+        let priority = d
+            .priority
+            .clone()
+            .map_err(|e| format!("resources[{i}].priority: {e}"))?;
+        let lease_id = d
+            .lease_id
+            .clone()
+            .map_err(|e| format!("resources[{i}].leaseId: {e}"))?;
+        let mut ask = client_ask(
+            &d.resource,
+            d.wants,
+            d.has,
+            d.safe,
+            d.weight,
+            priority,
+            lease_id,
+        );
+        parts.push(server_fields(i, &d.fields, &mut ask.1)?);
+        asks.push(ask);
+    }
+    Ok(CheckedAsks {
+        count: decoded.len(),
+        asks,
+        parts,
+    })
 }
 
 /// One value of a resource's allocation.
@@ -527,10 +599,20 @@ pub(crate) struct WirePart {
     pub priority: Result<Criticality, String>,
 }
 
-impl ServerFields {
-    /// The JSON API's fields of `r`.
-    fn of_json(r: &weir_quota::wire::ResourceAsk) -> Self {
-        Self {
+/// A JSON ask as decoded: the fields as sent, the band and lease id read or why not.
+fn decoded_json(r: &weir_quota::wire::ResourceAsk) -> DecodedAsk {
+    DecodedAsk {
+        resource: r.resource.clone(),
+        wants: r.wants,
+        has: r.has,
+        safe: r.safe,
+        weight: r.weight,
+        priority: match &r.priority {
+            None => Ok(Criticality::Critical),
+            Some(p) => p.parse().map_err(|e| format!("{e}")),
+        },
+        lease_id: lease_id(r.lease_id.as_deref()),
+        fields: ServerFields {
             needs: r.needs,
             holds: r.holds,
             term: r.term,
@@ -547,12 +629,12 @@ impl ServerFields {
                     },
                 })
                 .collect(),
-        }
+        },
     }
 }
 
 /// Reads `f` (of the `i`-th ask) into `ask`; answers the parts. Errors name the field.
-pub(crate) fn server_fields(
+fn server_fields(
     i: usize,
     f: &ServerFields,
     ask: &mut Ask,
@@ -609,11 +691,11 @@ pub(crate) fn server_fields(
         .collect()
 }
 
-/// A lease id as the JSON API writes it (16 hex digits); `field` names it in the error.
-fn lease_id(text: Option<&str>, field: &str) -> Result<u64, String> {
+/// A lease id as the JSON API writes it (16 hex digits; absent or empty: none).
+fn lease_id(text: Option<&str>) -> Result<u64, String> {
     let t = text.unwrap_or_default();
     weir_quota::wire::parse_lease_id(t)
-        .ok_or_else(|| format!("{field}: {t:?}: expected at most 16 hex digits"))
+        .ok_or_else(|| format!("{t:?}: expected at most 16 hex digits"))
 }
 
 /// A client id: 1 to 256 bytes, no control characters (ids become metric labels and log
@@ -643,7 +725,7 @@ static STALE_IDS_LOG: weir_core::log_gate::LogGate =
 /// Warns (at most once a minute) when refreshes presented lease ids other than their rows':
 /// two lease servers (or clients) sharing one client id take the row from each other in
 /// turn and waste most of the capacity.
-pub(crate) fn warn_of_stale_ids(api: &QuotaApi, now: weir_core::Nanos) {
+fn warn_of_stale_ids(api: &QuotaApi, now: weir_core::Nanos) {
     if STALE_IDS_LOG.open(now).is_none() {
         return;
     }
@@ -712,64 +794,30 @@ async fn refresh(
         Ok(b) => b,
         Err(r) => return r,
     };
-    let asks = read_asks(&b.resources, |i, r| {
-        let priority = match &r.priority {
-            None => Criticality::Critical,
-            Some(p) => p
-                .parse()
-                .map_err(|e| format!("resources[{i}].priority: {e}"))?,
-        };
-        let lease_id = lease_id(r.lease_id.as_deref(), &format!("resources[{i}].leaseId"))?;
-        let mut ask = client_ask(
-            &r.resource,
-            r.wants,
-            r.has,
-            r.safe,
-            r.weight,
-            priority,
-            lease_id,
-        );
-        server_fields(i, &ServerFields::of_json(r), &mut ask.1)?;
-        Ok(ask)
-    });
-    let mut asks = match asks {
-        Ok(a) => a,
+    let decoded: Vec<DecodedAsk> = b.resources.iter().map(decoded_json).collect();
+    let checked = match checked(&decoded) {
+        Ok(c) => c,
         Err(e) => return bad(e),
     };
     let now = api.clock.now();
     if let Some(r) = crate::quota::ha::not_leader(api.ha.as_deref(), now) {
         return r;
     }
-    let count = b.resources.len();
-    let parts: Vec<Vec<weir_quota::lease::Part>> = b
-        .resources
-        .iter()
-        .zip(asks.iter_mut())
-        .enumerate()
-        .map(|(i, (r, (_, ask)))| {
-            server_fields(i, &ServerFields::of_json(r), ask).unwrap_or_default()
-        })
-        .collect();
     // Off the workers that decisions run on: lease-server work never stalls them.
     let work = {
-        let (api, client) = (api.clone(), b.client.clone());
-        move || {
-            let answers = api.refresh(&client, token.as_deref(), count, &mut asks, parts, now);
-            (answers, asks)
-        }
+        let (api, client) = (api.clone(), b.client);
+        move || api.refresh_checked(&client, token.as_deref(), checked, now)
     };
-    let Some((answers, asks)) = crate::quota::off_the_workers(work).await else {
+    let Some(answers) = crate::quota::off_the_workers(work).await else {
         return failed();
     };
-    warn_of_stale_ids(&api, now);
     let answers = match answers {
         Ok(a) => a,
         Err(e) => return refused(e),
     };
     let leases = answers
         .iter()
-        .zip(&asks)
-        .map(|(a, (resource, _))| match a {
+        .map(|(resource, a)| match a {
             Ok(l) => weir_quota::wire::LeaseAnswer::granted(resource, l, now),
             Err(e) => weir_quota::wire::LeaseAnswer::refused(e.resource(), e.to_string()),
         })
@@ -792,12 +840,9 @@ async fn release(
     }
     let mut resources = Vec::with_capacity(b.resources.len());
     for (i, r) in b.resources.into_iter().enumerate() {
-        match lease_id(
-            b.lease_ids.get(i).map(String::as_str),
-            &format!("leaseIds[{i}]"),
-        ) {
+        match lease_id(b.lease_ids.get(i).map(String::as_str)) {
             Ok(id) => resources.push((r, id)),
-            Err(e) => return bad(e),
+            Err(e) => return bad(format!("leaseIds[{i}]: {e}")),
         }
     }
     if let Some(r) = crate::quota::ha::not_leader(api.ha.as_deref(), api.clock.now()) {

@@ -16,9 +16,7 @@ use weir_quota::proto::{
 };
 
 use crate::grpc::frame::{ok, status, Code, GrpcBody};
-use crate::quota::api::{
-    client_ask, read_asks, server_fields, CallError, QuotaApi, ServerFields, WirePart,
-};
+use crate::quota::api::{checked, CallError, DecodedAsk, QuotaApi, ServerFields, WirePart};
 use weir_quota::clients::Denied;
 
 /// The `needs`, `holds`, `term` and `parts` of a gRPC ask (proto3's weight 0 is weight 1).
@@ -102,38 +100,34 @@ pub fn call(
         Ok(r) => r,
         Err(e) => return status(Code::InvalidArgument, &format!("bad RefreshRequest: {e}")),
     };
-    let asks = read_asks(&request.resources, |i, r| {
-        let priority = Priority::try_from(r.priority)
-            .map_err(|_| format!("resources[{i}].priority: unknown value {}", r.priority))?;
-        // proto3 has no absent number: weight 0 is the default weight, 1.
-        let weight = if r.weight == 0.0 { 1.0 } else { r.weight };
-        let (wants, has, safe) = (r.wants, r.has, r.safe);
-        let c = priority.criticality();
-        let mut ask = client_ask(&r.resource, wants, has, safe, weight, c, r.lease_id);
-        server_fields(i, &fields(r), &mut ask.1)?;
-        Ok(ask)
-    });
-    let mut asks = match asks {
-        Ok(a) => a,
-        Err(m) => return status(Code::InvalidArgument, &m),
-    };
-    let count = request.resources.len();
-    let parts: Vec<Vec<weir_quota::lease::Part>> = request
+    let decoded: Vec<DecodedAsk> = request
         .resources
         .iter()
-        .zip(asks.iter_mut())
-        .enumerate()
-        .map(|(i, (r, (_, ask)))| server_fields(i, &fields(r), ask).unwrap_or_default())
+        .map(|r| DecodedAsk {
+            resource: r.resource.clone(),
+            wants: r.wants,
+            has: r.has,
+            safe: r.safe,
+            // proto3 has no absent number: weight 0 is the default weight, 1.
+            weight: if r.weight == 0.0 { 1.0 } else { r.weight },
+            priority: Priority::try_from(r.priority)
+                .map(Priority::criticality)
+                .map_err(|_| format!("unknown value {}", r.priority)),
+            lease_id: Ok(r.lease_id),
+            fields: fields(r),
+        })
         .collect();
-    let answers = match api.refresh(&request.client, bearer, count, &mut asks, parts, now) {
+    let checked = match checked(&decoded) {
+        Ok(c) => c,
+        Err(m) => return status(Code::InvalidArgument, &m),
+    };
+    let answers = match api.refresh_checked(&request.client, bearer, checked, now) {
         Ok(a) => a,
         Err(e) => return refused(e),
     };
-    crate::quota::api::warn_of_stale_ids(api, now);
     let leases = answers
         .into_iter()
-        .zip(asks)
-        .map(|(a, (resource, _))| match a {
+        .map(|(resource, a)| match a {
             Ok(l) => ResourceLease {
                 resource,
                 granted: l.granted,
