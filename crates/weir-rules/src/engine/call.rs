@@ -61,6 +61,7 @@ pub struct Block {
 }
 
 /// Counts a block on the resource and traces it.
+#[inline]
 pub(super) fn blocked<C: Clock>(res: Option<&Resource<C>>, resource: &str, block: Block) -> Block {
     if let Some(r) = res {
         r.stats.block(block.kind);
@@ -75,6 +76,7 @@ pub(super) fn blocked<C: Clock>(res: Option<&Resource<C>>, resource: &str, block
 }
 
 /// Counts the verdict; blocks unless allowed or in shadow mode.
+#[inline]
 pub(super) fn verdict(
     allowed: bool,
     shadow: bool,

@@ -487,6 +487,7 @@ impl<C: Clock + Clone> Guard<C> {
     }
 
     /// Gives every estimate back at `now`: a later rule blocked the call, which never ran.
+    #[inline]
     pub(super) fn release_costs(&mut self, now: Nanos) {
         if let Some(extra) = self.extra.as_mut() {
             for c in std::mem::take(&mut extra.costs) {
@@ -498,6 +499,7 @@ impl<C: Clock + Clone> Guard<C> {
 }
 
 impl<C: Clock> Guard<C> {
+    #[inline]
     pub(super) fn extra_mut(&mut self) -> &mut Extra<C> {
         self.extra.get_or_insert_with(|| {
             Box::new(Extra {
@@ -515,6 +517,7 @@ impl<C: Clock> Guard<C> {
     /// What `res`'s calls cost lately, for `estimate: learned`: read when a `cost:` rule of the
     /// call first asks, then kept, so every rule holds the same. A rule without `cost:` never
     /// asks: its pass path reads nothing.
+    #[inline]
     pub(super) fn learned(&mut self, res: &Resource<C>) -> Option<Quantiles> {
         if !res.learns {
             return None;
@@ -538,6 +541,7 @@ impl<C: Clock> Guard<C> {
     /// Releases what a call blocked after the system rule admitted it holds, recording
     /// nothing: it never ran (a completion with a zero response time would drag BBR's min RT
     /// and the inbound average down).
+    #[inline]
     pub(super) fn cancel(&mut self) {
         // Dropping BBR / adaptive permits unreported releases them without a sample.
         self.extra.take();

@@ -9,6 +9,11 @@
 //! mode are evaluated and counted, never block. The pass path of a configured resource does
 //! not allocate (hot-parameter and `origin: other` rules allocate a key only when the value is
 //! new to their table).
+//!
+//! The decision path crosses these files (`decide` calls `call`'s and `guard`'s helpers): the
+//! small helpers it calls are `#[inline]`, since code split across modules may land in other
+//! codegen units, where the compiler calls instead of inlining (≈ 40 instructions more per
+//! refusal, measured with the `entry` bench and cachegrind).
 
 mod call;
 mod compile;
