@@ -136,6 +136,54 @@ pub fn run(s: &TreeSettings) -> Result<TreeReport, String> {
     );
     let config = QuotaConfig::from_yaml(std::path::Path::new("tree.yaml"), &yaml)
         .map_err(|e| e.to_string())?;
+    let mut levels = levels(s, &config);
+    let mut rng = crate::rng::Rng::new(s.seed);
+    let mut clients = clients(s, &mut rng);
+    // Demand changes: at a third and two thirds of the run, a tenth of the clients triple
+    // their demand, then go back.
+    let duration = nanos(s.duration);
+    let changes = [duration / 3, 2 * duration / 3];
+    let changed: Vec<usize> = (0..s.clients).filter(|i| i % 10 == 3).collect();
+    let cut = s.cut.map(|(a, b)| (nanos(a), nanos(b)));
+    // (demand, admitted, largest error, misplaced, cut)
+    let mut seconds: Vec<(f64, f64, f64, f64, bool)> = Vec::new();
+    let mut admitted = 0.0;
+    let mut now: Nanos = 0;
+    while now < duration {
+        for (k, &at) in changes.iter().enumerate() {
+            if now == at - at % TICK {
+                for &i in &changed {
+                    clients[i].demand *= if k == 0 { 3.0 } else { 1.0 / 3.0 };
+                }
+            }
+        }
+        let leaves = &levels[levels.len() - 1];
+        admitted += clients_tick(leaves, &mut clients, &mut rng, now);
+        // Servers below the root ask their parents, the lowest level first.
+        if now % UP_TICK == 0 {
+            servers_tick(&mut levels, cut, now);
+        }
+        now += TICK;
+        if now % S == 0 {
+            let needs: Vec<f64> = clients.iter().map(|c| c.demand).collect();
+            let wants: Vec<f64> = needs.iter().map(|d| d * 1.2 + 1.0).collect();
+            let shares = needs_first(s.capacity, &needs, &wants);
+            let (mut error, mut misplaced) = (0.0f64, 0.0);
+            for (c, share) in clients.iter().zip(&shares) {
+                let g = if c.expires_at > now { c.granted } else { 0.0 };
+                error = error.max((g - share).abs());
+                misplaced += (g - share).abs() / 2.0;
+            }
+            let in_cut = cut.is_some_and(|(a, b)| now > a && now <= b + nanos(s.lease));
+            seconds.push((needs.iter().sum(), admitted, error, misplaced, in_cut));
+            admitted = 0.0;
+        }
+    }
+    Ok(summarise(s, &seconds, &changes))
+}
+
+/// The tree's levels of servers for `s.shape`, each below the root leasing from its parent.
+fn levels(s: &TreeSettings, config: &QuotaConfig) -> Vec<Vec<Node>> {
     let mut levels: Vec<Vec<Node>> = Vec::new();
     for (l, &count) in s.shape.iter().enumerate() {
         let per = if l == 0 {
@@ -160,16 +208,19 @@ pub fn run(s: &TreeSettings) -> Result<TreeReport, String> {
             .collect();
         levels.push(nodes);
     }
+    levels
+}
+
+/// The clients, spread over the leaf servers: skewed demands (Pareto, shape 1.5) summing to
+/// about 1.5 × the capacity, first refreshes spread over one refresh interval.
+fn clients(s: &TreeSettings, rng: &mut crate::rng::Rng) -> Vec<Client> {
     let leaves = *s.shape.last().unwrap_or(&1);
-    let mut rng = crate::rng::Rng::new(s.seed);
-    // Skewed demands (Pareto, shape 1.5) summing to about 1.5 × the capacity.
     let raw: Vec<f64> = (0..s.clients)
         .map(|_| (1.0 - rng.unit()).max(1e-9).powf(-1.0 / 1.5).min(50.0))
         .collect();
     let scale = 1.5 * s.capacity / raw.iter().sum::<f64>().max(1e-9);
     let refresh = nanos(s.refresh);
-    let mut clients: Vec<Client> = raw
-        .iter()
+    raw.iter()
         .enumerate()
         .map(|(i, r)| Client {
             id: format!("c{i}"),
@@ -181,129 +232,100 @@ pub fn run(s: &TreeSettings) -> Result<TreeReport, String> {
             lease_id: 0,
             next_at: (rng.unit() * refresh as f64) as Nanos,
         })
-        .collect();
-    // Demand changes: at a third and two thirds of the run, a tenth of the clients triple
-    // their demand, then go back.
-    let duration = nanos(s.duration);
-    let changes = [duration / 3, 2 * duration / 3];
-    let changed: Vec<usize> = (0..s.clients).filter(|i| i % 10 == 3).collect();
-    let cut = s.cut.map(|(a, b)| (nanos(a), nanos(b)));
-    // (demand, admitted, largest error, misplaced, cut)
-    let mut seconds: Vec<(f64, f64, f64, f64, bool)> = Vec::new();
+        .collect()
+}
+
+/// One tick of the clients at `now`: each whose refresh is due refreshes at its leaf server;
+/// answers the units admitted in the tick (each client's demand up to its grant, or its safe
+/// capacity once the grant lapsed).
+fn clients_tick(
+    leaves: &[Node],
+    clients: &mut [Client],
+    rng: &mut crate::rng::Rng,
+    now: Nanos,
+) -> f64 {
     let mut admitted = 0.0;
-    let mut now: Nanos = 0;
-    while now < duration {
-        for (k, &at) in changes.iter().enumerate() {
-            if now == at - at % TICK {
-                for &i in &changed {
-                    clients[i].demand *= if k == 0 { 3.0 } else { 1.0 / 3.0 };
-                }
-            }
-        }
-        // Clients.
-        let last = levels.len() - 1;
-        for c in clients.iter_mut() {
-            if now >= c.next_at {
-                let ask = Ask {
-                    needs: Some(c.demand),
-                    has: if c.expires_at > now { c.granted } else { 0.0 },
-                    safe: c.safe,
-                    lease_id: c.lease_id,
-                    ..Ask::wants(c.demand * 1.2 + 1.0)
-                };
-                let answer = levels[last][c.server]
-                    .server
-                    .refresh(&c.id, &[(RESOURCE.to_string(), ask)], now)
-                    .pop();
-                if let Some(Ok(l)) = answer {
-                    c.granted = l.granted;
-                    c.expires_at = l.expires_at;
-                    c.safe = l.safe_capacity;
-                    c.lease_id = l.lease_id;
-                    let jitter = 0.9 + 0.2 * rng.unit();
-                    c.next_at = now + (nanos(l.refresh) as f64 * jitter) as Nanos;
-                } else {
-                    c.next_at = now + S;
-                }
-            }
-            let rate = if c.expires_at > now {
-                c.granted
-            } else {
-                c.safe
+    for c in clients.iter_mut() {
+        if now >= c.next_at {
+            let ask = Ask {
+                needs: Some(c.demand),
+                has: if c.expires_at > now { c.granted } else { 0.0 },
+                safe: c.safe,
+                lease_id: c.lease_id,
+                ..Ask::wants(c.demand * 1.2 + 1.0)
             };
-            admitted += c.demand.min(rate) * (TICK as f64 / S as f64);
+            let answer = leaves[c.server]
+                .server
+                .refresh(&c.id, &[(RESOURCE.to_string(), ask)], now)
+                .pop();
+            if let Some(Ok(l)) = answer {
+                c.granted = l.granted;
+                c.expires_at = l.expires_at;
+                c.safe = l.safe_capacity;
+                c.lease_id = l.lease_id;
+                let jitter = 0.9 + 0.2 * rng.unit();
+                c.next_at = now + (nanos(l.refresh) as f64 * jitter) as Nanos;
+            } else {
+                c.next_at = now + S;
+            }
         }
-        // Servers below the root ask their parents, the lowest level first.
-        if now % UP_TICK == 0 {
-            for l in (1..levels.len()).rev() {
-                let (above, below) = levels.split_at_mut(l);
-                let parents = &above[l - 1];
-                for (i, node) in below[0].iter_mut().enumerate() {
-                    let totals = node
+        let rate = if c.expires_at > now {
+            c.granted
+        } else {
+            c.safe
+        };
+        admitted += c.demand.min(rate) * (TICK as f64 / S as f64);
+    }
+    admitted
+}
+
+/// The servers below the root ask their parents at `now`, the lowest level first (the first
+/// server of the second level cut off from its parent while `now` is in `cut`), and put what
+/// they lease in force.
+fn servers_tick(levels: &mut [Vec<Node>], cut: Option<(Nanos, Nanos)>, now: Nanos) {
+    for l in (1..levels.len()).rev() {
+        let (above, below) = levels.split_at_mut(l);
+        let parents = &above[l - 1];
+        for (i, node) in below[0].iter_mut().enumerate() {
+            let totals = node
+                .server
+                .totals_parted(now, |r, w| node.upstream.due(r, w, now));
+            let asks = node.upstream.asks(&totals, |_| 0.0, now);
+            let cut_off = l == 1 && i == 0 && cut.is_some_and(|(a, b)| now >= a && now < b);
+            if !asks.is_empty() {
+                if cut_off {
+                    for a in &asks {
+                        node.upstream
+                            .failed(&a.resource, Duration::from_secs(1), now);
+                    }
+                } else {
+                    let pairs: Vec<(String, Ask)> =
+                        asks.iter().map(|a| (a.resource.clone(), a.ask)).collect();
+                    let parts: Vec<Vec<Part>> = asks.iter().map(|a| a.parts.clone()).collect();
+                    let answers = parents[node.parent]
                         .server
-                        .totals_parted(now, |r, w| node.upstream.due(r, w, now));
-                    let asks = node.upstream.asks(&totals, |_| 0.0, now);
-                    let cut_off = l == 1 && i == 0 && cut.is_some_and(|(a, b)| now >= a && now < b);
-                    if !asks.is_empty() {
-                        if cut_off {
-                            for a in &asks {
+                        .refresh_parts(&node.id, &pairs, &parts, now);
+                    for (a, answer) in asks.iter().zip(answers) {
+                        match answer {
+                            Ok(lease) => {
+                                let expires_in =
+                                    Duration::from_nanos(lease.expires_at.saturating_sub(now));
                                 node.upstream
-                                    .failed(&a.resource, Duration::from_secs(1), now);
+                                    .answered(&a.resource, &lease, expires_in, now, now);
                             }
-                        } else {
-                            let pairs: Vec<(String, Ask)> =
-                                asks.iter().map(|a| (a.resource.clone(), a.ask)).collect();
-                            let parts: Vec<Vec<Part>> =
-                                asks.iter().map(|a| a.parts.clone()).collect();
-                            let answers = parents[node.parent]
-                                .server
-                                .refresh_parts(&node.id, &pairs, &parts, now);
-                            for (a, answer) in asks.iter().zip(answers) {
-                                match answer {
-                                    Ok(lease) => {
-                                        let expires_in = Duration::from_nanos(
-                                            lease.expires_at.saturating_sub(now),
-                                        );
-                                        node.upstream.answered(
-                                            &a.resource,
-                                            &lease,
-                                            expires_in,
-                                            now,
-                                            now,
-                                        );
-                                    }
-                                    Err(_) => node.upstream.failed(
-                                        &a.resource,
-                                        Duration::from_secs(1),
-                                        now,
-                                    ),
-                                }
+                            Err(_) => {
+                                node.upstream
+                                    .failed(&a.resource, Duration::from_secs(1), now)
                             }
                         }
                     }
-                    for (name, capacity, grant) in node.upstream.capacities(now) {
-                        node.server.lease_from_parent(&name, capacity, grant);
-                    }
                 }
             }
-        }
-        now += TICK;
-        if now % S == 0 {
-            let needs: Vec<f64> = clients.iter().map(|c| c.demand).collect();
-            let wants: Vec<f64> = needs.iter().map(|d| d * 1.2 + 1.0).collect();
-            let shares = needs_first(s.capacity, &needs, &wants);
-            let (mut error, mut misplaced) = (0.0f64, 0.0);
-            for (c, share) in clients.iter().zip(&shares) {
-                let g = if c.expires_at > now { c.granted } else { 0.0 };
-                error = error.max((g - share).abs());
-                misplaced += (g - share).abs() / 2.0;
+            for (name, capacity, grant) in node.upstream.capacities(now) {
+                node.server.lease_from_parent(&name, capacity, grant);
             }
-            let in_cut = cut.is_some_and(|(a, b)| now > a && now <= b + nanos(s.lease));
-            seconds.push((needs.iter().sum(), admitted, error, misplaced, in_cut));
-            admitted = 0.0;
         }
     }
-    Ok(summarise(s, &seconds, &changes))
 }
 
 fn summarise(

@@ -116,77 +116,18 @@ impl Forward {
                 Err(e) => return body_failed(to, &*e),
             }
         };
-        let address: Result<Option<AddressSlot>, ()> = match &self.peer {
-            Some(p) => {
-                // Behind a trusted proxy (a load balancer), the client it names.
-                let ip = match &self.rules {
-                    Some(r) => r.client_ip(p.ip, req.headers()),
-                    None => p.ip,
-                };
-                to.per_address.try_acquire(ip).map(Some).ok_or(())
-            }
-            None => Ok(None),
-        };
-        let permits = match (
-            to.total.clone().try_acquire_owned(),
-            self.per_client.clone().try_acquire_owned(),
-            address,
-        ) {
-            (Ok(a), Ok(b), Ok(c)) => UpstreamPermits(a, b, c),
-            _ => {
-                to.stats.upstream_busy.fetch_add(1, Ordering::Relaxed);
-                let mut r = problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "too many requests in flight to the upstream",
-                );
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return r;
-            }
+        let Some(permits) = self.permits(&req) else {
+            return busy(to);
         };
         let head_request = req.method() == http::Method::HEAD;
         // The body must keep arriving while it streams to the upstream.
         let pace = to.pace;
         let mut req = req.map(|b| PacedBody::new(b, pace));
-        // Shared with the request's URI (no copy).
-        let path = req
-            .uri()
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-        // A blocked request whose route falls back to another upstream goes there.
-        let fallback = req
-            .extensions()
-            .get::<weir_tower::rules::Degraded>()
-            .and_then(|d| d.upstream.as_ref());
-        let base = match fallback {
-            Some(u) => match u.parse::<Uri>() {
-                Ok(u) => u,
-                Err(_) => return problem(StatusCode::BAD_GATEWAY, "bad fallback upstream"),
-            },
-            None => to.upstream.clone(),
+        let uri = match upstream_uri(to, &req) {
+            Ok(u) => u,
+            Err((status, why)) => return problem(status, why),
         };
-        let mut parts = base.into_parts();
-        parts.path_and_query = Some(path);
-        let Ok(uri) = Uri::from_parts(parts) else {
-            return problem(StatusCode::BAD_REQUEST, "cannot build the upstream URL");
-        };
-        if !req.headers().contains_key(header::HOST) {
-            // h2 requests carry the host in :authority.
-            if let Some(v) = req
-                .uri()
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            {
-                req.headers_mut().insert(header::HOST, v);
-            }
-        }
-        strip_hop_by_hop(req.headers_mut());
-        if let Some(p) = &self.peer {
-            append_forwarded_for(req.headers_mut(), &p.text);
-        }
-        let version = req.version();
-        append_hop(req.headers_mut(), &to.hops.of(version));
+        self.rewrite_headers(&mut req);
         *req.uri_mut() = uri;
         let grpc = req
             .headers()
@@ -226,44 +167,143 @@ impl Forward {
             })
             .await
         };
-        match sent {
-            Ok(Ok(mut r)) => {
-                to.stats.forwarded.fetch_add(1, Ordering::Relaxed);
-                strip_hop_by_hop(r.headers_mut());
-                weir_tower::body::HeldBody::wrap(r, Some(permits), head_request).map(BodyExt::boxed)
-            }
-            Ok(Err(e)) if too_slow(&*e).is_some() => body_failed(to, &*e),
-            Ok(Err(e)) => {
-                to.stats
-                    .upstream_unreachable
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(upstream = %to.upstream, error = %e, "upstream failed");
-                let hint = if h2 {
-                    " (spoken to over h2c: if the upstream only speaks HTTP/1.1, run with \
-                     --upstream-protocol http1)"
-                } else {
-                    ""
+        answer(to, sent, permits, head_request, h2)
+    }
+
+    /// The places an upstream request takes (in all, on this client connection, for this
+    /// client's address); `None` when one is full.
+    fn permits<B>(&self, req: &Request<B>) -> Option<UpstreamPermits> {
+        let to = &*self.to;
+        let address: Result<Option<AddressSlot>, ()> = match &self.peer {
+            Some(p) => {
+                // Behind a trusted proxy (a load balancer), the client it names.
+                let ip = match &self.rules {
+                    Some(r) => r.client_ip(p.ip, req.headers()),
+                    None => p.ip,
                 };
-                problem(
-                    StatusCode::BAD_GATEWAY,
-                    &format!(
-                        "upstream {} failed: {}{hint}",
-                        to.upstream,
-                        error_chain(&*e)
-                    ),
-                )
+                to.per_address.try_acquire(ip).map(Some).ok_or(())
             }
-            Err(_) => {
-                to.stats.upstream_timeout.fetch_add(1, Ordering::Relaxed);
-                problem(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    &format!(
-                        "upstream {} sent no response within {} ms",
-                        to.upstream,
-                        to.timeout.as_millis()
-                    ),
-                )
+            None => Ok(None),
+        };
+        match (
+            to.total.clone().try_acquire_owned(),
+            self.per_client.clone().try_acquire_owned(),
+            address,
+        ) {
+            (Ok(a), Ok(b), Ok(c)) => Some(UpstreamPermits(a, b, c)),
+            _ => None,
+        }
+    }
+
+    /// The headers a proxy owns: `Host` from an h2 request's authority, hop-by-hop ones
+    /// removed, the client in `X-Forwarded-For`, this hop in `Via`.
+    fn rewrite_headers<B>(&self, req: &mut Request<B>) {
+        if !req.headers().contains_key(header::HOST) {
+            // h2 requests carry the host in :authority.
+            if let Some(v) = req
+                .uri()
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            {
+                req.headers_mut().insert(header::HOST, v);
             }
+        }
+        strip_hop_by_hop(req.headers_mut());
+        if let Some(p) = &self.peer {
+            append_forwarded_for(req.headers_mut(), &p.text);
+        }
+        let version = req.version();
+        append_hop(req.headers_mut(), &self.to.hops.of(version));
+    }
+}
+
+/// The 503 of a request that found a bound on requests in flight full.
+fn busy(to: &ForwardTo) -> Response<ProxyBody> {
+    to.stats.upstream_busy.fetch_add(1, Ordering::Relaxed);
+    let mut r = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too many requests in flight to the upstream",
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+/// Where the request goes: its path and query on the upstream, or on the fallback upstream
+/// its route names when it was refused; the status and reason when that cannot be built.
+fn upstream_uri<B>(to: &ForwardTo, req: &Request<B>) -> Result<Uri, (StatusCode, &'static str)> {
+    // Shared with the request's URI (no copy).
+    let path = req
+        .uri()
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    // A blocked request whose route falls back to another upstream goes there.
+    let fallback = req
+        .extensions()
+        .get::<weir_tower::rules::Degraded>()
+        .and_then(|d| d.upstream.as_ref());
+    let base = match fallback {
+        Some(u) => match u.parse::<Uri>() {
+            Ok(u) => u,
+            Err(_) => return Err((StatusCode::BAD_GATEWAY, "bad fallback upstream")),
+        },
+        None => to.upstream.clone(),
+    };
+    let mut parts = base.into_parts();
+    parts.path_and_query = Some(path);
+    Uri::from_parts(parts).map_err(|_| (StatusCode::BAD_REQUEST, "cannot build the upstream URL"))
+}
+
+/// The client's answer to what the upstream did: its response (holding `permits` until the
+/// body ends), or the proxy's own 408/502/504 saying why not.
+fn answer(
+    to: &ForwardTo,
+    sent: Result<
+        Result<Response<ProxyBody>, crate::net::conn::BoxError>,
+        tokio::time::error::Elapsed,
+    >,
+    permits: UpstreamPermits,
+    head_request: bool,
+    h2: bool,
+) -> Response<ProxyBody> {
+    match sent {
+        Ok(Ok(mut r)) => {
+            to.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+            strip_hop_by_hop(r.headers_mut());
+            weir_tower::body::HeldBody::wrap(r, Some(permits), head_request).map(BodyExt::boxed)
+        }
+        Ok(Err(e)) if too_slow(&*e).is_some() => body_failed(to, &*e),
+        Ok(Err(e)) => {
+            to.stats
+                .upstream_unreachable
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(upstream = %to.upstream, error = %e, "upstream failed");
+            let hint = if h2 {
+                " (spoken to over h2c: if the upstream only speaks HTTP/1.1, run with \
+                 --upstream-protocol http1)"
+            } else {
+                ""
+            };
+            problem(
+                StatusCode::BAD_GATEWAY,
+                &format!(
+                    "upstream {} failed: {}{hint}",
+                    to.upstream,
+                    error_chain(&*e)
+                ),
+            )
+        }
+        Err(_) => {
+            to.stats.upstream_timeout.fetch_add(1, Ordering::Relaxed);
+            problem(
+                StatusCode::GATEWAY_TIMEOUT,
+                &format!(
+                    "upstream {} sent no response within {} ms",
+                    to.upstream,
+                    to.timeout.as_millis()
+                ),
+            )
         }
     }
 }
