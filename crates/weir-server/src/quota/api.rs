@@ -599,6 +599,13 @@ pub(crate) struct WirePart {
     pub priority: Result<Criticality, String>,
 }
 
+/// A band as the JSON API sends it (absent: `CRITICAL`), or why it is none.
+fn band(text: Option<&str>) -> Result<Criticality, String> {
+    text.map_or(Ok(Criticality::Critical), |p| {
+        p.parse().map_err(|e| format!("{e}"))
+    })
+}
+
 /// A JSON ask as decoded: the fields as sent, the band and lease id read or why not.
 fn decoded_json(r: &weir_quota::wire::ResourceAsk) -> DecodedAsk {
     DecodedAsk {
@@ -607,10 +614,7 @@ fn decoded_json(r: &weir_quota::wire::ResourceAsk) -> DecodedAsk {
         has: r.has,
         safe: r.safe,
         weight: r.weight,
-        priority: match &r.priority {
-            None => Ok(Criticality::Critical),
-            Some(p) => p.parse().map_err(|e| format!("{e}")),
-        },
+        priority: band(r.priority.as_deref()),
         lease_id: lease_id(r.lease_id.as_deref()),
         fields: ServerFields {
             needs: r.needs,
@@ -623,10 +627,7 @@ fn decoded_json(r: &weir_quota::wire::ResourceAsk) -> DecodedAsk {
                     wants: p.wants,
                     needs: p.needs,
                     weight: p.weight,
-                    priority: match &p.priority {
-                        None => Ok(Criticality::Critical),
-                        Some(x) => x.parse().map_err(|e| format!("{e}")),
-                    },
+                    priority: band(p.priority.as_deref()),
                 })
                 .collect(),
         },

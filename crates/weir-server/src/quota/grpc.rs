@@ -31,13 +31,27 @@ fn fields(r: &ResourceAsk) -> ServerFields {
             .map(|p| WirePart {
                 wants: p.wants,
                 needs: p.needs,
-                weight: if p.weight == 0.0 { 1.0 } else { p.weight },
-                priority: Priority::try_from(p.priority)
-                    .map(Priority::criticality)
-                    .map_err(|_| format!("unknown value {}", p.priority)),
+                weight: weight(p.weight),
+                priority: band(p.priority),
             })
             .collect(),
     }
+}
+
+/// A weight as sent: proto3 has no absent number, so 0 is the default weight, 1.
+fn weight(w: f64) -> f64 {
+    if w == 0.0 {
+        1.0
+    } else {
+        w
+    }
+}
+
+/// A band as sent (a `Priority` number), or why it is none.
+fn band(p: i32) -> Result<weir_core::Criticality, String> {
+    Priority::try_from(p)
+        .map(Priority::criticality)
+        .map_err(|_| format!("unknown value {p}"))
 }
 
 /// The status of a call refused as a whole.
@@ -108,11 +122,8 @@ pub fn call(
             wants: r.wants,
             has: r.has,
             safe: r.safe,
-            // proto3 has no absent number: weight 0 is the default weight, 1.
-            weight: if r.weight == 0.0 { 1.0 } else { r.weight },
-            priority: Priority::try_from(r.priority)
-                .map(Priority::criticality)
-                .map_err(|_| format!("unknown value {}", r.priority)),
+            weight: weight(r.weight),
+            priority: band(r.priority),
             lease_id: Ok(r.lease_id),
             fields: fields(r),
         })
