@@ -3,17 +3,14 @@
 //!
 //! - [`allocate`]: the division itself — `static`, `proportional_share` and `fair_share`
 //!   (exact weighted max-min by water-filling, with strict priority bands). Pure, no I/O.
-
 //! - [`hierarchy`]: nested quotas (org ⊃ team ⊃ user) — nested weighted max-min with the same
 //!   bands, a child never above its capacity and what it cannot use left to its siblings.
-
+//! - [`forest`]: entries naming their parents linked into trees, and a loop of parents named.
 //! - [`lease`]: the lease table of one resource — grants that never sum past the capacity,
 //!   expire unless refreshed, and are only confirmed while a restarted server learns.
-
 //! - [`client`]: a client's side of one resource without I/O — demand estimate, refresh
 //!   schedule with jitter and backoff, and the local GCRA enforcing the grant (then the safe
 //!   capacity once a lease expires).
-
 //! - `nested` (inside the crate): the groups above nested resources' tables —
 //!   what the leases under each group hold, the room it leaves a refresh, the division of a
 //!   whole family.
@@ -37,6 +34,7 @@ pub mod allocate;
 pub mod client;
 pub mod clients;
 pub mod config;
+pub mod forest;
 pub mod ha;
 pub mod hierarchy;
 pub mod lease;

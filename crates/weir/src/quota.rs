@@ -16,6 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 
 use weir_core::Criticality;
+use weir_quota::forest::{loop_from, loop_message, Forest};
 use weir_quota::hierarchy::{Node, Tree};
 use weir_quota::{allocate, Demand, Division};
 
@@ -258,11 +259,9 @@ fn nested_shares(capacity: f64, rows: &[Row]) -> Result<Vec<f64>, (usize, String
         .enumerate()
         .map(|(i, r)| (r.name.as_str(), i))
         .collect();
-    let mut children: Vec<Vec<usize>> = vec![Vec::new(); rows.len()];
-    let mut top = Vec::new();
+    let mut parent_of = vec![None; rows.len()];
     for (i, r) in rows.iter().enumerate() {
         let Some(p) = &r.parent else {
-            top.push(i);
             continue;
         };
         let &pi = index
@@ -282,30 +281,19 @@ fn nested_shares(capacity: f64, rows: &[Row]) -> Result<Vec<f64>, (usize, String
                 ));
             }
         }
-        children[pi].push(i);
+        parent_of[i] = Some(pi);
     }
-    // A row every path up from which never reaches the top is in a cycle.
-    let mut reaches = vec![false; rows.len()];
-    let mut stack = top.clone();
-    while let Some(i) = stack.pop() {
-        reaches[i] = true;
-        stack.extend(&children[i]);
-    }
-    if let Some(i) = (0..rows.len()).find(|&i| !reaches[i]) {
-        let mut names = vec![rows[i].name.as_str()];
-        let mut at = i;
-        while let Some(p) = rows[at].parent.as_deref() {
-            names.push(p);
-            at = index[p];
-            if at == i {
-                break;
-            }
-        }
+    let forest = Forest::from_parents(parent_of);
+    if let Some(i) = forest.first_unreachable() {
+        // Every entry no root reaches is in a loop or under one: name the loop, at its line.
+        let cycle = loop_from(i, |at| forest.parent[at]).unwrap_or_else(|| vec![i]);
         return Err((
-            rows[i].line,
-            format!("a cycle of parents: {}", names.join(" → ")),
+            rows[cycle[0]].line,
+            loop_message(cycle.iter().map(|&c| rows[c].name.as_str())),
         ));
     }
+    let Forest { children, parent } = forest;
+    let top: Vec<usize> = (0..rows.len()).filter(|&i| parent[i].is_none()).collect();
     fn node(i: usize, rows: &[Row], children: &[Vec<usize>], order: &mut Vec<usize>) -> Node {
         order.push(i);
         match rows[i].demand {

@@ -115,6 +115,11 @@ fn allocate_divides_nested_quotas_by_a_parent_column() {
             "stdin:2: a cycle of parents: x → y → x",
         ),
         (
+            // A row under a loop: the loop is named, at its own line.
+            "client,parent,capacity,wants\nu,x,,1\nx,y,5,\ny,x,5,\n",
+            "stdin:3: a cycle of parents: x → y → x",
+        ),
+        (
             "client,parent,capacity,wants\nx,,5,1\n",
             "stdin:2: give wants (a client) or capacity (a group), not both",
         ),

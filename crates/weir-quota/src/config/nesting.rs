@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use super::{Level, RawResource, MAX_LEVELS};
 use crate::allocate::Division;
+use crate::forest::{loop_from, loop_message, Forest};
 use crate::lease::ResourceConfig;
 
 /// The families of a file.
@@ -90,12 +91,7 @@ pub(super) fn resolve(
             ));
         }
     }
-    let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for (i, p) in parent_of.iter().enumerate() {
-        if let Some(p) = *p {
-            children[p].push(i);
-        }
-    }
+    let Forest { children, .. } = Forest::from_parents(parent_of.clone());
     let nested: Vec<bool> = (0..n)
         .map(|i| raw[i].parent.is_some() || !children[i].is_empty())
         .collect();
@@ -112,24 +108,14 @@ pub(super) fn resolve(
 /// Why entry `i`'s parent `p` never resolved: a cycle, or no such path.
 fn unresolved(raw: &[RawResource], state: &[State], i: usize, p: &str) -> String {
     // Follow the parents by name among the entries still pending.
-    let mut seen = vec![i];
-    let mut at = i;
-    while let Some(parent) = &raw[at].parent {
+    let up = |at: usize| {
+        let parent = raw[at].parent.as_deref()?;
         let last = parent.rsplit('/').next().unwrap_or(parent);
-        let next = (0..raw.len()).find(|&j| {
-            state[j] == State::Pending && raw[j].name == last && raw[j].parent.is_some()
-        });
-        let Some(next) = next else { break };
-        if let Some(k) = seen.iter().position(|&s| s == next) {
-            let names: Vec<&str> = seen[k..]
-                .iter()
-                .chain(std::iter::once(&next))
-                .map(|&s| raw[s].name.as_str())
-                .collect();
-            return format!("a cycle of parents: {}", names.join(" → "));
-        }
-        seen.push(next);
-        at = next;
+        (0..raw.len())
+            .find(|&j| state[j] == State::Pending && raw[j].name == last && raw[j].parent.is_some())
+    };
+    if let Some(cycle) = loop_from(i, up) {
+        return loop_message(cycle.iter().map(|&s| raw[s].name.as_str()));
     }
     format!(
         "{p:?}: no resource has this path (a parent is named by its path from the top, like org-acme/team-*)"

@@ -132,6 +132,23 @@ pub fn histogram(
         .encode_histogram::<NoLabelSet>(sum, count, &rows, None)
 }
 
+/// A histogram family: one series per row, its labels, the sum of its observations and its
+/// per-bucket counts as `(upper bound, observations in the bucket)` (the last bound `+Inf`).
+pub fn histograms<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (L, f64, Vec<(f64, u64)>)>,
+) -> fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, sum, buckets) in rows {
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        m.encode_family(&labels)?
+            .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,9 +7,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
-use prometheus_client::metrics::MetricType;
+use crate::admin::metrics::{counter, counters, gauges, histograms, Collector};
+use prometheus_client::encoding::DescriptorEncoder;
 use weir_rules::metrics::{ResourceSnapshot, RuleSnapshot, Snapshot};
 
 use weir_rules::history::state_name;
@@ -105,50 +104,48 @@ const RULE_COUNTERS: [(&str, &str, RuleField); 7] = [
 
 impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.resources(&mut enc)?;
+        for (name, help, field) in RULE_COUNTERS {
+            let rows = self.snap.rules.iter().map(|r| {
+                let labels = [
+                    ("rule", r.id.as_str()),
+                    ("kind", r.kind.as_str()),
+                    ("resource", r.resource.as_str()),
+                ];
+                (labels, field(r))
+            });
+            counters(&mut enc, name, help, rows)?;
+        }
+        self.proxy(&mut enc)
+    }
+}
+
+impl Scrape {
+    /// The families per resource: counters, calls in flight, response times, heavy spenders.
+    fn resources(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
         let resources = &self.snap.resources;
         for (name, help, field) in RESOURCE_COUNTERS {
-            let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for r in resources {
-                m.encode_family(&[("resource", r.name.as_str())])?
-                    .encode_counter::<NoLabelSet, _, u64>(&field(r), None)?;
-            }
+            counters(
+                enc,
+                name,
+                help,
+                resources.iter().map(|r| (label(r), field(r))),
+            )?;
         }
-        let mut m = enc.encode_descriptor(
+        gauges(
+            enc,
             "weir_resource_in_flight",
             "Admitted calls not ended yet.",
-            None,
-            MetricType::Gauge,
+            resources.iter().map(|r| (label(r), r.in_flight as f64)),
         )?;
-        for r in resources {
-            m.encode_family(&[("resource", r.name.as_str())])?
-                .encode_gauge(&(r.in_flight as i64))?;
-        }
-        let mut m = enc.encode_descriptor(
+        histograms(
+            enc,
             "weir_resource_response_seconds",
             "Response time of admitted calls, until the response body ended.",
-            None,
-            MetricType::Histogram,
-        )?;
-        for r in resources {
-            // Per-bucket counts from the cumulative ones (the encoder sums them again).
-            let mut prev = 0;
-            let buckets: Vec<(f64, u64)> = r
-                .rt_buckets
+            resources
                 .iter()
-                .map(|(le, cumulative)| {
-                    let n = cumulative - prev;
-                    prev = *cumulative;
-                    (*le, n)
-                })
-                .collect();
-            m.encode_family(&[("resource", r.name.as_str())])?
-                .encode_histogram::<NoLabelSet>(
-                    r.rt_sum.as_secs_f64(),
-                    r.completed,
-                    &buckets,
-                    None,
-                )?;
-        }
+                .map(|r| (label(r), r.rt_sum.as_secs_f64(), per_bucket(&r.rt_buckets))),
+        )?;
         // What is certain of each heavy spender's count, and beside it the sketch's possible
         // overcount (units of the values it replaced): one-off names cannot claim the top.
         for (name, help, of) in [
@@ -163,98 +160,96 @@ impl Collector for Scrape {
                 |h| h.error,
             ),
         ] {
-            let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for r in resources {
-                for h in &r.cost.top {
-                    m.encode_family(&[
-                        ("resource", r.name.as_str()),
-                        ("spender", h.value.as_str()),
-                    ])?
-                    .encode_gauge(&(i64::try_from(of(h)).unwrap_or(i64::MAX)))?;
-                }
-            }
+            let rows = resources.iter().flat_map(|r| {
+                r.cost.top.iter().map(move |h| {
+                    let labels = [("resource", r.name.as_str()), ("spender", h.value.as_str())];
+                    (labels, of(h) as f64)
+                })
+            });
+            gauges(enc, name, help, rows)?;
         }
-        for (name, help, field) in RULE_COUNTERS {
-            let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for r in &self.snap.rules {
-                let labels = [
-                    ("rule", r.id.as_str()),
-                    ("kind", r.kind.as_str()),
-                    ("resource", r.resource.as_str()),
-                ];
-                m.encode_family(&labels)?
-                    .encode_counter::<NoLabelSet, _, u64>(&field(r), None)?;
-            }
-        }
-        let mut m = enc.encode_descriptor(
+        Ok(())
+    }
+
+    /// The proxy's own families: forwarding, upstream errors, reloads, switches, the gutter.
+    fn proxy(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        counter(
+            enc,
             "weir_proxy_forwarded",
             "Requests answered by the upstream.",
-            None,
-            MetricType::Counter,
+            self.forwarded,
         )?;
-        m.encode_counter::<NoLabelSet, _, u64>(&self.forwarded, None)?;
-        let mut m = enc.encode_descriptor(
+        counters(
+            enc,
             "weir_proxy_upstream_errors",
             "Requests not answered by the upstream (502 unreachable, 504 timeout, 503 busy: too many in flight, 508 loop, 408 body_too_slow: the request body did not keep arriving).",
-            None,
-            MetricType::Counter,
+            [
+                ("unreachable", self.unreachable),
+                ("timeout", self.timeout),
+                ("busy", self.busy),
+                ("loop", self.loops),
+                ("body_too_slow", self.too_slow),
+            ]
+            .map(|(kind, v)| ([("kind", kind)], v)),
         )?;
-        for (kind, v) in [
-            ("unreachable", self.unreachable),
-            ("timeout", self.timeout),
-            ("busy", self.busy),
-            ("loop", self.loops),
-            ("body_too_slow", self.too_slow),
-        ] {
-            m.encode_family(&[("kind", kind)])?
-                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
-        }
-        let mut m = enc.encode_descriptor(
+        counters(
+            enc,
             "weir_rules_reloads",
             "Rule file changes seen, by result.",
-            None,
-            MetricType::Counter,
+            [("applied", self.applied), ("rejected", self.rejected)]
+                .map(|(result, v)| ([("result", result)], v)),
         )?;
-        for (result, v) in [("applied", self.applied), ("rejected", self.rejected)] {
-            m.encode_family(&[("result", result)])?
-                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
-        }
-        let mut m = enc.encode_descriptor(
+        counter(
+            enc,
             "weir_switch_changes",
             "Switches set over the admin API.",
-            None,
-            MetricType::Counter,
+            self.switch_changes,
         )?;
-        m.encode_counter::<NoLabelSet, _, u64>(&self.switch_changes, None)?;
-        if let Some((g, states)) = &self.gutter {
-            let mut m = enc.encode_descriptor(
-                "weir_gutter_requests",
-                "Requests by where the gutter sent them (primary, gutter, thrown_back: taken by the primary after the gutter refused, rejected: 503).",
-                None,
-                MetricType::Counter,
-            )?;
-            for (route, v) in [
+        let Some((g, states)) = &self.gutter else {
+            return Ok(());
+        };
+        counters(
+            enc,
+            "weir_gutter_requests",
+            "Requests by where the gutter sent them (primary, gutter, thrown_back: taken by the primary after the gutter refused, rejected: 503).",
+            [
                 ("primary", g.primary),
                 ("gutter", g.gutter),
                 ("thrown_back", g.thrown_back),
                 ("rejected", g.rejected),
-            ] {
-                m.encode_family(&[("route", route)])?
-                    .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
-            }
-            let mut m = enc.encode_descriptor(
-                "weir_upstream_breaker_open",
-                "1 while the upstream's breaker is not closed (open, half-open or ramping).",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (upstream, state) in [("primary", states[0]), ("gutter", states[1])] {
-                m.encode_family(&[("upstream", upstream)])?
-                    .encode_gauge(&i64::from(state != "closed"))?;
-            }
-        }
-        Ok(())
+            ]
+            .map(|(route, v)| ([("route", route)], v)),
+        )?;
+        gauges(
+            enc,
+            "weir_upstream_breaker_open",
+            "1 while the upstream's breaker is not closed (open, half-open or ramping).",
+            [("primary", states[0]), ("gutter", states[1])].map(|(upstream, state)| {
+                (
+                    [("upstream", upstream)],
+                    f64::from(u8::from(state != "closed")),
+                )
+            }),
+        )
     }
+}
+
+/// A resource's label set.
+fn label(r: &ResourceSnapshot) -> [(&'static str, &str); 1] {
+    [("resource", r.name.as_str())]
+}
+
+/// Per-bucket counts from cumulative ones (the encoder sums them again).
+fn per_bucket(cumulative: &[(f64, u64)]) -> Vec<(f64, u64)> {
+    let mut prev = 0;
+    cumulative
+        .iter()
+        .map(|&(le, c)| {
+            let n = c - prev;
+            prev = c;
+            (le, n)
+        })
+        .collect()
 }
 
 /// Counters of the proxy itself (beside the rules' own).
