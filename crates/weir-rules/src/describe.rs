@@ -124,46 +124,10 @@ pub fn rows_in_force(
             overridden: None,
         };
         for f in &r.flow {
-            let mut d = Detail::default();
-            // A rate shows its window and algorithm in force, given or not.
-            let rate = f.qps.is_some() && f.cluster.is_none();
-            let window = f.window.or(rate.then_some(Duration::from_secs(1)));
-            let reject = f.behavior == crate::config::Behavior::Reject;
-            let algorithm = f
-                .algorithm
-                .or((rate && reject).then_some(crate::config::FILE_ALGORITHMS[0]));
-            d.opt("qps", f.qps)
-                .opt("concurrency", f.concurrency)
-                .dur("window", window)
-                .opt("algorithm", algorithm.map(|a| a.as_str()))
-                .opt("burst", f.burst);
-            if f.behavior != Default::default() {
-                d.add("behavior", f.behavior.as_str());
-            }
-            d.dur("max_wait", f.max_wait)
-                .dur("warmup", f.warmup)
-                .opt("origin", f.origin.as_deref())
-                .opt("relate", f.relate.as_deref());
-            if let Some(c) = &f.cluster {
-                d.add("cluster", format!("{} (safe {}/s)", c.resource, c.safe));
-            }
-            cost(&mut d, f.cost.as_deref());
-            out.push(row(&f.id, "flow", d, f.shadow));
+            out.push(row(&f.id, "flow", flow_detail(f), f.shadow));
         }
         for h in &r.hot_params {
-            let mut d = Detail::default();
-            d.add("param", h.param)
-                .add("threshold", h.threshold)
-                .dur("window", h.window.or(Some(Duration::from_secs(1))))
-                .add("algorithm", h.algorithm.as_str())
-                .opt("burst", h.burst)
-                .add("max_values", h.max_values)
-                .add("on_full", format!("{:?}", h.on_full).to_lowercase());
-            if !h.exceptions.is_empty() {
-                d.add("exceptions", h.exceptions.len());
-            }
-            cost(&mut d, h.cost.as_deref());
-            out.push(row(&h.id, "hot_param", d, h.shadow));
+            out.push(row(&h.id, "hot_param", hot_param_detail(h), h.shadow));
         }
         if let Some(a) = &r.authority {
             let mut d = Detail::default();
@@ -176,88 +140,148 @@ pub fn rows_in_force(
             out.push(row(&a.id, "authority", d, a.shadow));
         }
         if let Some(sw) = &r.switch {
-            let mut d = Detail::default();
             let set_now = overrides.get(&sw.id).copied();
-            match set_now {
-                Some(on) => {
-                    d.add("on", format!("{} in the file", sw.on)).add(
-                        "set at run time",
-                        if on { "true (blocked)" } else { "false" },
-                    );
-                }
-                None => {
-                    d.add("on", if sw.on { "true (blocked)" } else { "false" });
-                }
-            }
             out.push(RuleRow {
                 overridden: set_now,
-                ..row(&sw.id, "switch", d, false)
+                ..row(&sw.id, "switch", switch_detail(sw, set_now), false)
             });
         }
         if let Some(b) = &r.breaker {
             out.push(row(&b.id, "breaker", breaker_detail(b), b.shadow));
         }
         for b in &r.budgets {
-            let mut d = Detail::default();
-            let every = format!("{:?}", b.resets.every).to_lowercase();
-            d.add("limit", b.limit)
-                .add("every", every)
-                .opt("on", b.resets.on.as_deref())
-                .add("at", &b.resets.at)
-                .add("tz", &b.resets.tz)
-                .opt("param", b.param)
-                .add("mode", format!("{:?}", b.mode).to_lowercase());
-            if !b.warn.is_empty() {
-                let warn: Vec<String> = b
-                    .warn
-                    .iter()
-                    .map(|f| format!("{}%", f64::from(f.0) / 10.0))
-                    .collect();
-                d.add("warn", warn.join(", "));
-            }
-            if b.param.is_some() {
-                d.add("max_values", b.max_values);
-            }
-            cost(&mut d, b.cost.as_deref());
-            out.push(row(&b.id, "budget", d, false));
+            out.push(row(&b.id, "budget", budget_detail(b), false));
         }
     }
     if let Some(s) = &set.system {
-        let mut d = Detail::default();
-        d.opt("max_qps", s.max_qps)
-            .opt("max_in_flight", s.max_in_flight)
-            .dur("max_avg_rt", s.max_avg_rt)
-            .opt("max_cpu", s.max_cpu);
-        if let Some(b) = &s.bbr {
-            d.add(
-                "bbr",
-                format!(
-                    "cpu_threshold {}",
-                    b.cpu_threshold
-                        .unwrap_or(weir_core::adaptive::bbr::BbrConfig::default().cpu_threshold)
-                ),
-            );
-        }
-        if let Some(a) = &s.adaptive {
-            d.add(
-                "adaptive",
-                match a.algorithm {
-                    AdaptiveAlgorithm::Gradient2 => "gradient2",
-                    AdaptiveAlgorithm::Vegas => "vegas",
-                    AdaptiveAlgorithm::Aimd => "aimd",
-                },
-            );
-        }
         out.push(RuleRow {
             id: "system".into(),
             kind: "system",
             resource: String::new(),
-            detail: d.0,
+            detail: system_detail(s).0,
             shadow: s.shadow,
             overridden: None,
         });
     }
     out
+}
+
+/// A flow rule's fields; a rate shows its window and algorithm in force, given or not.
+fn flow_detail(f: &crate::config::FlowRule) -> Detail {
+    let mut d = Detail::default();
+    let rate = f.qps.is_some() && f.cluster.is_none();
+    let window = f.window.or(rate.then_some(Duration::from_secs(1)));
+    let reject = f.behavior == crate::config::Behavior::Reject;
+    let algorithm = f
+        .algorithm
+        .or((rate && reject).then_some(crate::config::FILE_ALGORITHMS[0]));
+    d.opt("qps", f.qps)
+        .opt("concurrency", f.concurrency)
+        .dur("window", window)
+        .opt("algorithm", algorithm.map(|a| a.as_str()))
+        .opt("burst", f.burst);
+    if f.behavior != Default::default() {
+        d.add("behavior", f.behavior.as_str());
+    }
+    d.dur("max_wait", f.max_wait)
+        .dur("warmup", f.warmup)
+        .opt("origin", f.origin.as_deref())
+        .opt("relate", f.relate.as_deref());
+    if let Some(c) = &f.cluster {
+        d.add("cluster", format!("{} (safe {}/s)", c.resource, c.safe));
+    }
+    cost(&mut d, f.cost.as_deref());
+    d
+}
+
+/// A hot-parameter rule's fields.
+fn hot_param_detail(h: &crate::config::HotParamRule) -> Detail {
+    let mut d = Detail::default();
+    d.add("param", h.param)
+        .add("threshold", h.threshold)
+        .dur("window", h.window.or(Some(Duration::from_secs(1))))
+        .add("algorithm", h.algorithm.as_str())
+        .opt("burst", h.burst)
+        .add("max_values", h.max_values)
+        .add("on_full", format!("{:?}", h.on_full).to_lowercase());
+    if !h.exceptions.is_empty() {
+        d.add("exceptions", h.exceptions.len());
+    }
+    cost(&mut d, h.cost.as_deref());
+    d
+}
+
+/// A switch's state in the file, and beside it the one set at run time (`set_now`).
+fn switch_detail(sw: &crate::config::SwitchRule, set_now: Option<bool>) -> Detail {
+    let mut d = Detail::default();
+    match set_now {
+        Some(on) => {
+            d.add("on", format!("{} in the file", sw.on)).add(
+                "set at run time",
+                if on { "true (blocked)" } else { "false" },
+            );
+        }
+        None => {
+            d.add("on", if sw.on { "true (blocked)" } else { "false" });
+        }
+    }
+    d
+}
+
+/// A calendar budget's fields.
+fn budget_detail(b: &crate::config::BudgetRule) -> Detail {
+    let mut d = Detail::default();
+    let every = format!("{:?}", b.resets.every).to_lowercase();
+    d.add("limit", b.limit)
+        .add("every", every)
+        .opt("on", b.resets.on.as_deref())
+        .add("at", &b.resets.at)
+        .add("tz", &b.resets.tz)
+        .opt("param", b.param)
+        .add("mode", format!("{:?}", b.mode).to_lowercase());
+    if !b.warn.is_empty() {
+        let warn: Vec<String> = b
+            .warn
+            .iter()
+            .map(|f| format!("{}%", f64::from(f.0) / 10.0))
+            .collect();
+        d.add("warn", warn.join(", "));
+    }
+    if b.param.is_some() {
+        d.add("max_values", b.max_values);
+    }
+    cost(&mut d, b.cost.as_deref());
+    d
+}
+
+/// The system rule's fields.
+fn system_detail(s: &crate::config::SystemRule) -> Detail {
+    let mut d = Detail::default();
+    d.opt("max_qps", s.max_qps)
+        .opt("max_in_flight", s.max_in_flight)
+        .dur("max_avg_rt", s.max_avg_rt)
+        .opt("max_cpu", s.max_cpu);
+    if let Some(b) = &s.bbr {
+        d.add(
+            "bbr",
+            format!(
+                "cpu_threshold {}",
+                b.cpu_threshold
+                    .unwrap_or(weir_core::adaptive::bbr::BbrConfig::default().cpu_threshold)
+            ),
+        );
+    }
+    if let Some(a) = &s.adaptive {
+        d.add(
+            "adaptive",
+            match a.algorithm {
+                AdaptiveAlgorithm::Gradient2 => "gradient2",
+                AdaptiveAlgorithm::Vegas => "vegas",
+                AdaptiveAlgorithm::Aimd => "aimd",
+            },
+        );
+    }
+    d
 }
 
 #[cfg(test)]
