@@ -287,31 +287,7 @@ pub(super) fn compile_flow<'a, C: Clock + Clone>(
             single: f.cluster.as_ref().and_then(|c| cluster_fallback(c, clock)),
             ..FlowState::empty()
         }),
-        (Some((c, s)), Some(spec), _) => {
-            if let Some(rate) = &s.rate {
-                spec.check().map_err(&err)?;
-                deferred.push(Box::new(move || {
-                    // Checked above, same algorithm (the reuse condition).
-                    let _ = rate.retune(&spec);
-                }));
-                Arc::clone(s)
-            } else if let Some(single) = s.single.as_ref().filter(|_| {
-                c.qps != f.qps
-                    || c.burst != f.burst
-                    || c.max_wait != f.max_wait
-                    || c.warmup != f.warmup
-                    || c.cold_factor != f.cold_factor
-            }) {
-                // New parameters: a new limiter starting from the old one's state.
-                Arc::new(FlowState {
-                    single: Some(single.retuned(&spec).map_err(&err)?),
-                    stats: s.stats.clone(),
-                    ..FlowState::empty()
-                })
-            } else {
-                Arc::clone(s)
-            }
-        }
+        (Some((c, s)), Some(spec), _) => kept_rate(f, c, s, spec, deferred)?,
         (Some((_, s)), None, Some(n)) => {
             if let Some(c) = &s.concurrency {
                 c.set_max_in_flight(n);
@@ -327,15 +303,7 @@ pub(super) fn compile_flow<'a, C: Clock + Clone>(
             ..FlowState::empty()
         }),
         (_, None, n) => Arc::new(FlowState {
-            concurrency: Some(
-                ConcurrencyLimiter::with_config(ConcurrencyConfig {
-                    max_in_flight: n.unwrap_or(1),
-                    max_queue: 0,
-                    order: QueueOrder::Fifo,
-                    shares: None,
-                })
-                .map_err(&err)?,
-            ),
+            concurrency: Some(new_concurrency(n.unwrap_or(1)).map_err(&err)?),
             ..FlowState::empty()
         }),
     };
@@ -357,6 +325,51 @@ pub(super) fn compile_flow<'a, C: Clock + Clone>(
             s.related.store(true, Ordering::Relaxed);
             Some(s)
         }),
+    })
+}
+
+/// A kept rate rule's state under new parameters (same algorithm and window: the reuse
+/// condition): a keyed rate retuned once the whole set compiled, a single limiter replaced by
+/// one starting from its state when a parameter changed.
+fn kept_rate<'a, C: Clock + Clone>(
+    f: &FlowRule,
+    c: &FlowRule,
+    s: &'a Arc<FlowState<C>>,
+    spec: RateSpec,
+    deferred: &mut Deferred<'a>,
+) -> Result<Arc<FlowState<C>>, RulesError> {
+    let err = rule_error(&f.id);
+    if let Some(rate) = &s.rate {
+        spec.check().map_err(&err)?;
+        deferred.push(Box::new(move || {
+            // Checked above, same algorithm (the reuse condition).
+            let _ = rate.retune(&spec);
+        }));
+        return Ok(Arc::clone(s));
+    }
+    let changed = c.qps != f.qps
+        || c.burst != f.burst
+        || c.max_wait != f.max_wait
+        || c.warmup != f.warmup
+        || c.cold_factor != f.cold_factor;
+    match s.single.as_ref().filter(|_| changed) {
+        // New parameters: a new limiter starting from the old one's state.
+        Some(single) => Ok(Arc::new(FlowState {
+            single: Some(single.retuned(&spec).map_err(&err)?),
+            stats: s.stats.clone(),
+            ..FlowState::empty()
+        })),
+        None => Ok(Arc::clone(s)),
+    }
+}
+
+/// A concurrency rule's limiter: `max_in_flight` calls, none queued.
+fn new_concurrency(max_in_flight: u64) -> Result<ConcurrencyLimiter, ConfigError> {
+    ConcurrencyLimiter::with_config(ConcurrencyConfig {
+        max_in_flight,
+        max_queue: 0,
+        order: QueueOrder::Fifo,
+        shares: None,
     })
 }
 

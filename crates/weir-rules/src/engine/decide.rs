@@ -325,83 +325,7 @@ impl<C: Clock + Clone> Rules<C> {
                     }
                 }
             };
-            let block = |retry_after, remaining| Block {
-                rule: f.id.clone(),
-                kind: RuleKind::Flow,
-                retry_after,
-                rate: f
-                    .config
-                    .qps
-                    .map(|q| (q, f.config.window.unwrap_or(ONE_SECOND))),
-                remaining,
-            };
-            if let Some(c) = &f.config.cluster {
-                // Not leased (no quota client, or one that does not know the resource yet):
-                // the rule's own limiter at its safe capacity — never unlimited.
-                let n = match &f.config.cost {
-                    None => 1,
-                    Some(cost) => cost.estimate_of(ctx.cost, f.cost_cap(), guard.learned(res)),
-                };
-                let handle = self.shared.cluster.load();
-                let leased = handle
-                    .as_ref()
-                    .and_then(|h| h.0.acquire_at(&c.resource, n, now));
-                let d = leased.or_else(|| f.state.single.as_ref().map(|s| s.acquire_at(n, now)));
-                let ok = d.is_none_or(|d| d.allowed());
-                verdict(ok, f.config.shadow, &f.state.stats, || {
-                    block(
-                        d.and_then(|d| d.retry_after()),
-                        d.map(|d| d.remaining_lazy()),
-                    )
-                })?;
-                if let (Some(_), Some(d)) = (&f.config.cost, d.filter(Decision::allowed)) {
-                    let on = match (leased, handle.as_ref()) {
-                        (Some(_), Some(h)) => CostOn::Leased(h.clone(), c.resource.as_str().into()),
-                        _ => CostOn::Flow(f.state.clone()),
-                    };
-                    guard.hold_rule(f, on, &d, n, now, ONE_SECOND);
-                }
-            } else if let Some(stats) = &f.relate {
-                let qps = f.config.qps.unwrap_or(u64::MAX);
-                let ok = stats.window.snapshot(now).pass < qps;
-                verdict(ok, f.config.shadow, &f.state.stats, || {
-                    block(Some(stats.window.bucket_duration()), None)
-                })?;
-            } else if f.shared.is_some() && self.ask_shared_flow(res, f, key, ctx, guard) {
-                // Left to the shared store.
-            } else if let Some(d) = {
-                let n = match &f.config.cost {
-                    None => 1,
-                    Some(c) => c.estimate_of(ctx.cost, f.cost_cap(), guard.learned(res)),
-                };
-                match (&f.state.single, &f.state.rate, key) {
-                    (Some(single), _, _) => Some(single.acquire_at(n, now)),
-                    (None, Some(rate), Some(key)) => Some(rate.acquire_at(key, n, now)),
-                    _ => None,
-                }
-            } {
-                verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
-                    block(d.retry_after(), Some(d.remaining_lazy()))
-                })?;
-                if let (Some(c), true) = (&f.config.cost, d.allowed()) {
-                    // The estimate just taken: the learned costs were read for it and kept.
-                    let n = c.estimate_of(ctx.cost, f.cost_cap(), guard.learned(res));
-                    guard.hold_flow(f, key, &d, n, now);
-                }
-                guard.wait = guard
-                    .wait
-                    .max(weir_core::clock::duration_to_nanos(d.wait()));
-            } else if let Some(c) = &f.state.concurrency {
-                match c.try_acquire_as(1, ctx.criticality) {
-                    Ok(p) => {
-                        f.state.stats.passes.add(1);
-                        guard.permit = Some(p);
-                    }
-                    Err(d) => verdict(false, f.config.shadow, &f.state.stats, || {
-                        block(d.retry_after(), None)
-                    })?,
-                }
-            }
+            self.check_flow(res, f, key, ctx, now, guard)?;
         }
         if let Some((config, b, id)) = &res.breaker {
             match b.breaker.try_acquire(now) {
@@ -420,6 +344,94 @@ impl<C: Clock + Clone> Rules<C> {
         }
         if !res.budgets.is_empty() {
             self.check_budgets(res, ctx, guard)?;
+        }
+        Ok(())
+    }
+
+    /// One flow rule of `res`, counting under `key` (`None`: all origins together).
+    #[inline]
+    fn check_flow(
+        &self,
+        res: &Resource<C>,
+        f: &Flow<C>,
+        key: Option<&str>,
+        ctx: &Context<'_>,
+        now: Nanos,
+        guard: &mut Guard<C>,
+    ) -> Result<(), Block> {
+        if f.config.cluster.is_some() {
+            return self.check_cluster(res, f, ctx, now, guard);
+        }
+        if let Some(stats) = &f.relate {
+            let qps = f.config.qps.unwrap_or(u64::MAX);
+            let ok = stats.window.snapshot(now).pass < qps;
+            return verdict(ok, f.config.shadow, &f.state.stats, || {
+                flow_block(f, Some(stats.window.bucket_duration()), None)
+            });
+        }
+        if f.shared.is_some() && self.ask_shared_flow(res, f, key, ctx, guard) {
+            // Left to the shared store.
+            return Ok(());
+        }
+        let n = match &f.config.cost {
+            None => 1,
+            Some(c) => c.estimate_of(ctx.cost, f.cost_cap(), guard.learned(res)),
+        };
+        let d = match (&f.state.single, &f.state.rate, key) {
+            (Some(single), _, _) => single.acquire_at(n, now),
+            (None, Some(rate), Some(key)) => rate.acquire_at(key, n, now),
+            _ => return check_concurrency(f, ctx, guard),
+        };
+        verdict(d.allowed(), f.config.shadow, &f.state.stats, || {
+            flow_block(f, d.retry_after(), Some(d.remaining_lazy()))
+        })?;
+        if let (Some(c), true) = (&f.config.cost, d.allowed()) {
+            // The estimate just taken: the learned costs were read for it and kept.
+            let n = c.estimate_of(ctx.cost, f.cost_cap(), guard.learned(res));
+            guard.hold_flow(f, key, &d, n, now);
+        }
+        guard.wait = guard
+            .wait
+            .max(weir_core::clock::duration_to_nanos(d.wait()));
+        Ok(())
+    }
+
+    /// A cluster rule: the lease's grant, else (no quota client, or one that does not know
+    /// the resource yet) the rule's own limiter at its safe capacity — never unlimited.
+    fn check_cluster(
+        &self,
+        res: &Resource<C>,
+        f: &Flow<C>,
+        ctx: &Context<'_>,
+        now: Nanos,
+        guard: &mut Guard<C>,
+    ) -> Result<(), Block> {
+        let Some(c) = &f.config.cluster else {
+            return Ok(());
+        };
+        let n = match &f.config.cost {
+            None => 1,
+            Some(cost) => cost.estimate_of(ctx.cost, f.cost_cap(), guard.learned(res)),
+        };
+        let handle = self.shared.cluster.load();
+        let leased = handle
+            .as_ref()
+            .and_then(|h| h.0.acquire_at(&c.resource, n, now));
+        let d = leased.or_else(|| f.state.single.as_ref().map(|s| s.acquire_at(n, now)));
+        let ok = d.is_none_or(|d| d.allowed());
+        verdict(ok, f.config.shadow, &f.state.stats, || {
+            flow_block(
+                f,
+                d.and_then(|d| d.retry_after()),
+                d.map(|d| d.remaining_lazy()),
+            )
+        })?;
+        if let (Some(_), Some(d)) = (&f.config.cost, d.filter(Decision::allowed)) {
+            let on = match (leased, handle.as_ref()) {
+                (Some(_), Some(h)) => CostOn::Leased(h.clone(), c.resource.as_str().into()),
+                _ => CostOn::Flow(f.state.clone()),
+            };
+            guard.hold_rule(f, on, &d, n, now, ONE_SECOND);
         }
         Ok(())
     }
@@ -458,5 +470,46 @@ impl<C: Clock + Clone> Rules<C> {
             guard.budget_taken(b, &key, n, &t, None)?;
         }
         Ok(())
+    }
+}
+
+/// A flow rule's refusal.
+#[inline]
+fn flow_block<C: Clock>(
+    f: &Flow<C>,
+    retry_after: Option<Duration>,
+    remaining: Option<weir_core::Remaining>,
+) -> Block {
+    Block {
+        rule: f.id.clone(),
+        kind: RuleKind::Flow,
+        retry_after,
+        rate: f
+            .config
+            .qps
+            .map(|q| (q, f.config.window.unwrap_or(ONE_SECOND))),
+        remaining,
+    }
+}
+
+/// A concurrency rule: a permit kept in the guard until the call ends.
+#[inline]
+fn check_concurrency<C: Clock>(
+    f: &Flow<C>,
+    ctx: &Context<'_>,
+    guard: &mut Guard<C>,
+) -> Result<(), Block> {
+    let Some(c) = &f.state.concurrency else {
+        return Ok(());
+    };
+    match c.try_acquire_as(1, ctx.criticality) {
+        Ok(p) => {
+            f.state.stats.passes.add(1);
+            guard.permit = Some(p);
+            Ok(())
+        }
+        Err(d) => verdict(false, f.config.shadow, &f.state.stats, || {
+            flow_block(f, d.retry_after(), None)
+        }),
     }
 }

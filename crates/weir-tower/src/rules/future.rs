@@ -118,13 +118,7 @@ where
                         guard,
                         ..
                     } = *p;
-                    let head = req.method() == Method::HEAD;
-                    let inner = svc.call(req);
-                    self.set(RulesFuture::Pass {
-                        inner,
-                        guard: Pending(Some(guard)),
-                        head,
-                    });
+                    self.set(pass(&mut svc, req, Some(guard)));
                 }
                 RulesProj::Deciding { deciding } => {
                     let Some(d) = deciding else {
@@ -135,52 +129,13 @@ where
                         return Poll::Pending;
                     };
                     let Deciding {
-                        mut svc,
+                        svc,
                         req,
                         fallback,
                         policy,
                         ..
                     } = *d;
-                    match decided {
-                        Ok(guard) if guard.wait().is_zero() => {
-                            let head = req.method() == Method::HEAD;
-                            let inner = svc.call(req);
-                            self.set(RulesFuture::Pass {
-                                inner,
-                                guard: Pending(Some(guard)),
-                                head,
-                            });
-                        }
-                        Ok(guard) => self.set(RulesFuture::Waiting {
-                            paced: Some(Box::new(Paced {
-                                sleep: Box::pin(tokio::time::sleep(guard.wait())),
-                                svc,
-                                req,
-                                guard,
-                            })),
-                        }),
-                        // Refused by a shared rule: the route's fallback as for any block.
-                        Err((block, guard)) => match on_block(&policy, fallback, req, block) {
-                            Ok((req, passed)) => {
-                                if passed {
-                                    guard.count_fallback();
-                                }
-                                drop(guard);
-                                let head = req.method() == Method::HEAD;
-                                let inner = svc.call(req);
-                                self.set(RulesFuture::Pass {
-                                    inner,
-                                    guard: Pending(None),
-                                    head,
-                                });
-                            }
-                            Err(answer) => self.set(RulesFuture::Blocked {
-                                block: Some(Box::new(answer.block)),
-                                grpc: answer.grpc,
-                                fallback: answer.fallback,
-                            }),
-                        },
-                    }
+                    self.set(after_shared(decided, svc, req, fallback, &policy));
                 }
                 RulesProj::Blocked {
                     block,
@@ -190,15 +145,7 @@ where
                     let Some(block) = block.take() else {
                         return Poll::Pending;
                     };
-                    if let Some(f) = fallback {
-                        return Poll::Ready(Ok(f.respond(&block).map(GuardBody::refused)));
-                    }
-                    let r: Response<String> = if *grpc {
-                        blocked_grpc_response(&block)
-                    } else {
-                        blocked_response(&block)
-                    };
-                    return Poll::Ready(Ok(r.map(GuardBody::refused)));
+                    return Poll::Ready(Ok(refusal(&block, *grpc, fallback.as_deref())));
                 }
                 RulesProj::Invalid { detail } => {
                     let Some(detail) = detail.take() else {
@@ -210,6 +157,81 @@ where
             }
         }
     }
+}
+
+/// The inner call of an admitted request (`guard`: what it holds, if anything).
+fn pass<S, ReqB, C>(
+    svc: &mut S,
+    req: Request<ReqB>,
+    guard: Option<Guard<C>>,
+) -> RulesFuture<S, Request<ReqB>, C>
+where
+    S: Service<Request<ReqB>>,
+    C: Clock + Clone,
+{
+    let head = req.method() == Method::HEAD;
+    RulesFuture::Pass {
+        inner: svc.call(req),
+        guard: Pending(guard),
+        head,
+    }
+}
+
+/// What follows the shared rules' decision: the call, its pacing wait, or the refusal (the
+/// route's fallback as for any block, or passed on).
+fn after_shared<S, ReqB, C>(
+    decided: SharedDecision<C>,
+    mut svc: S,
+    req: Request<ReqB>,
+    fallback: Option<Arc<Fallback>>,
+    policy: &Policy<C>,
+) -> RulesFuture<S, Request<ReqB>, C>
+where
+    S: Service<Request<ReqB>>,
+    C: Clock + Clone,
+{
+    match decided {
+        Ok(guard) if guard.wait().is_zero() => pass(&mut svc, req, Some(guard)),
+        Ok(guard) => RulesFuture::Waiting {
+            paced: Some(Box::new(Paced {
+                sleep: Box::pin(tokio::time::sleep(guard.wait())),
+                svc,
+                req,
+                guard,
+            })),
+        },
+        Err((block, guard)) => match on_block(policy, fallback, req, block) {
+            Ok((req, passed)) => {
+                if passed {
+                    guard.count_fallback();
+                }
+                drop(guard);
+                pass(&mut svc, req, None)
+            }
+            Err(answer) => RulesFuture::Blocked {
+                block: Some(Box::new(answer.block)),
+                grpc: answer.grpc,
+                fallback: answer.fallback,
+            },
+        },
+    }
+}
+
+/// The answer to a blocked call: the route's fallback, else the refusal in gRPC or HTTP.
+fn refusal<B: Body<Data = Bytes>, C: Clock + Clone>(
+    block: &Block,
+    grpc: bool,
+    fallback: Option<&Fallback>,
+) -> Response<GuardBody<B, C>> {
+    if let Some(f) = fallback {
+        return f.respond(block).map(GuardBody::refused);
+    }
+    let r: Response<String> = if grpc {
+        blocked_grpc_response(block)
+    } else {
+        blocked_response(block)
+    };
+    r.map(GuardBody::refused)
 }
 
 /// The guard once its shared rules decided, or the block (with the guard, which gave back

@@ -50,26 +50,56 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        // Plain paths (the common case) are their own normal and route forms: one scan.
-        let plain = crate::path::is_plain(req.uri().path());
-        if !plain {
-            match crate::path::normalize(req.uri().path()) {
-                Ok(std::borrow::Cow::Borrowed(_)) => {}
-                Ok(std::borrow::Cow::Owned(normal)) => {
-                    if set_path(req.uri_mut(), &normal).is_err() {
-                        return RulesFuture::Invalid {
-                            detail: Some("the normalised path is not a valid URI"),
-                        };
-                    }
-                }
-                Err(e) => {
-                    return RulesFuture::Invalid {
-                        detail: Some(e.as_str()),
-                    }
+        let plain = match normalize(&mut req) {
+            Ok(plain) => plain,
+            Err(detail) => {
+                return RulesFuture::Invalid {
+                    detail: Some(detail),
                 }
             }
+        };
+        let (entry, fallback, read_json) = self.decide(&req, plain);
+        // The body's JSON was read for the estimate: not held any longer than the decision.
+        if read_json {
+            req.extensions_mut().remove::<crate::cost::RequestJson>();
         }
-        let head = Head::of(&req);
+        self.answer(req, entry, fallback)
+    }
+}
+
+/// What a request's decision gave: nothing (no route), the guard or the block.
+type Entry<C> = Option<Result<Guard<C>, Block>>;
+
+/// Puts the request's path in normal form; whether it was plain (its own normal and route
+/// form: the common case, one scan), or why it cannot be.
+fn normalize<B>(req: &mut Request<B>) -> Result<bool, &'static str> {
+    let plain = crate::path::is_plain(req.uri().path());
+    if !plain {
+        match crate::path::normalize(req.uri().path()) {
+            Ok(std::borrow::Cow::Borrowed(_)) => {}
+            Ok(std::borrow::Cow::Owned(normal)) => {
+                if set_path(req.uri_mut(), &normal).is_err() {
+                    return Err("the normalised path is not a valid URI");
+                }
+            }
+            Err(e) => return Err(e.as_str()),
+        }
+    }
+    Ok(plain)
+}
+
+impl<S, C> RulesService<S, C>
+where
+    C: Clock + Clone + Send + Sync + 'static,
+{
+    /// The request classified and admitted or refused: the entry, the route's fallback, and
+    /// whether the estimate was read from the body's JSON.
+    fn decide<B>(
+        &mut self,
+        req: &Request<B>,
+        plain: bool,
+    ) -> (Entry<C>, Option<Arc<Fallback>>, bool) {
+        let head = Head::of(req);
         let path = if plain {
             std::borrow::Cow::Borrowed(req.uri().path())
         } else {
@@ -79,16 +109,17 @@ where
         let rules = &self.policy.rules;
         // With `with_fallback`, a block no route fallback answers goes on to the inner service
         // (counted as answered by a fallback).
+        let pass_blocked = self.policy.pass_blocked;
         let passed_on = |t: &Target<'_>, r: Result<Guard<C>, Block>, route: Option<&Fallback>| {
             if let Err(b) = &r {
-                if self.policy.pass_blocked && !route.is_some_and(|f| f.kinds.contains(&b.kind)) {
+                if pass_blocked && !route.is_some_and(|f| f.kinds.contains(&b.kind)) {
                     rules.fallback_served(t.resource);
                 }
             }
             r
         };
         // The estimate the request states, for resources whose cost rules say where (noting
-        // whether it came from the body's JSON, which is then dropped below).
+        // whether it came from the body's JSON).
         let read_json = std::cell::Cell::new(false);
         let estimate = |sources: Option<&weir_rules::config::CostSources>| {
             let from = sources?.estimate.as_ref()?;
@@ -119,11 +150,21 @@ where
                 passed_on(&t, admit(rules, None, &t, cost), None)
             }),
         };
-        drop(path);
-        // The body's JSON was read for the estimate: not held any longer than the decision.
-        if read_json.get() {
-            req.extensions_mut().remove::<crate::cost::RequestJson>();
-        }
+        (entry, fallback, read_json.get())
+    }
+
+    /// The future of a decided request: the inner call (now, after the shared store or a
+    /// pacing wait), or the refusal.
+    fn answer<ReqB, ResB>(
+        &mut self,
+        req: Request<ReqB>,
+        entry: Entry<C>,
+        fallback: Option<Arc<Fallback>>,
+    ) -> RulesFuture<S, Request<ReqB>, C>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+        ResB: Body<Data = Bytes>,
+    {
         let head = req.method() == Method::HEAD;
         match entry {
             None => RulesFuture::Pass {
