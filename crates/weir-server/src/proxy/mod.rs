@@ -111,34 +111,9 @@ impl Proxy {
             shutdown.clone(),
         ));
         if let Some(admin) = admin {
-            self.dashboard.spawn_sampler();
-            tokio::spawn(serve_admin(
-                admin,
-                Admin {
-                    rules: self.rules.clone(),
-                    stats: self.stats.clone(),
-                    dashboard: self.dashboard.clone(),
-                    token: s.admin_token.clone(),
-                    switch_file: self.switch_file.clone(),
-                },
-                s.limits.timeouts,
-                shutdown.clone(),
-            ));
+            self.spawn_admin(admin, shutdown.clone());
         }
-        let (forward, gutter) = (self.forward.clone(), self.gutter.clone());
-        let layer = RulesLayer::new(self.rules.clone());
-        // JSON request bodies are read first only while a rule takes its estimate from one.
-        // Only for routes whose resource takes its estimate from the body, and within the
-        // budgets every connection draws on.
-        let routes = layer.clone();
-        let read_json = weir_tower::cost::ReadJsonLayer::new(
-            move |parts| routes.reads_request_json(parts),
-            s.body_pace.idle,
-        );
-        let budget = crate::net::budget::Budget::new(crate::net::budget::BodyLimits {
-            total: s.max_buffered_bytes,
-            ..crate::net::budget::BodyLimits::default()
-        });
+        let first = self.worker();
         // One worker thread per core, each a current-thread runtime with its own listener
         // (SO_REUSEPORT) and upstream pools: a request is served start to end on one thread,
         // without cross-thread wake-ups (docs/proxy.md, "Where the time goes").
@@ -152,33 +127,17 @@ impl Proxy {
         let mut given = Some(given);
         let mut done = Vec::with_capacity(workers);
         for i in 0..workers {
-            // The first worker takes the given listener; the others a listener of their own
-            // when the given one allows sharing its address, else a handle on the given one.
-            // (No handle stays here: on shutdown the workers' closing is the listener's.)
-            let std_listener = if i == 0 {
-                None
-            } else {
-                local.and_then(|addr| listener_beside(addr).ok())
-            };
-            let std_listener = match (std_listener, given.as_ref()) {
-                (Some(l), _) => l,
-                (None, Some(g)) if i + 1 < workers => match g.try_clone() {
-                    Ok(l) => l,
-                    Err(_) => continue,
-                },
-                (None, _) => match given.take() {
-                    Some(g) => g,
-                    None => continue,
-                },
+            let Some(std_listener) = worker_listener(i, workers, local, &mut given) else {
+                continue;
             };
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             done.push(rx);
             let worker = Worker {
-                forward: forward.with_own_pools(s),
-                gutter: gutter.as_ref().map(|g| g.with_own_pools(s)),
-                layer: layer.clone(),
-                read_json: read_json.clone(),
-                budget: budget.clone(),
+                forward: first.forward.with_own_pools(s),
+                gutter: first.gutter.as_ref().map(|g| g.with_own_pools(s)),
+                layer: first.layer.clone(),
+                read_json: first.read_json.clone(),
+                budget: first.budget.clone(),
             };
             let (slots, shutdown) = (slots.clone(), shutdown.clone());
             let spawned = std::thread::Builder::new()
@@ -197,6 +156,49 @@ impl Proxy {
             let _ = rx.await;
         }
         let _ = keeping.await;
+    }
+
+    /// Serves the dashboard, `/metrics` and the switch API on `admin` until `shutdown`.
+    fn spawn_admin(&self, admin: tokio::net::TcpListener, shutdown: crate::net::accept::Shutdown) {
+        let s = &self.settings;
+        self.dashboard.spawn_sampler();
+        tokio::spawn(serve_admin(
+            admin,
+            Admin {
+                rules: self.rules.clone(),
+                stats: self.stats.clone(),
+                dashboard: self.dashboard.clone(),
+                token: s.admin_token.clone(),
+                switch_file: self.switch_file.clone(),
+            },
+            s.limits.timeouts,
+            shutdown,
+        ));
+    }
+
+    /// What every worker serves with: the upstreams (each worker makes its own pools), the
+    /// rules' layer, the JSON body reader and the process's body budget.
+    fn worker(&self) -> Worker {
+        let s = &self.settings;
+        let layer = RulesLayer::new(self.rules.clone());
+        // JSON request bodies are read first only for routes whose resource takes its
+        // estimate from the body, and within the budgets every connection draws on.
+        let routes = layer.clone();
+        let read_json = weir_tower::cost::ReadJsonLayer::new(
+            move |parts| routes.reads_request_json(parts),
+            s.body_pace.idle,
+        );
+        let budget = crate::net::budget::Budget::new(crate::net::budget::BodyLimits {
+            total: s.max_buffered_bytes,
+            ..crate::net::budget::BodyLimits::default()
+        });
+        Worker {
+            forward: self.forward.clone(),
+            gutter: self.gutter.clone(),
+            layer,
+            read_json,
+            budget,
+        }
     }
 
     /// Connects the shared store (`--store`), where `shared: true` rules count from then on.
@@ -345,6 +347,28 @@ fn watch_rules(
         };
     })
     .map_err(StartError::Watcher)
+}
+
+/// Worker `i`'s listener (of `workers`): the first takes the given listener; the others a
+/// listener of their own when the given one allows sharing its address (`local`), else a
+/// handle on the given one. No handle stays here: on shutdown the workers' closing is the
+/// listener's.
+fn worker_listener(
+    i: usize,
+    workers: usize,
+    local: Option<std::net::SocketAddr>,
+    given: &mut Option<std::net::TcpListener>,
+) -> Option<std::net::TcpListener> {
+    let own = if i == 0 {
+        None
+    } else {
+        local.and_then(|addr| listener_beside(addr).ok())
+    };
+    match (own, given.as_ref()) {
+        (Some(l), _) => Some(l),
+        (None, Some(g)) if i + 1 < workers => g.try_clone().ok(),
+        (None, _) => given.take(),
+    }
 }
 
 /// What one worker thread serves clients with.

@@ -316,128 +316,147 @@ pub use weir_rules::config::parse_duration as parse_window;
 
 impl<'de> Deserialize<'de> for RateLimit {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = RawRateLimit::deserialize(d)?;
-        let window = match &raw.window {
+        RawRateLimit::deserialize(d)?
+            .checked()
+            .map_err(de::Error::custom)
+    }
+}
+
+impl RawRateLimit {
+    /// The limit these fields describe, or why they describe none (the field's error, which
+    /// the file's reader locates).
+    fn checked(self) -> Result<RateLimit, String> {
+        let window = match &self.window {
             Some(w) => Some(parse_window(w).ok_or_else(|| {
-                de::Error::custom(format!(
-                    "window {w:?}: expected a positive duration like 500ms, 30s, 5m, 1h or 1d"
-                ))
+                format!("window {w:?}: expected a positive duration like 500ms, 30s, 5m, 1h or 1d")
             })?),
             None => None,
         };
-        if raw.unlimited {
-            let given: Vec<&str> = [
-                ("unit", raw.unit.is_some()),
-                ("window", window.is_some()),
-                ("requests_per_unit", raw.requests_per_unit.is_some()),
-                ("burst", raw.burst.is_some()),
-                ("algorithm", raw.algorithm.is_some()),
-                ("cost", raw.cost.is_some()),
-            ]
-            .into_iter()
-            .filter_map(|(f, set)| set.then_some(f))
-            .collect();
-            if !given.is_empty() {
-                return Err(de::Error::custom(format!(
-                    "unlimited: true takes no {}: an unlimited descriptor is never counted",
-                    given.join(", ")
-                )));
-            }
+        if self.unlimited {
+            self.unlimited_alone(window.is_some())?;
         }
-        let algorithm = raw.algorithm.unwrap_or(ALGORITHMS[0]);
-        let unit = match (raw.unit, window) {
+        let algorithm = self.algorithm.unwrap_or(ALGORITHMS[0]);
+        let unit = match (self.unit, window) {
             (Some(u), None) => u,
             (None, Some(w)) => unit_covering(w),
-            (Some(_), Some(_)) => {
-                return Err(de::Error::custom("give either unit or window, not both"))
-            }
-            (None, None) if raw.unlimited => Unit::Second,
+            (Some(_), Some(_)) => return Err("give either unit or window, not both".into()),
+            (None, None) if self.unlimited => Unit::Second,
             (None, None) => {
-                return Err(de::Error::custom(
-                    "missing unit (second, minute, hour, day, …) or window",
-                ))
+                return Err("missing unit (second, minute, hour, day, …) or window".into())
             }
         };
-        let requests_per_unit = match raw.requests_per_unit {
+        let requests_per_unit = match self.requests_per_unit {
             Some(n) => n,
-            None if raw.unlimited => 0,
-            None => return Err(de::Error::custom("missing requests_per_unit")),
+            None if self.unlimited => 0,
+            None => return Err("missing requests_per_unit".into()),
         };
-        if raw.burst == Some(0) {
-            return Err(de::Error::custom("burst must be ≥ 1"));
+        if self.burst == Some(0) {
+            return Err("burst must be ≥ 1".into());
         }
-        if raw.burst.is_some() && !algorithm.has_burst() {
-            return Err(de::Error::custom(format!(
+        if self.burst.is_some() && !algorithm.has_burst() {
+            return Err(format!(
                 "burst applies to gcra and token_bucket, not {}",
                 algorithm.as_str()
-            )));
+            ));
         }
-        let cost = match &raw.cost {
-            None => None,
-            Some(c) => {
-                if !matches!(
-                    algorithm,
-                    RateAlgorithm::Gcra | RateAlgorithm::TokenBucket | RateAlgorithm::FixedWindow
-                ) {
-                    return Err(de::Error::custom(format!(
-                        "cost needs algorithm gcra, token_bucket or fixed_window, not {} (the others cannot give back what they counted)",
-                        algorithm.as_str()
-                    )));
-                }
-                let max = c.max.or(raw.burst).unwrap_or(requests_per_unit).max(1);
-                let min = c.min.unwrap_or(1);
-                if min == 0 {
-                    return Err(de::Error::custom(
-                        "cost.min must be ≥ 1 (0 would make an ask a free peek)",
-                    ));
-                }
-                if min > max {
-                    return Err(de::Error::custom(format!(
-                        "cost.min {min} is above cost.max {max}"
-                    )));
-                }
-                Some(CostBounds { min, max })
-            }
-        };
-        let mut replaces = Vec::with_capacity(raw.replaces.len());
-        for r in raw.replaces {
-            if r.name.is_empty() {
-                return Err(de::Error::custom(
-                    "replaces: an entry has an empty name (each entry names the limit it replaces)",
-                ));
-            }
-            if raw.name.as_deref() == Some(r.name.as_str()) {
-                return Err(de::Error::custom(format!(
-                    "replaces: {:?} is this limit's own name (a limit cannot replace itself)",
-                    r.name
-                )));
-            }
-            replaces.push(r.name);
-        }
+        let cost = self.cost_bounds(algorithm, requests_per_unit)?;
+        let replaces = self.replaced()?;
         let limit = RateLimit {
             unit,
             requests_per_unit,
             window: window.unwrap_or_else(|| unit.duration()),
-            name: raw.name,
-            unlimited: raw.unlimited,
+            name: self.name,
+            unlimited: self.unlimited,
             replaces,
             algorithm,
-            burst: raw.burst,
+            burst: self.burst,
             cost,
         };
         if !limit.unlimited && !limit.denies_all() {
             // What the store checks when the rule is built, said here with the location.
             weir_redis::RedisRule::check(&limit.spec(), weir_redis::RuleOptions::default())
                 .map_err(|e| {
-                    de::Error::custom(format!(
+                    format!(
                         "{} {} per {:?}: {e}",
                         limit.algorithm.as_str(),
                         limit.requests_per_unit,
                         limit.window
-                    ))
+                    )
                 })?;
         }
         Ok(limit)
+    }
+
+    /// An unlimited descriptor is never counted: it takes none of the counting fields.
+    fn unlimited_alone(&self, window: bool) -> Result<(), String> {
+        let given: Vec<&str> = [
+            ("unit", self.unit.is_some()),
+            ("window", window),
+            ("requests_per_unit", self.requests_per_unit.is_some()),
+            ("burst", self.burst.is_some()),
+            ("algorithm", self.algorithm.is_some()),
+            ("cost", self.cost.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(f, set)| set.then_some(f))
+        .collect();
+        if given.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "unlimited: true takes no {}: an unlimited descriptor is never counted",
+            given.join(", ")
+        ))
+    }
+
+    /// The bounds of `cost:`, on an algorithm that can give back what it counted.
+    fn cost_bounds(
+        &self,
+        algorithm: RateAlgorithm,
+        requests_per_unit: u64,
+    ) -> Result<Option<CostBounds>, String> {
+        let Some(c) = &self.cost else {
+            return Ok(None);
+        };
+        if !matches!(
+            algorithm,
+            RateAlgorithm::Gcra | RateAlgorithm::TokenBucket | RateAlgorithm::FixedWindow
+        ) {
+            return Err(format!(
+                "cost needs algorithm gcra, token_bucket or fixed_window, not {} (the others cannot give back what they counted)",
+                algorithm.as_str()
+            ));
+        }
+        let max = c.max.or(self.burst).unwrap_or(requests_per_unit).max(1);
+        let min = c.min.unwrap_or(1);
+        if min == 0 {
+            return Err("cost.min must be ≥ 1 (0 would make an ask a free peek)".into());
+        }
+        if min > max {
+            return Err(format!("cost.min {min} is above cost.max {max}"));
+        }
+        Ok(Some(CostBounds { min, max }))
+    }
+
+    /// The names of the limits this one replaces: each given, none its own.
+    fn replaced(&self) -> Result<Vec<String>, String> {
+        let mut replaces = Vec::with_capacity(self.replaces.len());
+        for r in &self.replaces {
+            if r.name.is_empty() {
+                return Err(
+                    "replaces: an entry has an empty name (each entry names the limit it replaces)"
+                        .into(),
+                );
+            }
+            if self.name.as_deref() == Some(r.name.as_str()) {
+                return Err(format!(
+                    "replaces: {:?} is this limit's own name (a limit cannot replace itself)",
+                    r.name
+                ));
+            }
+            replaces.push(r.name.clone());
+        }
+        Ok(replaces)
     }
 }
 

@@ -314,84 +314,19 @@ impl Engine {
                 // Lyft: an override applies on a known domain, matched or not; an unknown
                 // domain has no limit at all.
                 (_, Some(_)) if !known_domain => no_limit(),
-                (_, Some((0, unit))) => deny_all(
-                    override_applied(0, unit),
-                    unit.duration(),
-                    now,
-                    self.options.shadow,
-                ),
                 (_, Some((rpu, unit))) => {
-                    let id = m.as_ref().map_or_else(
-                        || format!("{}.override", request.domain),
-                        |m| m.rule.id.clone(),
-                    );
-                    let counter = self.override_counter(&id, rpu, unit)?;
-                    let key = counter_key(d.entries.iter().map(|(k, v)| (&**k, &**v)), m.is_none());
-                    let decision = counter.acquire(&key, hits, now).await;
-                    status_of(
-                        &decision,
-                        override_applied(rpu, unit),
-                        unit.duration(),
-                        self.options.shadow,
-                        Some(now),
-                    )
+                    self.decide_override(request, d, m.as_ref(), (rpu, unit), hits, now)
+                        .await?
                 }
                 (None, None) => no_limit(),
                 (Some(m), None) => {
-                    let r = m.rule;
-                    if r.limit
-                        .name
-                        .as_deref()
-                        .is_some_and(|n| replaced.contains(&n))
-                    {
-                        no_limit()
-                    } else if r.limit.unlimited {
-                        Status {
-                            remaining: UNLIMITED_REMAINING,
-                            ..no_limit()
-                        }
-                    } else if let Some(counter) = &r.counter {
-                        let key = counter_key(
-                            d.entries
-                                .iter()
-                                .enumerate()
-                                .map(|(i, (_, v))| ("", m.counted(i, v))),
-                            false,
-                        );
-                        let hits = r.limit.cost.map_or(hits, |c| c.held(hits));
-                        let decision = counter.acquire(&key, hits, now).await;
-                        if decision.allowed() && !counter.spec().count_denied {
-                            admitted |= 1 << i;
-                        }
-                        if let (true, Some(ledger)) = (decision.allowed(), &r.ledger) {
-                            ledger.charged(&key, hits, now);
-                        }
-                        let fixed = r.limit.algorithm == RateAlgorithm::FixedWindow;
-                        let mut status = status_of(
-                            &decision,
-                            r.applied.clone(),
-                            r.limit.window,
-                            r.shadow,
-                            fixed.then_some(now),
-                        );
-                        status.quota_mode = r.quota_mode;
-                        self.count(
-                            r,
-                            m,
-                            &request.domain,
-                            d,
-                            !decision.allowed(),
-                            decision.remaining(),
-                            hits,
-                        );
-                        status
-                    } else {
-                        // requests_per_unit: 0
-                        let mut status = deny_all(r.applied.clone(), r.limit.window, now, r.shadow);
-                        status.quota_mode = r.quota_mode;
-                        self.count(r, m, &request.domain, d, true, 0, hits);
-                        status
+                    let (status, admit) = self
+                        .decide_matched(request, d, m, &replaced, hits, now)
+                        .await;
+                    if admit {
+                        admitted |= 1 << i;
                     }
+                    status
                 }
             };
             statuses.push(status);
@@ -412,6 +347,108 @@ impl Engine {
             statuses,
             metadata,
         })
+    }
+
+    /// A descriptor with a limit of its own (a request-supplied override): its own counter
+    /// (by the matched rule's id, else the domain's), or every hit refused at 0.
+    async fn decide_override(
+        &self,
+        request: &Request,
+        d: &RequestDescriptor,
+        m: Option<&Matched<'_>>,
+        (rpu, unit): (u32, Unit),
+        hits: u64,
+        now: weir_core::Nanos,
+    ) -> Result<Status, BadRequest> {
+        if rpu == 0 {
+            return Ok(deny_all(
+                override_applied(0, unit),
+                unit.duration(),
+                now,
+                self.options.shadow,
+            ));
+        }
+        let id = m.map_or_else(
+            || format!("{}.override", request.domain),
+            |m| m.rule.id.clone(),
+        );
+        let counter = self.override_counter(&id, rpu, unit)?;
+        let key = counter_key(d.entries.iter().map(|(k, v)| (&**k, &**v)), m.is_none());
+        let decision = counter.acquire(&key, hits, now).await;
+        Ok(status_of(
+            &decision,
+            override_applied(rpu, unit),
+            unit.duration(),
+            self.options.shadow,
+            Some(now),
+        ))
+    }
+
+    /// A descriptor matched by a rule of the file: replaced, unlimited, counted, or refused
+    /// (`requests_per_unit: 0`); with whether its hits were charged and may be given back.
+    async fn decide_matched(
+        &self,
+        request: &Request,
+        d: &RequestDescriptor,
+        m: &Matched<'_>,
+        replaced: &[&str],
+        hits: u64,
+        now: weir_core::Nanos,
+    ) -> (Status, bool) {
+        let r = m.rule;
+        if r.limit
+            .name
+            .as_deref()
+            .is_some_and(|n| replaced.contains(&n))
+        {
+            return (no_limit(), false);
+        }
+        if r.limit.unlimited {
+            let status = Status {
+                remaining: UNLIMITED_REMAINING,
+                ..no_limit()
+            };
+            return (status, false);
+        }
+        let Some(counter) = &r.counter else {
+            // requests_per_unit: 0
+            let mut status = deny_all(r.applied.clone(), r.limit.window, now, r.shadow);
+            status.quota_mode = r.quota_mode;
+            self.count(r, m, &request.domain, d, true, 0, hits);
+            return (status, false);
+        };
+        let key = counter_key(
+            d.entries
+                .iter()
+                .enumerate()
+                .map(|(i, (_, v))| ("", m.counted(i, v))),
+            false,
+        );
+        let hits = r.limit.cost.map_or(hits, |c| c.held(hits));
+        let decision = counter.acquire(&key, hits, now).await;
+        let admit = decision.allowed() && !counter.spec().count_denied;
+        if let (true, Some(ledger)) = (decision.allowed(), &r.ledger) {
+            ledger.charged(&key, hits, now);
+        }
+        let fixed = r.limit.algorithm == RateAlgorithm::FixedWindow;
+        let mut status = status_of(
+            &decision,
+            r.applied.clone(),
+            r.limit.window,
+            r.shadow,
+            fixed.then_some(now),
+        );
+        status.quota_mode = r.quota_mode;
+        self.count(
+            r,
+            m,
+            &request.domain,
+            d,
+            !decision.allowed(),
+            decision.remaining(),
+            hits,
+        );
+        (status, admit)
     }
 
     /// A refused request charges none of its descriptors (a team's counter is not charged
