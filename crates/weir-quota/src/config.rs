@@ -21,6 +21,7 @@
 //! Errors name the file, line, column and field (every validation error of a file at once),
 //! as every configuration of Weir does.
 
+use std::fmt::Write;
 use std::path::Path;
 use std::time::Duration;
 
@@ -387,8 +388,6 @@ impl QuotaConfig {
     /// The settings in force, defaults filled in, one line per resource, template and RLQS
     /// bucket rule (what `weir check-config` prints for a quota file).
     pub fn describe(&self) -> String {
-        use std::fmt::Write;
-        let secs = |d: Duration| format!("{}s", d.as_secs_f64());
         let mut out = String::new();
         let rows = self
             .resources
@@ -396,78 +395,34 @@ impl QuotaConfig {
             .map(|r| ("resource", r))
             .chain(self.templates.iter().map(|t| ("template", t)));
         for (what, (name, c)) in rows {
-            let safe = c.safe_capacity.map_or_else(
-                || "capacity ÷ clients last seen".to_string(),
-                |s| format!("{s}/s"),
-            );
             let _ = writeln!(
                 out,
-                "{what} {name}: {}/s, {}, lease {}, refresh {}, safe capacity {safe}",
+                "{what} {name}: {}/s, {}, lease {}, refresh {}, safe capacity {}",
                 c.capacity,
                 c.algorithm.as_str(),
                 secs(c.lease),
                 secs(c.refresh),
+                safe(c),
             );
-        }
-        fn nested(out: &mut String, l: &Level, depth: usize, secs: &dyn Fn(Duration) -> String) {
-            let indent = "  ".repeat(depth);
-            let what = if depth == 0 { "nested " } else { "" };
-            let leaf = if l.is_leaf() {
-                let safe = l.config.safe_capacity.map_or_else(
-                    || "capacity ÷ clients last seen".to_string(),
-                    |s| format!("{s}/s"),
-                );
-                format!(
-                    ", leased: lease {}, refresh {}, safe capacity {safe}",
-                    secs(l.config.lease),
-                    secs(l.config.refresh)
-                )
-            } else {
-                String::new()
-            };
-            let _ = writeln!(
-                out,
-                "{indent}{what}{}: {}/s, weight {}{leaf}",
-                l.name, l.config.capacity, l.weight
-            );
-            for c in &l.children {
-                nested(out, c, depth + 1, secs);
-            }
         }
         for l in &self.nested {
-            nested(&mut out, l, 0, &secs);
+            describe_level(&mut out, l, 0);
         }
         if let Some(r) = &self.rlqs {
-            let _ = writeln!(
-                out,
-                "rlqs: domain {}, burst {}, idle {}, at most {} buckets per stream and {} in all",
-                r.domain.as_deref().unwrap_or("(any)"),
-                secs(r.burst),
-                secs(r.idle),
-                r.max_buckets_per_stream,
-                r.max_buckets
-            );
-            for b in &r.buckets {
-                let m: Vec<String> = b
-                    .matches
-                    .iter()
-                    .map(|(k, v)| match v {
-                        ValuePattern::Any => format!("{k}=*"),
-                        ValuePattern::Exact(x) => format!("{k}={x}"),
-                    })
-                    .collect();
-                let to = match &b.target {
-                    BucketTarget::Resource(r) => format!("resource {r}"),
-                    BucketTarget::Unlimited => "unlimited (ALLOW_ALL)".to_string(),
-                };
-                let _ = writeln!(out, "  bucket {{{}}} -> {to}", m.join(", "));
-            }
+            describe_rlqs(&mut out, r);
         }
+        self.describe_clients(&mut out);
+        out
+    }
+
+    /// Who may ask, with what weight and priority, and whether a token is required.
+    fn describe_clients(&self, out: &mut String) {
         if self.clients.is_empty() {
             let _ = writeln!(
                 out,
                 "clients: anyone, weight 1, CRITICAL (weights and priorities clients send are ignored)"
             );
+            return;
         }
         for c in &self.clients {
             let _ = writeln!(
@@ -488,10 +443,7 @@ impl QuotaConfig {
                 },
             );
         }
-        if !self.clients.is_empty() {
-            let _ = writeln!(out, "clients no entry covers are refused");
-        }
-        out
+        let _ = writeln!(out, "clients no entry covers are refused");
     }
 
     /// What the file allows that is likely a mistake, one line each (`weir check-config`
@@ -696,6 +648,71 @@ impl QuotaConfig {
         self.templates
             .iter()
             .find_map(|(pattern, c)| crate::pattern::matches(pattern, name).then_some(*c))
+    }
+}
+
+/// A duration as `describe` writes it (`1.5s`).
+fn secs(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
+}
+
+/// A leased resource's safe capacity as `describe` writes it.
+fn safe(c: &ResourceConfig) -> String {
+    c.safe_capacity.map_or_else(
+        || "capacity ÷ clients last seen".to_string(),
+        |s| format!("{s}/s"),
+    )
+}
+
+/// A nested resource and the levels under it, indented by `depth`.
+fn describe_level(out: &mut String, l: &Level, depth: usize) {
+    let indent = "  ".repeat(depth);
+    let what = if depth == 0 { "nested " } else { "" };
+    let leaf = if l.is_leaf() {
+        format!(
+            ", leased: lease {}, refresh {}, safe capacity {}",
+            secs(l.config.lease),
+            secs(l.config.refresh),
+            safe(&l.config)
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "{indent}{what}{}: {}/s, weight {}{leaf}",
+        l.name, l.config.capacity, l.weight
+    );
+    for c in &l.children {
+        describe_level(out, c, depth + 1);
+    }
+}
+
+/// The RLQS settings and each bucket rule's match and target.
+fn describe_rlqs(out: &mut String, r: &RlqsConfig) {
+    let _ = writeln!(
+        out,
+        "rlqs: domain {}, burst {}, idle {}, at most {} buckets per stream and {} in all",
+        r.domain.as_deref().unwrap_or("(any)"),
+        secs(r.burst),
+        secs(r.idle),
+        r.max_buckets_per_stream,
+        r.max_buckets
+    );
+    for b in &r.buckets {
+        let m: Vec<String> = b
+            .matches
+            .iter()
+            .map(|(k, v)| match v {
+                ValuePattern::Any => format!("{k}=*"),
+                ValuePattern::Exact(x) => format!("{k}={x}"),
+            })
+            .collect();
+        let to = match &b.target {
+            BucketTarget::Resource(r) => format!("resource {r}"),
+            BucketTarget::Unlimited => "unlimited (ALLOW_ALL)".to_string(),
+        };
+        let _ = writeln!(out, "  bucket {{{}}} -> {to}", m.join(", "));
     }
 }
 

@@ -648,129 +648,149 @@ impl LeaseServer {
             .enumerate()
             .map(|(k, (resource, ask))| {
                 let parts = parts.get(k).map_or(&[][..], Vec::as_slice);
-                if resource.len() > MAX_RESOURCE_NAME {
-                    return Err(Refusal::BadAsk {
-                        resource: format!("{}…", truncated(resource, 64)),
-                        reason: format!("resource name longer than {MAX_RESOURCE_NAME} bytes"),
-                    });
-                }
-                if resource.chars().any(char::is_control) {
-                    return Err(Refusal::BadAsk {
-                        resource: resource.escape_debug().to_string(),
-                        reason: "resource name with a control character".into(),
-                    });
-                }
-                if !tables.contains_key(resource) {
-                    // The configuration is read only to create a table (first use).
-                    let (c, configured, levels) = {
-                        let config = self.config.lock();
-                        let c = config.resource(resource).ok_or_else(|| {
-                            if config.is_group(resource) {
-                                Refusal::Group(resource.clone())
-                            } else {
-                                Refusal::UnknownResource(resource.clone())
-                            }
-                        })?;
-                        (c, config.is_named(resource), config.level_params(resource))
-                    };
-                    if !configured {
-                        if !(ask.wants.is_finite() && ask.wants >= 0.0) {
-                            return Err(Refusal::BadAsk {
-                                resource: resource.clone(),
-                                reason: format!("wants {}: a finite number ≥ 0", ask.wants),
-                            });
-                        }
-                        if ask.wants == 0.0 {
-                            // Nothing to grant: no table for a template instance nobody wants.
-                            return Ok(Lease {
-                                granted: 0.0,
-                                expires_at: now,
-                                refresh: c.refresh,
-                                safe_capacity: c.safe_capacity.unwrap_or(c.capacity),
-                                learning: false,
-                                lease_id: 0,
-                            });
-                        }
-                        self.make_room_for_instance(&mut tables, client, resource, now)?;
-                    }
-                    // A table created in the first lease length after the start learns for
-                    // what is left of it; later ones start empty (nothing was handed out).
-                    let (c, by) = self.in_force(resource, c);
-                    let mut t = match *self.started_at.lock() {
-                        Some(start) => LeaseTable::new(c, start),
-                        None => LeaseTable::resume(c, Vec::new()),
-                    };
-                    if !t.learning(now) {
-                        t = LeaseTable::resume(c, Vec::new());
-                    }
-                    t.expire_by(by);
-                    t.hold(self.hold.lock().map(|h| h.saturating_add(lease_nanos(&c))));
-                    if let Some(levels) = levels {
-                        t.set_external(false);
-                        self.groups.lock().attach(resource, &levels);
-                    }
-                    tables.insert(resource.clone(), t);
-                }
-                let table = tables
-                    .get_mut(resource)
-                    .ok_or_else(|| Refusal::UnknownResource(resource.clone()))?;
-                if let Some(since) = *self.hold.lock() {
-                    if since.saturating_add(lease_nanos(table.config())) <= now {
-                        return Err(Refusal::Unavailable(resource.clone()));
-                    }
-                }
-                if self.leases() >= MAX_LEASES && table.holder(client).is_none() {
-                    // Lapsed leases of other tables may still be counted: sweep them all,
-                    // at most every 100 ms.
-                    let mut swept = self.swept_at.lock();
-                    if now.saturating_sub(*swept) >= 100_000_000 {
-                        *swept = now;
-                        for t in tables.values_mut() {
-                            t.expire(now);
-                        }
-                        self.recount(&tables);
-                        self.regroup(&tables);
-                    }
-                }
-                let table = tables
-                    .get_mut(resource)
-                    .ok_or_else(|| Refusal::UnknownResource(resource.clone()))?;
-                let before = table.holders().len();
-                let stale = table.stale_ids();
-                if self.leases() >= MAX_LEASES && table.holder(client).is_none() {
-                    return Err(Refusal::Full {
-                        resource: resource.clone(),
-                        reason: format!(
-                            "more than {MAX_LEASES} leases held on this server; nothing granted"
-                        ),
-                    });
-                }
-                let answer = if resource.contains('/') {
-                    self.refresh_nested(&mut tables, resource, client, ask, now)
-                } else {
-                    table.refresh_parts(client, *ask, parts, now)
-                };
-                let after = tables.get(resource).map_or(before, |t| t.holders().len());
-                self.counted(before, after);
-                if tables.get(resource).is_some_and(|t| t.stale_ids() > stale) {
-                    let mut s = self.stale.lock();
-                    s.0 += 1;
-                    if s.1.as_deref() != Some(client) {
-                        s.1 = Some(client.to_string());
-                    }
-                }
-                answer.map_err(|e| match e {
-                    crate::allocate::QuotaError::Full(_) => Refusal::Full {
-                        resource: resource.clone(),
-                        reason: e.to_string(),
-                    },
-                    e => Refusal::BadAsk {
-                        resource: resource.clone(),
-                        reason: e.to_string(),
-                    },
-                })
+                self.refresh_one(&mut tables, client, resource, *ask, parts, now)
             })
             .collect()
+    }
+
+    /// One ask of [`Self::refresh_parts`], under the tables' lock.
+    fn refresh_one(
+        &self,
+        tables: &mut HashMap<String, LeaseTable>,
+        client: &str,
+        resource: &str,
+        ask: Ask,
+        parts: &[crate::lease::Part],
+        now: Nanos,
+    ) -> Result<Lease, Refusal> {
+        check_name(resource)?;
+        if !tables.contains_key(resource) {
+            if let Some(nothing) = self.open_table(tables, client, resource, ask, now)? {
+                return Ok(nothing);
+            }
+        }
+        let table = tables
+            .get_mut(resource)
+            .ok_or_else(|| Refusal::UnknownResource(resource.to_string()))?;
+        if let Some(since) = *self.hold.lock() {
+            if since.saturating_add(lease_nanos(table.config())) <= now {
+                return Err(Refusal::Unavailable(resource.to_string()));
+            }
+        }
+        if self.leases() >= MAX_LEASES && table.holder(client).is_none() {
+            self.sweep_all(tables, now);
+        }
+        let table = tables
+            .get_mut(resource)
+            .ok_or_else(|| Refusal::UnknownResource(resource.to_string()))?;
+        let before = table.holders().len();
+        let stale = table.stale_ids();
+        if self.leases() >= MAX_LEASES && table.holder(client).is_none() {
+            return Err(Refusal::Full {
+                resource: resource.to_string(),
+                reason: format!(
+                    "more than {MAX_LEASES} leases held on this server; nothing granted"
+                ),
+            });
+        }
+        let answer = if resource.contains('/') {
+            self.refresh_nested(tables, resource, client, &ask, now)
+        } else {
+            table.refresh_parts(client, ask, parts, now)
+        };
+        let after = tables.get(resource).map_or(before, |t| t.holders().len());
+        self.counted(before, after);
+        if tables.get(resource).is_some_and(|t| t.stale_ids() > stale) {
+            let mut s = self.stale.lock();
+            s.0 += 1;
+            if s.1.as_deref() != Some(client) {
+                s.1 = Some(client.to_string());
+            }
+        }
+        answer.map_err(|e| match e {
+            crate::allocate::QuotaError::Full(_) => Refusal::Full {
+                resource: resource.to_string(),
+                reason: e.to_string(),
+            },
+            e => Refusal::BadAsk {
+                resource: resource.to_string(),
+                reason: e.to_string(),
+            },
+        })
+    }
+
+    /// Creates `resource`'s table on its first ask (the configuration is read only then). A
+    /// template instance nobody wants gets no table: its zero lease is the answer (`Some`).
+    fn open_table(
+        &self,
+        tables: &mut HashMap<String, LeaseTable>,
+        client: &str,
+        resource: &str,
+        ask: Ask,
+        now: Nanos,
+    ) -> Result<Option<Lease>, Refusal> {
+        let (c, configured, levels) = {
+            let config = self.config.lock();
+            let c = config.resource(resource).ok_or_else(|| {
+                if config.is_group(resource) {
+                    Refusal::Group(resource.to_string())
+                } else {
+                    Refusal::UnknownResource(resource.to_string())
+                }
+            })?;
+            (c, config.is_named(resource), config.level_params(resource))
+        };
+        if !configured {
+            if !(ask.wants.is_finite() && ask.wants >= 0.0) {
+                return Err(Refusal::BadAsk {
+                    resource: resource.to_string(),
+                    reason: format!("wants {}: a finite number ≥ 0", ask.wants),
+                });
+            }
+            if ask.wants == 0.0 {
+                return Ok(Some(Lease {
+                    granted: 0.0,
+                    expires_at: now,
+                    refresh: c.refresh,
+                    safe_capacity: c.safe_capacity.unwrap_or(c.capacity),
+                    learning: false,
+                    lease_id: 0,
+                }));
+            }
+            self.make_room_for_instance(tables, client, resource, now)?;
+        }
+        // A table created in the first lease length after the start learns for what is left
+        // of it; later ones start empty (nothing was handed out).
+        let (c, by) = self.in_force(resource, c);
+        let mut t = match *self.started_at.lock() {
+            Some(start) => LeaseTable::new(c, start),
+            None => LeaseTable::resume(c, Vec::new()),
+        };
+        if !t.learning(now) {
+            t = LeaseTable::resume(c, Vec::new());
+        }
+        t.expire_by(by);
+        t.hold(self.hold.lock().map(|h| h.saturating_add(lease_nanos(&c))));
+        if let Some(levels) = levels {
+            t.set_external(false);
+            self.groups.lock().attach(resource, &levels);
+        }
+        tables.insert(resource.to_string(), t);
+        Ok(None)
+    }
+
+    /// At the cap on leases, lapsed leases of other tables may still be counted: every table
+    /// swept, at most every 100 ms.
+    fn sweep_all(&self, tables: &mut HashMap<String, LeaseTable>, now: Nanos) {
+        let mut swept = self.swept_at.lock();
+        if now.saturating_sub(*swept) >= 100_000_000 {
+            *swept = now;
+            for t in tables.values_mut() {
+                t.expire(now);
+            }
+            self.recount(tables);
+            self.regroup(tables);
+        }
     }
 
     /// How many refreshes presented a lease id other than the one their row holds since the
@@ -935,6 +955,24 @@ impl LeaseServer {
         }
         Ok(lease)
     }
+}
+
+/// A resource name an ask may carry: not too long, no control characters (named in the
+/// refusal safely: truncated or escaped).
+fn check_name(resource: &str) -> Result<(), Refusal> {
+    if resource.len() > MAX_RESOURCE_NAME {
+        return Err(Refusal::BadAsk {
+            resource: format!("{}…", truncated(resource, 64)),
+            reason: format!("resource name longer than {MAX_RESOURCE_NAME} bytes"),
+        });
+    }
+    if resource.chars().any(char::is_control) {
+        return Err(Refusal::BadAsk {
+            resource: resource.escape_debug().to_string(),
+            reason: "resource name with a control character".into(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -160,7 +160,6 @@ fn nanos(d: Duration) -> Nanos {
 
 /// Runs `scenario` under `settings`.
 pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
-    let capacity = settings.resource.capacity;
     let end = nanos(settings.duration);
     let down = settings
         .server_down
@@ -173,8 +172,6 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
     let mut admitted_this_second = 0.0;
     let mut shift_times: Vec<Nanos> = Vec::new();
     let mut restarted_at: Option<Nanos> = None;
-    let mut needs: Vec<f64> = Vec::new();
-    let mut wants: Vec<f64> = Vec::new();
     let mut now: Nanos = 0;
     while now < end {
         let is_down = down.is_some_and(|(a, b)| now >= a && now < b);
@@ -187,25 +184,7 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
         // Demand shifts due now.
         while next_shift < scenario.len() && nanos(scenario[next_shift].at) <= now {
             let s = &scenario[next_shift];
-            let i = match clients.iter().position(|c| c.name == s.client) {
-                Some(i) => i,
-                None => {
-                    let seed = settings.seed ^ (clients.len() as u64 + 1).wrapping_mul(0x9e37);
-                    clients.push(SimClient {
-                        name: s.client.clone(),
-                        client: ResourceClient::new(
-                            &s.client,
-                            settings.client,
-                            settings.resource.safe_capacity.unwrap_or(0.0),
-                            seed,
-                            now,
-                        ),
-                        demand: None,
-                        carry: 0.0,
-                    });
-                    clients.len() - 1
-                }
-            };
+            let i = client_index(&mut clients, settings, &s.client, now);
             if s.demand.is_none() && !is_down {
                 table.release(&s.client, clients[i].client.lease_id());
             }
@@ -213,71 +192,117 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
             shift_times.push(now);
             next_shift += 1;
         }
-        // Requests, refreshes, polls.
-        for c in clients.iter_mut() {
-            let Some(d) = c.demand else { continue };
-            c.carry += d * (TICK as f64 / S as f64);
-            let units = c.carry.floor();
-            c.carry -= units;
-            let units = units as u64;
-            for u in 0..units {
-                let at = now + TICK * u / units.max(1);
-                if c.client.acquire(1, at).allowed() {
-                    admitted_this_second += 1.0;
-                }
-            }
-            if c.client.due(now) {
-                if is_down {
-                    c.client.on_failure(now);
-                } else {
-                    let ask = c.client.ask(now);
-                    match table.refresh(&c.name, ask, now) {
-                        Ok(lease) => c.client.on_lease(lease, now),
-                        Err(_) => c.client.on_failure(now),
-                    }
-                }
-            }
-            c.client.poll(now);
-        }
+        admitted_this_second += tick(&mut clients, &mut table, is_down, now);
         now += TICK;
         if now % S == 0 {
             // The second that just ended.
             table.expire(now);
-            needs.clear();
-            wants.clear();
-            let mut granted_of = Vec::new();
-            for c in clients.iter().filter(|c| c.demand.is_some()) {
-                let d = c.demand.unwrap_or(0.0);
-                // Clients need their rate and want headroom above it.
-                needs.push(d);
-                wants.push(d * settings.client.headroom + settings.client.min_wants);
-                granted_of.push(
-                    table
-                        .holders()
-                        .iter()
-                        .find(|h| h.client == c.name)
-                        .map_or(0.0, |h| h.granted),
-                );
-            }
-            // The reference is exact max-min whatever the algorithm under test.
-            let shares = needs_first(capacity, &needs, &wants);
-            let fairness_error = granted_of
-                .iter()
-                .zip(&shares)
-                .map(|(g, s)| (g - s).abs())
-                .fold(0.0, f64::max);
-            seconds.push(Second {
-                t: now / S - 1,
-                demand: clients.iter().filter_map(|c| c.demand).sum(),
-                granted: table.outstanding(),
-                admitted: admitted_this_second,
-                fairness_error,
-                down: is_down,
-            });
-            admitted_this_second = 0.0;
+            let mut second = second_ended(settings, &clients, &table, now);
+            second.admitted = std::mem::take(&mut admitted_this_second);
+            second.down = is_down;
+            seconds.push(second);
         }
     }
     summarise(settings, seconds, &shift_times, down, restarted_at)
+}
+
+/// The index of the client named `name`, which joins now if it is new.
+fn client_index(
+    clients: &mut Vec<SimClient>,
+    settings: &Settings,
+    name: &str,
+    now: Nanos,
+) -> usize {
+    if let Some(i) = clients.iter().position(|c| c.name == name) {
+        return i;
+    }
+    let seed = settings.seed ^ (clients.len() as u64 + 1).wrapping_mul(0x9e37);
+    clients.push(SimClient {
+        name: name.to_string(),
+        client: ResourceClient::new(
+            name,
+            settings.client,
+            settings.resource.safe_capacity.unwrap_or(0.0),
+            seed,
+            now,
+        ),
+        demand: None,
+        carry: 0.0,
+    });
+    clients.len() - 1
+}
+
+/// One tick of every client: its requests spread over the tick, its refresh when due (a
+/// failure while the server is down), its lease's expiry; the units admitted.
+fn tick(clients: &mut [SimClient], table: &mut LeaseTable, is_down: bool, now: Nanos) -> f64 {
+    let mut admitted = 0.0;
+    for c in clients.iter_mut() {
+        let Some(d) = c.demand else { continue };
+        c.carry += d * (TICK as f64 / S as f64);
+        let units = c.carry.floor();
+        c.carry -= units;
+        let units = units as u64;
+        for u in 0..units {
+            let at = now + TICK * u / units.max(1);
+            if c.client.acquire(1, at).allowed() {
+                admitted += 1.0;
+            }
+        }
+        if c.client.due(now) {
+            if is_down {
+                c.client.on_failure(now);
+            } else {
+                let ask = c.client.ask(now);
+                match table.refresh(&c.name, ask, now) {
+                    Ok(lease) => c.client.on_lease(lease, now),
+                    Err(_) => c.client.on_failure(now),
+                }
+            }
+        }
+        c.client.poll(now);
+    }
+    admitted
+}
+
+/// The row of the second ending at `now` (admitted units and downtime filled by the caller):
+/// demand, what is granted, and how far the grants are from exact max-min.
+fn second_ended(
+    settings: &Settings,
+    clients: &[SimClient],
+    table: &LeaseTable,
+    now: Nanos,
+) -> Second {
+    let mut needs = Vec::new();
+    let mut wants = Vec::new();
+    let mut granted_of = Vec::new();
+    for c in clients.iter().filter(|c| c.demand.is_some()) {
+        let d = c.demand.unwrap_or(0.0);
+        // Clients need their rate and want headroom above it.
+        needs.push(d);
+        wants.push(d * settings.client.headroom + settings.client.min_wants);
+        granted_of.push(
+            table
+                .holders()
+                .iter()
+                .find(|h| h.client == c.name)
+                .map_or(0.0, |h| h.granted),
+        );
+    }
+    // The reference is exact max-min whatever the algorithm under test.
+    let shares = needs_first(settings.resource.capacity, &needs, &wants);
+    let fairness_error = granted_of
+        .iter()
+        .zip(&shares)
+        .map(|(g, s)| (g - s).abs())
+        .fold(0.0, f64::max);
+    Second {
+        t: now / S - 1,
+        demand: clients.iter().filter_map(|c| c.demand).sum(),
+        granted: table.outstanding(),
+        admitted: 0.0,
+        fairness_error,
+        down: false,
+    }
 }
 
 fn summarise(
@@ -307,37 +332,9 @@ fn summarise(
         .iter()
         .map(|s| s.admitted / capacity)
         .fold(0.0, f64::max);
-    // Convergence after each distinct shift time.
     let mut shifts: Vec<Nanos> = shift_times.to_vec();
     shifts.dedup();
-    let threshold = 0.01 * capacity;
-    let mut converge_ms = Vec::new();
-    for (k, &t) in shifts.iter().enumerate() {
-        if t == 0 || disturbed(t) {
-            continue;
-        }
-        // Until the next shift, the server going away, or the end of the run.
-        let run_end = seconds.last().map_or(0, |s| (s.t + 1) * S);
-        let next = shifts
-            .get(k + 1)
-            .copied()
-            .unwrap_or(run_end)
-            .min(run_end)
-            .min(down.map_or(Nanos::MAX, |(a, _)| if a > t { a } else { Nanos::MAX }));
-        // The first second from which the error stays under the threshold until the next shift.
-        let window: Vec<&Second> = seconds
-            .iter()
-            .filter(|s| s.t * S >= t && (s.t + 1) * S <= next)
-            .collect();
-        let settled =
-            (0..window.len()).find(|&i| window[i..].iter().all(|s| s.fairness_error <= threshold));
-        if let Some(i) = settled {
-            converge_ms.push(((window[i].t + 1) * S - t) / 1_000_000);
-        } else {
-            // Never settled before the window closed: report the whole window.
-            converge_ms.push(next.saturating_sub(t) / 1_000_000);
-        }
-    }
+    let converge_ms = convergence(&seconds, &shifts, down, 0.01 * capacity, &disturbed);
     let max_fairness_error = seconds
         .iter()
         .filter(|s| {
@@ -356,24 +353,7 @@ fn summarise(
         .get((sorted.len() * 99).div_ceil(100).saturating_sub(1))
         .copied()
         .unwrap_or(0);
-    let down_seconds: Vec<&Second> = seconds.iter().filter(|s| s.down).collect();
-    let (down_peak_ratio, down_mean_ratio) = if down_seconds.is_empty() {
-        (None, None)
-    } else {
-        (
-            Some(
-                down_seconds
-                    .iter()
-                    .map(|s| s.admitted / capacity)
-                    .fold(0.0, f64::max),
-            ),
-            Some(
-                down_seconds.iter().map(|s| s.admitted).sum::<f64>()
-                    / down_seconds.len() as f64
-                    / capacity,
-            ),
-        )
-    };
+    let (down_peak_ratio, down_mean_ratio) = down_ratios(&seconds, capacity);
     Report {
         seconds,
         utilisation,
@@ -384,6 +364,57 @@ fn summarise(
         down_peak_ratio,
         down_mean_ratio,
     }
+}
+
+/// Convergence after each distinct shift time (`shifts`, undisturbed ones): the ms until
+/// the fairness error stays under `threshold` until the next shift, the server going away or
+/// the end of the run (the whole window when it never settles).
+fn convergence(
+    seconds: &[Second],
+    shifts: &[Nanos],
+    down: Option<(Nanos, Nanos)>,
+    threshold: f64,
+    disturbed: &dyn Fn(Nanos) -> bool,
+) -> Vec<u64> {
+    let mut converge_ms = Vec::new();
+    for (k, &t) in shifts.iter().enumerate() {
+        if t == 0 || disturbed(t) {
+            continue;
+        }
+        let run_end = seconds.last().map_or(0, |s| (s.t + 1) * S);
+        let next = shifts
+            .get(k + 1)
+            .copied()
+            .unwrap_or(run_end)
+            .min(run_end)
+            .min(down.map_or(Nanos::MAX, |(a, _)| if a > t { a } else { Nanos::MAX }));
+        let window: Vec<&Second> = seconds
+            .iter()
+            .filter(|s| s.t * S >= t && (s.t + 1) * S <= next)
+            .collect();
+        let settled =
+            (0..window.len()).find(|&i| window[i..].iter().all(|s| s.fairness_error <= threshold));
+        if let Some(i) = settled {
+            converge_ms.push(((window[i].t + 1) * S - t) / 1_000_000);
+        } else {
+            converge_ms.push(next.saturating_sub(t) / 1_000_000);
+        }
+    }
+    converge_ms
+}
+
+/// While the server was down: the peak and mean admitted, as ratios of the capacity.
+fn down_ratios(seconds: &[Second], capacity: f64) -> (Option<f64>, Option<f64>) {
+    let down: Vec<&Second> = seconds.iter().filter(|s| s.down).collect();
+    if down.is_empty() {
+        return (None, None);
+    }
+    let peak = down
+        .iter()
+        .map(|s| s.admitted / capacity)
+        .fold(0.0, f64::max);
+    let mean = down.iter().map(|s| s.admitted).sum::<f64>() / down.len() as f64 / capacity;
+    (Some(peak), Some(mean))
 }
 
 #[cfg(test)]

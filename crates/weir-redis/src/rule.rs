@@ -194,6 +194,7 @@ impl RedisRule {
             .check()
     }
 
+    /// The rule's quota, its script's two parameters and its local stand-in's spec.
     fn checked(
         kind: Kind,
         spec: &RateSpec,
@@ -202,60 +203,19 @@ impl RedisRule {
         let (limit, window) = (spec.limit, spec.window);
         let quota = Quota::new(limit, window)?;
         let window_us = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
-        if window < Duration::from_millis(1) || window.subsec_nanos() % 1_000 != 0 {
-            return Err(invalid(format!(
-                "window must be whole microseconds and at least 1 ms, got {window:?}"
-            )));
-        }
-        if options.batch == 0 || options.batch > limit {
-            return Err(invalid(format!(
-                "batch must be in [1, limit = {limit}], got {}",
-                options.batch
-            )));
-        }
-        if options.batch > 1 && kind == Kind::Concurrency {
-            return Err(invalid(
-                "batch does not apply to concurrency rules".to_string(),
-            ));
-        }
-        if options.instances == 0 {
-            return Err(invalid("instances must be ≥ 1".into()));
-        }
-        // Times are µs since 2026: stay below 2^53 with room for 100 years of them.
-        if u128::from(window_us) * 4 >= EXACT / 8 {
-            return Err(invalid("window too long".into()));
-        }
-        let share = limit.div_ceil(options.instances).max(1);
-        let interval = window_us.div_ceil(limit).max(1);
+        Self::check_options(kind, limit, window, window_us, options)?;
         // This instance's share, same algorithm: the fallback while Redis is unreachable.
+        let share = limit.div_ceil(options.instances).max(1);
         let local_spec = |alg: RateAlgorithm| RateSpec::new(alg, share, window);
         let (params, local) = match kind {
             Kind::Rate(RateAlgorithm::FixedWindow) => (
                 [window_us, 0],
                 local_spec(RateAlgorithm::FixedWindow).counting_denied(spec.count_denied),
             ),
-            Kind::Rate(RateAlgorithm::SlidingCounter) => {
-                // prev · w and limit · w must be exact: switch to ms when µs would not be.
-                let res = if u128::from(limit) * u128::from(window_us) < EXACT {
-                    1
-                } else {
-                    1_000
-                };
-                if u128::from(limit) * u128::from(window_us / res) >= EXACT {
-                    return Err(invalid(
-                        "limit × window (ms) must be below 2^53".to_string(),
-                    ));
-                }
-                if window_us % res != 0 {
-                    return Err(invalid(
-                        "a window this long must be whole milliseconds".to_string(),
-                    ));
-                }
-                (
-                    [window_us / res, res],
-                    local_spec(RateAlgorithm::SlidingCounter),
-                )
-            }
+            Kind::Rate(RateAlgorithm::SlidingCounter) => (
+                sliding_counter_params(limit, window_us)?,
+                local_spec(RateAlgorithm::SlidingCounter),
+            ),
             Kind::Rate(RateAlgorithm::SlidingWindow) => {
                 let buckets = spec.buckets_or_default();
                 if buckets == 0 || window_us % u64::from(buckets) != 0 {
@@ -284,35 +244,57 @@ impl RedisRule {
                 ([window_us, 0], local_spec(RateAlgorithm::SlidingLog))
             }
             Kind::Rate(alg @ (RateAlgorithm::Gcra | RateAlgorithm::TokenBucket)) => {
-                let burst = spec.burst_or_limit();
-                if burst == 0 {
-                    return Err(ConfigError::ZeroBurst);
-                }
-                if options.batch > burst {
-                    return Err(invalid(format!(
-                        "batch {} exceeds burst {burst}",
-                        options.batch
-                    )));
-                }
-                if u128::from(burst + limit) * u128::from(interval) >= EXACT / 8 {
-                    return Err(invalid(
-                        "burst × interval too large to be exact".to_string(),
-                    ));
-                }
+                let (params, burst) = bucket_params(spec, options, window_us)?;
                 let local = RateSpec {
                     burst: Some(burst.div_ceil(options.instances).max(1)),
                     ..local_spec(alg)
                 };
-                ([interval, burst], local)
+                (params, local)
             }
             // Leases are not tracked locally: the fallback admits this instance's share of
             // leases per window.
             Kind::Concurrency => ([window_us, 0], local_spec(RateAlgorithm::FixedWindow)),
-            Kind::Rate(RateAlgorithm::Pacing | RateAlgorithm::WarmUp) => {
-                unreachable!("refused by rate_kind")
+            Kind::Rate(alg @ (RateAlgorithm::Pacing | RateAlgorithm::WarmUp)) => {
+                // Refused by `rate_kind` before any rule gets here.
+                return Err(invalid(format!("{alg} is not a shared algorithm")));
             }
         };
         Ok((quota, params, local))
+    }
+
+    /// The window and options every kind needs: whole microseconds, at least 1 ms and short
+    /// enough for exact times; a batch within the limit (rates only); at least one instance.
+    fn check_options(
+        kind: Kind,
+        limit: u64,
+        window: Duration,
+        window_us: u64,
+        options: RuleOptions,
+    ) -> Result<(), ConfigError> {
+        if window < Duration::from_millis(1) || window.subsec_nanos() % 1_000 != 0 {
+            return Err(invalid(format!(
+                "window must be whole microseconds and at least 1 ms, got {window:?}"
+            )));
+        }
+        if options.batch == 0 || options.batch > limit {
+            return Err(invalid(format!(
+                "batch must be in [1, limit = {limit}], got {}",
+                options.batch
+            )));
+        }
+        if options.batch > 1 && kind == Kind::Concurrency {
+            return Err(invalid(
+                "batch does not apply to concurrency rules".to_string(),
+            ));
+        }
+        if options.instances == 0 {
+            return Err(invalid("instances must be ≥ 1".into()));
+        }
+        // Times are µs since 2026: stay below 2^53 with room for 100 years of them.
+        if u128::from(window_us) * 4 >= EXACT / 8 {
+            return Err(invalid("window too long".into()));
+        }
+        Ok(())
     }
 
     /// The rule's name (part of every key).
@@ -447,4 +429,50 @@ impl std::fmt::Debug for RedisRule {
             .field("spec", &self.spec)
             .finish_non_exhaustive()
     }
+}
+/// A sliding counter's script parameters: the window in its resolution, and the resolution
+/// (µs, or ms when prev · w and limit · w would not be exact in µs).
+fn sliding_counter_params(limit: u64, window_us: u64) -> Result<[u64; 2], ConfigError> {
+    let res = if u128::from(limit) * u128::from(window_us) < EXACT {
+        1
+    } else {
+        1_000
+    };
+    if u128::from(limit) * u128::from(window_us / res) >= EXACT {
+        return Err(invalid(
+            "limit × window (ms) must be below 2^53".to_string(),
+        ));
+    }
+    if window_us % res != 0 {
+        return Err(invalid(
+            "a window this long must be whole milliseconds".to_string(),
+        ));
+    }
+    Ok([window_us / res, res])
+}
+
+/// GCRA's and the token bucket's script parameters (the interval and the burst), and the
+/// burst.
+fn bucket_params(
+    spec: &RateSpec,
+    options: RuleOptions,
+    window_us: u64,
+) -> Result<([u64; 2], u64), ConfigError> {
+    let burst = spec.burst_or_limit();
+    if burst == 0 {
+        return Err(ConfigError::ZeroBurst);
+    }
+    if options.batch > burst {
+        return Err(invalid(format!(
+            "batch {} exceeds burst {burst}",
+            options.batch
+        )));
+    }
+    let interval = window_us.div_ceil(spec.limit).max(1);
+    if u128::from(burst + spec.limit) * u128::from(interval) >= EXACT / 8 {
+        return Err(invalid(
+            "burst × interval too large to be exact".to_string(),
+        ));
+    }
+    Ok(([interval, burst], burst))
 }

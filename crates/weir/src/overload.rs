@@ -255,25 +255,18 @@ pub fn run(s: &Settings) -> Result<Report, String> {
     let unloaded_p99 = percentile(&unloaded, 0.99);
     let slo = (5.0 * unloaded_mean * 1e9) as Nanos;
 
-    let cpu = Arc::new(AtomicU64::new(0f64.to_bits()));
-    let protection = protection(&s.protection, workers, cpu.clone())?;
+    let mut meter = CpuMeter::new(workers);
+    let protection = protection(&s.protection, workers, meter.cpu.clone())?;
 
     let end = (s.duration.as_secs_f64() * 1e9) as Nanos;
     let arrival_mean = 1.0 / (s.load * s.capacity);
     let mut by_level = [LevelResult::default(); 4];
     let mut latencies: Vec<f64> = Vec::new();
-    let mut queue: VecDeque<Request> = VecDeque::new();
-    let mut busy: Vec<Option<(Request, Nanos)>> = (0..workers).map(|_| None).collect();
-    // Completion events: (time, worker).
-    let mut completions: BinaryHeap<Reverse<(Nanos, usize)>> = BinaryHeap::new();
+    let mut service = Service::new(workers);
     let mut next_arrival: Nanos = 0;
-    let (mut busy_time, mut last_change, mut busy_now, mut next_sample) =
-        (0f64, 0u64, 0usize, 500_000_000u64);
-    let mut smoothed = 0.0;
-    let sample_ns = 500_000_000u64;
 
     loop {
-        let next_done = completions.peek().map(|Reverse((t, _))| *t);
+        let next_done = service.completions.peek().map(|Reverse((t, _))| *t);
         let arrival_due = next_arrival < end;
         let completion_first = next_done.is_some_and(|d| !arrival_due || d <= next_arrival);
         if !completion_first && !arrival_due {
@@ -283,32 +276,20 @@ pub fn run(s: &Settings) -> Result<Report, String> {
             Some(d) if completion_first => d,
             _ => next_arrival,
         };
-        // CPU accounting: busy worker-time, sampled every 500 ms.
-        busy_time += busy_now as f64 * (now - last_change) as f64;
-        last_change = now;
-        while now >= next_sample {
-            let usage = (busy_time / (workers as f64 * sample_ns as f64)).min(1.0);
-            smoothed = (smoothed * 0.5 + usage * 0.5).max(usage);
-            cpu.store(f64::to_bits(smoothed), Ordering::Relaxed);
-            busy_time = 0.0;
-            next_sample += sample_ns;
-        }
+        meter.advance(now, service.busy_now);
         if completion_first {
-            let Some(Reverse((t, w))) = completions.pop() else {
+            let Some((req, t)) = service.complete() else {
                 break;
             };
-            if let Some((req, _)) = busy[w].take() {
-                busy_now -= 1;
-                let latency = t - req.arrived;
-                latencies.push(latency as f64 / 1e6);
-                if latency <= slo {
-                    by_level[req.level.rank()].good += 1;
-                }
-                match req.guard {
-                    Guard::Adaptive(p) => p.success(t),
-                    Guard::Bbr(p) => p.finish(t, Outcome::Success),
-                    Guard::Static(_) | Guard::None => {}
-                }
+            let latency = t - req.arrived;
+            latencies.push(latency as f64 / 1e6);
+            if latency <= slo {
+                by_level[req.level.rank()].good += 1;
+            }
+            match req.guard {
+                Guard::Adaptive(p) => p.success(t),
+                Guard::Bbr(p) => p.finish(t, Outcome::Success),
+                Guard::Static(_) | Guard::None => {}
             }
         } else {
             // Arrival.
@@ -318,7 +299,7 @@ pub fn run(s: &Settings) -> Result<Report, String> {
             match admit(&protection, level, now) {
                 Some(guard) => {
                     r.admitted += 1;
-                    queue.push_back(Request {
+                    service.queue.push_back(Request {
                         arrived: now,
                         level,
                         guard,
@@ -328,25 +309,7 @@ pub fn run(s: &Settings) -> Result<Report, String> {
             }
             next_arrival = now + (exp(&mut rng, arrival_mean) * 1e9) as Nanos;
         }
-        // Free workers take queued requests.
-        for (w, slot) in busy.iter_mut().enumerate() {
-            if slot.is_some() {
-                continue;
-            }
-            while let Some(req) = queue.pop_front() {
-                if let Protection::Codel(c) = &protection {
-                    if c.should_shed(now - req.arrived, req.level, now) {
-                        by_level[req.level.rank()].shed += 1;
-                        continue;
-                    }
-                }
-                let done = now + (erlang2(&mut rng, mean_service_s) * 1e9) as Nanos;
-                completions.push(Reverse((done, w)));
-                *slot = Some((req, done));
-                busy_now += 1;
-                break;
-            }
-        }
+        service.start(&protection, &mut by_level, &mut rng, mean_service_s, now);
     }
     latencies.sort_by(|a, b| a.total_cmp(b));
     let good: u64 = by_level.iter().map(|r| r.good).sum();
@@ -360,6 +323,103 @@ pub fn run(s: &Settings) -> Result<Report, String> {
         slo_ms: slo as f64 / 1e6,
         by_level,
     })
+}
+
+/// The simulated CPU: busy worker-time, sampled every 500 ms into a smoothed usage that BBR
+/// reads.
+struct CpuMeter {
+    cpu: Arc<AtomicU64>,
+    workers: usize,
+    busy_time: f64,
+    last_change: Nanos,
+    next_sample: Nanos,
+    smoothed: f64,
+}
+
+impl CpuMeter {
+    const SAMPLE: Nanos = 500_000_000;
+
+    fn new(workers: usize) -> Self {
+        Self {
+            cpu: Arc::new(AtomicU64::new(0f64.to_bits())),
+            workers,
+            busy_time: 0.0,
+            last_change: 0,
+            next_sample: Self::SAMPLE,
+            smoothed: 0.0,
+        }
+    }
+
+    /// Time moves to `now` with `busy` workers busy since the last change.
+    fn advance(&mut self, now: Nanos, busy: usize) {
+        self.busy_time += busy as f64 * (now - self.last_change) as f64;
+        self.last_change = now;
+        while now >= self.next_sample {
+            let usage = (self.busy_time / (self.workers as f64 * Self::SAMPLE as f64)).min(1.0);
+            self.smoothed = (self.smoothed * 0.5 + usage * 0.5).max(usage);
+            self.cpu
+                .store(f64::to_bits(self.smoothed), Ordering::Relaxed);
+            self.busy_time = 0.0;
+            self.next_sample += Self::SAMPLE;
+        }
+    }
+}
+
+/// The simulated service: admitted requests queued, the workers and what each one serves,
+/// and the completion events (time, worker).
+struct Service {
+    queue: VecDeque<Request>,
+    busy: Vec<Option<(Request, Nanos)>>,
+    completions: BinaryHeap<Reverse<(Nanos, usize)>>,
+    busy_now: usize,
+}
+
+impl Service {
+    fn new(workers: usize) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            busy: (0..workers).map(|_| None).collect(),
+            completions: BinaryHeap::new(),
+            busy_now: 0,
+        }
+    }
+
+    /// The next completion: its request and time (`None`: nothing in service).
+    fn complete(&mut self) -> Option<(Request, Nanos)> {
+        let Reverse((t, w)) = self.completions.pop()?;
+        let (req, _) = self.busy[w].take()?;
+        self.busy_now -= 1;
+        Some((req, t))
+    }
+
+    /// Free workers take queued requests (CoDel sheds those that waited too long).
+    fn start(
+        &mut self,
+        protection: &Protection,
+        by_level: &mut [LevelResult; 4],
+        rng: &mut SplitMix64,
+        mean_service_s: f64,
+        now: Nanos,
+    ) {
+        for (w, slot) in self.busy.iter_mut().enumerate() {
+            if slot.is_some() {
+                continue;
+            }
+            while let Some(req) = self.queue.pop_front() {
+                if let Protection::Codel(c) = protection {
+                    if c.should_shed(now - req.arrived, req.level, now) {
+                        by_level[req.level.rank()].shed += 1;
+                        continue;
+                    }
+                }
+                let done = now + (erlang2(rng, mean_service_s) * 1e9) as Nanos;
+                self.completions.push(Reverse((done, w)));
+                *slot = Some((req, done));
+                self.busy_now += 1;
+                break;
+            }
+        }
+    }
 }
 
 const LABELS: [&str; 4] = ["SHEDDABLE", "SHEDDABLE_PLUS", "CRITICAL", "CRITICAL_PLUS"];
