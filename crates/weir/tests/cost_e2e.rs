@@ -7,8 +7,7 @@
 //!
 //! The two tests run at once; wall time about 70 s.
 
-#[path = "../../weir-redis/tests/support/mod.rs"]
-mod support;
+use crate::{common, support};
 
 use std::time::{Duration, Instant};
 
@@ -16,8 +15,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-mod common;
-use common::llm;
+use crate::common::llm;
 
 const BUDGET: u64 = 10_000;
 const BURST: u64 = 2_000;

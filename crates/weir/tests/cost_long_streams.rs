@@ -12,8 +12,7 @@
 //! cumulative bound (docs/cost.md) asserted at every call for the cost rules. The same with two
 //! proxies sharing one budget on a real Redis. Wall time about 5½ minutes (both tests at once).
 
-#[path = "../../weir-redis/tests/support/mod.rs"]
-mod support;
+use crate::{common, support};
 
 use std::time::{Duration, Instant};
 
@@ -21,8 +20,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-mod common;
-use common::llm;
+use crate::common::llm;
 
 /// Tokens a minute for each user.
 const BUDGET: u64 = 30_000;

@@ -4,13 +4,11 @@
 //! bearer token. With `WEIR_SCREENSHOTS=DIR` the tests also save the pages as PNG there (how
 //! docs/dashboard-*.png are made).
 
+use crate::{common, support};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-mod common;
-#[path = "../../weir-redis/tests/support/mod.rs"]
-mod support;
 
 struct Process(Child);
 

@@ -3,12 +3,12 @@
 //! (configured status and body, rate-limit headers kept), and a fallback upstream that receives
 //! exactly the blocked requests.
 
+use crate::common;
+
 use std::path::Path;
 use std::process::Child;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-
-mod common;
 
 struct Process(Child);
 

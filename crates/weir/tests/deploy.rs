@@ -4,10 +4,7 @@
 //! unit and the manifests are run against the binary (ports and paths replaced) until their
 //! health endpoint answers.
 
-#[path = "../../weir-redis/tests/support/mod.rs"]
-mod support;
-
-mod common;
+use crate::{common, support};
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

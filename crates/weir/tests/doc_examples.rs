@@ -16,7 +16,7 @@
 //! block that runs or is checked, on any page. The examples use fixed ports (8000, 8080, 8081,
 //! 9000, 10000): they run one after another in this one test.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -3,10 +3,7 @@
 //! front of a local upstream. Generous windows (per-minute limits) keep wall-clock timing out of
 //! the verdicts.
 
-#[path = "../../weir-redis/tests/support/mod.rs"]
-mod support;
-
-mod common;
+use crate::{common, support};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -7,10 +7,7 @@
 //! Fixed windows are aligned to the wall clock as Lyft's are; the cases use hour and day
 //! limits, and the few minute or second ones start well inside their window.
 
-#[path = "../../weir-redis/tests/support/mod.rs"]
-mod support;
-
-mod common;
+use crate::{common, support};
 
 use std::path::{Path, PathBuf};
 use std::process::Child;

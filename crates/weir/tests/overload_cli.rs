@@ -1,8 +1,8 @@
 //! `weir simulate overload` through the real binary.
 
-mod common;
+use crate::common;
 
-use common::json_number;
+use crate::common::json_number;
 
 fn weir(args: &[&str]) -> std::process::Output {
     common::run(args, "")

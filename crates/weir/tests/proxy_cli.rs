@@ -3,6 +3,8 @@
 //! silent (never a hang), X-Forwarded-For appended, reload on change keeping state, a bad file
 //! reported with the old rules kept, /metrics, and clear exit-2 errors.
 
+use crate::common;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -16,8 +18,6 @@ use axum::Router;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-
-mod common;
 
 struct Proxy {
     child: Child,

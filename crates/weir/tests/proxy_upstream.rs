@@ -2,10 +2,10 @@
 //! other proxy test runs beside it): requests without a body share the worker's upstream
 //! connections, and chunked answers (data, extensions, trailers) and HEAD pass through.
 
+use crate::common;
+
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
-
-mod common;
 
 /// An upstream answering every request head (no bodies) with a chunked body and a trailer,
 /// keeping each connection open; `accepted` counts its connections.

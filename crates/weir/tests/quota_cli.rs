@@ -2,9 +2,9 @@
 //! input order, located errors with nothing on stdout, and the simulator's measures on the
 //! built-in scenario (with and without the server going away).
 
-use std::io::Write;
+use crate::common;
 
-mod common;
+use std::io::Write;
 
 fn weir(args: &[&str], stdin: &str) -> (i32, String, String) {
     let out = common::run(args, stdin);

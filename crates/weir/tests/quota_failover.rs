@@ -9,10 +9,7 @@
 //! intervals of the clients' return). Windows are generous (seconds), as for every
 //! end-to-end test; the bounds are checked per one-second window of admitted units.
 
-#[path = "../../weir-redis/tests/support/mod.rs"]
-mod support;
-
-mod common;
+use crate::{common, support};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;

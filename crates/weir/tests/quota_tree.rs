@@ -9,10 +9,7 @@
 //! killed, the standby continues the region's lease from the root and its clients keep their
 //! shares.
 
-#[path = "../../weir-redis/tests/support/mod.rs"]
-mod support;
-
-mod common;
+use crate::{common, support};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -3,10 +3,7 @@
 //! between them. Each Envoy is driven at its own rate; the upstream counts what it receives.
 //! Windows are seconds long, as for every end-to-end test.
 
-#[path = "../../weir-redis/tests/support/mod.rs"]
-mod support;
-
-mod common;
+use crate::{common, support};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

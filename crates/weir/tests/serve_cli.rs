@@ -1,10 +1,7 @@
 //! `weir serve` and `weir check-config` through the real binary: HTTP /json, gRPC RLS v3,
 //! bad input, hot reload, and two processes sharing one limit on a real Redis.
 
-#[path = "../../weir-redis/tests/support/mod.rs"]
-mod support;
-
-mod common;
+use crate::{common, support};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -1,8 +1,8 @@
 //! `weir simulate` through the real binary: output format, summary, and bad input.
 
-use std::process::Output;
+use crate::common;
 
-mod common;
+use std::process::Output;
 
 fn weir(args: &[&str], stdin: &str) -> Output {
     common::run(args, stdin)

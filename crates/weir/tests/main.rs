@@ -1,0 +1,31 @@
+//! The `weir` binary's tests, in one test binary: what needs the binary itself — arguments,
+//! exit codes, signals, the servers, proxy and simulators as real processes beside real Redis
+//! and Envoy, and the documentation's examples. The libraries' behaviour is tested in their
+//! own crates (weir-server's in-process through its builders).
+//!
+//! One module per area; `cargo test -p weir --test cli AREA::` runs one of them (for example
+//! `cargo test -p weir --test cli cost_long_streams:: -- --nocapture`).
+
+#[path = "../../weir-redis/tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+mod cost_e2e;
+mod cost_long_streams;
+mod dashboard;
+mod degradation;
+mod deploy;
+mod doc_examples;
+mod envoy_e2e;
+mod fuzz_smoke;
+mod lyft_compat;
+mod overload_cli;
+mod proxy_cli;
+mod proxy_upstream;
+mod quota_cli;
+mod quota_failover;
+mod quota_tree;
+mod rlqs_e2e;
+mod serve_cli;
+mod simulate_cli;
