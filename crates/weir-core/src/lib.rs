@@ -21,6 +21,24 @@
 //!   survive a restart.
 //! - [`ConcurrencyLimiter`]: a bulkhead with an optional FIFO queue and RAII permits.
 //!
+//! Every module, by axis:
+//!
+//! - Time and answers: [`clock`], [`coarse_clock`] (one atomic load per reading),
+//!   [`decision`] (the one [`Decision`]), [`error`] (typed configuration errors),
+//!   [`duration`] (the one duration grammar), [`calendar`].
+//! - The contract and its state: [`algorithm`] (parameters and a pure step), [`cell`] (one
+//!   CAS word or a mutex), [`limiter`], [`keyed`], [`rate`], `sync` (inside the crate: the
+//!   atomics loom swaps).
+//! - Rate algorithms, one per module: [`fixed_window`], [`sliding_window`], [`sliding_log`],
+//!   [`sliding_counter`], [`gcra`], [`token_bucket`], [`warmup`], [`pacing`].
+//! - Costs and budgets: [`cost`], [`learned`], [`budget`], [`top_k`] (heavy spenders),
+//!   [`log_gate`].
+//! - Overload protection: [`concurrency`], [`adaptive`], [`breaker`], [`throttle`] (SRE
+//!   client throttling), [`criticality`], [`retry`].
+//! - Statistics and arithmetic: [`stats`] (the sliding metrics ring), [`pair_window`],
+//!   [`striped`] (per-thread counters), [`divide`] (exact division by multiplication).
+//! - Distributed terms: [`election`] (a leader's term).
+//!
 //! ```
 //! use std::time::Duration;
 //! use weir_core::{Gcra, Limiter, ManualClock, Quota};

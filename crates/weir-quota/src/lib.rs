@@ -1,7 +1,7 @@
 //! Cluster quota: one capacity (units per second) shared by many clients, each leasing a
 //! share sized from its demand and enforcing it locally — no round trip per decision.
 //!
-//! - [`allocate`]: the division itself — `static`, `proportional_share` and `fair_share`
+//! - [`allocate`](mod@allocate): the division itself — `static`, `proportional_share` and `fair_share`
 //!   (exact weighted max-min by water-filling, with strict priority bands). Pure, no I/O.
 //! - [`hierarchy`]: nested quotas (org ⊃ team ⊃ user) — nested weighted max-min with the same
 //!   bands, a child never above its capacity and what it cannot use left to its siblings.
@@ -29,6 +29,9 @@
 //!   asks frozen while in flight, grants dated from the send, demand sent in parts.
 //! - [`sim`]: all of it on virtual time, with the measures of `weir simulate quota`.
 //! - [`sim_tree`]: a tree of lease servers on virtual time (`weir simulate quota --tree`).
+//! - [`wire`]: the lease API's HTTP/JSON messages and the lease-id codec, for the server, the
+//!   lease client and the parent link alike.
+//! - `rng` (inside the crate): the deterministic generator of refresh jitter and simulators.
 
 pub mod allocate;
 pub mod client;

@@ -35,7 +35,7 @@ pub enum TimeSource {
     Caller,
 }
 
-/// Options of a [`RedisLimiter`].
+/// Options of a [`RedisLimiter`](crate::RedisLimiter).
 #[derive(Debug, Clone, Copy)]
 pub struct RedisConfig {
     /// Per-call timeout (default 30 ms).

@@ -17,6 +17,14 @@
 //! - Cost reservations ([`RedisLimiter::reserve_cost`], [`RedisLimiter::settle`]): an
 //!   estimate held, then settled to the actual cost atomically (refund or debt).
 //! - Calendar budgets ([`budget`]): one count per rule, key and period every instance shares.
+//! - [`leader`]: leader election for a group of servers (a key with a TTL and a fencing term).
+//! - [`scripts`]: the Lua scripts themselves.
+//!
+//! Inside the crate: `rule` (a validated limit and its script parameters), `limiter` (one
+//! script per decision, the fallback), `config` (timeouts, fallback, probe, cache, clock),
+//! `store` (one Redis or a Cluster), `error`, `cost` (reservations and settlements), `cache`
+//! (keys known to be over their limit), `reserve` (units taken in advance for hot keys) and
+//! `sharded` (the bounded map both of those keep).
 //!
 //! See `docs/redis.md` for the design, the bugs of peer projects each choice avoids, and the
 //! benchmark.

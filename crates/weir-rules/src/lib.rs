@@ -8,6 +8,12 @@
 //!   unchanged rules and the counters of rules whose threshold changed.
 //! - [`watch`]: a file watcher applying edits as they come (a bad edit is reported, the rules
 //!   in force stay).
+//! - [`budget`]: a resource's calendar budgets in force; [`shared`]: rules counted in a store
+//!   every instance shares; `system` (inside the crate): limits on all inbound calls together.
+//! - [`keys`]: bounded keys taken from requests; [`cidr`]: trusted proxies' blocks;
+//!   [`path`]: request paths in normal form.
+//! - [`metrics`]: the engine's counters per rule and resource; [`history`]: the last minutes
+//!   second by second; [`describe`]: a rule set as rows for people.
 //!
 //! ```
 //! use std::path::Path;

@@ -19,6 +19,11 @@
 //!   `weir proxy`'s read-ahead), handed on whole.
 //! - [`concurrency`]: at most N in flight, permits released when the response body ends or is
 //!   dropped; 503 when full.
+//! - [`gutter`]: a small second upstream taking what a failing primary sheds.
+//! - [`dashboard`]: the live dashboard (a page and its JSON API) over rules, stores and leases.
+//! - [`body`]: response bodies holding what a request was admitted with until they end, and
+//!   the bodies of refusals; [`problem`]: RFC 9457 problem details and rate-limit headers
+//!   (the one header writer); [`key`]: what a limit keys on.
 //!
 //! A rule file on an axum router (examples/axum_rules.rs is the runnable version, with a
 //! watcher that reloads the file):

@@ -71,7 +71,7 @@ pub struct HotParamRule {
     /// Count what calls cost instead of one per call ([`CostRule`]): per value, e.g. tokens
     /// per user.
     pub cost: Option<Box<CostRule>>,
-    /// Counted per value in the store every instance shares (as [`FlowRule::shared`]); takes
+    /// Counted per value in the store every instance shares (as [`FlowRule::shared`](super::FlowRule::shared)); takes
     /// no `exceptions`.
     #[serde(default)]
     pub shared: bool,

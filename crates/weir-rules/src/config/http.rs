@@ -71,7 +71,7 @@ pub struct Fallback {
     pub body_file: Option<String>,
     /// `http://HOST:PORT` to forward blocked requests to instead (`weir proxy` only).
     pub upstream: Option<String>,
-    /// `body_file`'s contents, read by [`RuleSet::from_yaml`].
+    /// `body_file`'s contents, read by [`RuleSet::from_yaml`](super::RuleSet::from_yaml).
     #[serde(skip)]
     pub loaded: Option<std::sync::Arc<[u8]>>,
 }

@@ -64,6 +64,49 @@ pub struct Settings {
     pub workers: usize,
 }
 
+impl Settings {
+    /// A proxy of `rules` on `listen` in front of `upstream` (`http://HOST:PORT`), every other
+    /// setting at the default of `weir proxy`'s flag: no admin port, a 30 s upstream timeout,
+    /// the rule file checked every second, [`crate::net::accept::Limits::default`], 1 024
+    /// upstream requests in flight (a quarter of them per client address), request bodies
+    /// cut off after 10 s without data or under 1 KiB/s, 64 MiB of bodies held for JSON
+    /// estimates, no quota server, store or gutter, a 10 s drain, the exact clock, and one
+    /// worker thread per core.
+    ///
+    /// Who may call it: the program embedding the proxy; nothing here is read from a client.
+    pub fn new(rules: impl Into<PathBuf>, listen: SocketAddr, upstream: impl Into<String>) -> Self {
+        Self {
+            rules: rules.into(),
+            listen,
+            upstream: upstream.into(),
+            admin: None,
+            admin_token: None,
+            upstream_timeout: Duration::from_secs(30),
+            reload_interval: Duration::from_secs(1),
+            limits: crate::net::accept::Limits::default(),
+            max_upstream_requests: 1_024,
+            max_upstream_per_address: 256,
+            body_pace: paced::Pace {
+                idle: Duration::from_secs(10),
+                min_rate: 1_024,
+            },
+            max_buffered_bytes: 64 << 20,
+            quota_server: None,
+            quota_client_id: format!("weir-proxy-{}", std::process::id()),
+            quota_token: None,
+            upstream_protocol: UpstreamProtocol::Auto,
+            drain_timeout: Duration::from_secs(10),
+            clock: weir_core::ClockKind::default(),
+            gutter: None,
+            gutter_max_requests: 64,
+            upstream_breaker: weir_core::breaker::BreakerConfig::default(),
+            store: None,
+            instances: 1,
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
 /// The protocol spoken to the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamProtocol {

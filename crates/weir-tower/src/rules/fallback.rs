@@ -71,7 +71,7 @@ impl Fallback {
 
 /// Set on a blocked request that is passed on to be answered by a fallback instead of being
 /// refused: a route's fallback `upstream` (`weir proxy` forwards such requests there), or any
-/// block when the layer was built [`RulesLayer::with_fallback`] (route it with [`OnBlocked`]).
+/// block when the layer was built [`RulesLayer::with_fallback`](super::RulesLayer::with_fallback) (route it with [`OnBlocked`]).
 #[derive(Debug, Clone)]
 pub struct Degraded {
     /// Why it was blocked.
@@ -80,7 +80,7 @@ pub struct Degraded {
     pub upstream: Option<Arc<str>>,
 }
 
-/// Sends requests carrying [`Degraded`] (blocked, see [`RulesLayer::with_fallback`]) to
+/// Sends requests carrying [`Degraded`] (blocked, see [`RulesLayer::with_fallback`](super::RulesLayer::with_fallback)) to
 /// `fallback` and the rest to `main`: Hystrix's `getFallback` for tower. The fallback reads
 /// why from the request's `Degraded` extension.
 #[derive(Clone, Debug)]

@@ -37,7 +37,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
         }
     }
 
-    /// Classifies requests with `classify` (e.g. [`ClassifyFn`]).
+    /// Classifies requests with `classify` (e.g. [`ClassifyFn`](super::ClassifyFn)).
     pub fn with_classifier(rules: Arc<Rules<C>>, classify: impl Classify) -> Self {
         Self {
             policy: Policy {
@@ -49,8 +49,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
     }
 
     /// Blocked requests are not answered by the layer but passed on to the inner service with
-    /// a [`Degraded`] extension saying why (unless their route's `fallback` answers them):
-    /// wrap the inner service in [`OnBlocked`] to give them a fallback service. Counted as
+    /// a [`Degraded`](super::Degraded) extension saying why (unless their route's `fallback` answers them):
+    /// wrap the inner service in [`OnBlocked`](super::OnBlocked) to give them a fallback service. Counted as
     /// answered by a fallback.
     pub fn with_fallback(mut self) -> Self {
         self.policy.pass_blocked = true;
@@ -64,7 +64,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
 
     /// The client address of a request from the connection's `peer` (headers `headers`): the
     /// peer, unless it is one of the rule file's `http.trusted_proxies` — then the address
-    /// `X-Forwarded-For` names ([`ClientIp`]). What per-address bounds in front of the
+    /// `X-Forwarded-For` names ([`ClientIp`](crate::key::ClientIp)). What per-address bounds in front of the
     /// service should count by.
     pub fn client_ip(&self, peer: std::net::IpAddr, headers: &HeaderMap) -> std::net::IpAddr {
         let Classifier::Routes(routes) = &*self.policy.classifier else {

@@ -1,6 +1,6 @@
 //! A weir-rules rule set as a tower layer: each request is mapped to a resource and a call
 //! context (origin, criticality, parameters) by a [`Classify`] — the rule file's `http.routes`
-//! ([`Routes`]) or a closure — then admitted by [`Rules::entry`].
+//! ([`Routes`]) or a closure — then admitted by [`Rules::entry`](weir_rules::engine::Rules::entry).
 //!
 //! - Admitted: the inner service is called (after the wait of a paced rule); the guard is held
 //!   by the response body and completed when the body ends (5xx or a body error = error), or

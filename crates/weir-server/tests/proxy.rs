@@ -1,0 +1,178 @@
+//! `weir proxy` built in-process through weir-server's library (`Proxy::build` on
+//! `Settings::new`), on listeners bound to 127.0.0.1:0, in front of an HTTP/1.1 upstream of
+//! this test: requests forwarded and refused by a rule, the admin port's `/metrics`, a rule
+//! file changed while serving (applied with its counters kept), a graceful stop, and typed
+//! errors for a bad rule file and a proxy pointed at itself.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use weir_server::net::accept;
+use weir_server::proxy::{Proxy, Settings, StartError};
+
+/// An upstream answering every request `200 ok` (HTTP/1.1, one connection at a time each on
+/// its own task, keep-alive).
+async fn upstream() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = s.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    // Requests without bodies: one answer per head.
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                        if s.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// One GET on a fresh connection; the whole answer (head and body).
+async fn get(addr: SocketAddr, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    answer
+}
+
+/// A file of `text` in a directory of its own under the system's temporary directory.
+fn file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-server-proxy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    path
+}
+
+/// A rule file: `limit` requests a minute to /api.
+fn rules(limit: u64) -> String {
+    format!(
+        "resources:\n  - name: api\n    flow:\n      - {{id: api-rate, qps: {limit}, window: 60s}}\nhttp:\n  routes:\n    - {{resource: api, prefix: /api}}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_forwards_refuses_reloads_and_reports() {
+    let upstream = upstream().await;
+    let rule_file = file("rules.yaml", &rules(2));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (addr, admin_addr) = (listener.local_addr().unwrap(), admin.local_addr().unwrap());
+    let proxy = Proxy::build(Settings {
+        workers: 1,
+        reload_interval: Duration::from_millis(50),
+        ..Settings::new(&rule_file, addr, format!("http://{upstream}"))
+    })
+    .unwrap();
+    let proxy = std::sync::Arc::new(proxy);
+    let (trigger, shutdown) = accept::shutdown();
+    let serving = {
+        let proxy = proxy.clone();
+        tokio::spawn(async move { proxy.serve(listener, Some(admin), shutdown).await })
+    };
+
+    // Two requests a minute: the third is refused by the rule, not forwarded.
+    for _ in 0..2 {
+        let a = get(addr, "/api/items").await;
+        assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+        assert!(a.ends_with("ok"), "{a}");
+    }
+    let refused = get(addr, "/api/items").await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    // Paths no route names pass.
+    assert!(get(addr, "/other").await.starts_with("HTTP/1.1 200"));
+
+    let metrics = get(admin_addr, "/metrics").await;
+    for line in [
+        "weir_rule_passes_total{rule=\"api-rate\",kind=\"flow\",resource=\"api\"} 2",
+        "weir_rule_blocks_total{rule=\"api-rate\",kind=\"flow\",resource=\"api\"} 1",
+        "weir_proxy_forwarded_total 3",
+        "weir_rules_reloads_total{result=\"applied\"} 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in\n{metrics}"
+        );
+    }
+
+    // Five a minute now: the rule keeps the two it counted, so three more pass.
+    std::fs::write(&rule_file, rules(5)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !get(admin_addr, "/metrics")
+        .await
+        .contains("weir_rules_reloads_total{result=\"applied\"} 1")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the changed rule file was not applied"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let codes: Vec<bool> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(get(addr, "/api/items").await.starts_with("HTTP/1.1 200"));
+        }
+        v
+    };
+    assert_eq!(
+        codes,
+        [true, true, true, false],
+        "counters kept across the reload"
+    );
+
+    trigger.stop();
+    tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("the proxy stops within 10 s")
+        .unwrap();
+}
+
+#[test]
+fn bad_settings_are_typed_errors() {
+    let listen: SocketAddr = "127.0.0.1:18000".parse().unwrap();
+    let bad = file(
+        "bad.yaml",
+        "resources:\n  - name: api\n    flow:\n      - {id: x}\n",
+    );
+    match Proxy::build(Settings::new(&bad, listen, "http://127.0.0.1:9")) {
+        Err(StartError::File(e)) => {
+            assert!(e.contains("bad.yaml:4"), "names the file and line: {e}")
+        }
+        Err(e) => panic!("not a file error: {e}"),
+        Ok(_) => panic!("a rule without qps or concurrency was accepted"),
+    }
+    let good = file("good.yaml", &rules(1));
+    match Proxy::build(Settings::new(&good, listen, "http://127.0.0.1:18000")) {
+        Err(StartError::Setting(e)) => assert!(e.contains("loop"), "{e}"),
+        Err(e) => panic!("not a setting error: {e}"),
+        Ok(_) => panic!("a proxy pointed at itself was accepted"),
+    }
+}
