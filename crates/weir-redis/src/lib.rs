@@ -45,7 +45,7 @@ mod store;
 pub use config::{Fallback, RedisConfig, TimeSource};
 pub use cost::CostHeld;
 pub use error::StoreError;
-pub use limiter::{caller_now_us, Lease, RedisLimiter, Status, ERROR_KINDS};
+pub use limiter::{caller_now_us, ConcurrencySlot, RedisLimiter, Status, ERROR_KINDS};
 pub use rule::{RedisRule, Retune, RuleOptions, MAX_MEMBER_LIMIT};
 pub use scripts::EPOCH_UNIX_SECS;
 pub use store::Target;

@@ -42,8 +42,8 @@ pub struct Status {
 /// A held slot of a concurrency rule; give it back with [`RedisLimiter::release`]. If never
 /// released (a crash), it expires after the rule's window.
 #[derive(Debug)]
-#[must_use = "release the lease"]
-pub struct Lease {
+#[must_use = "release the slot"]
+pub struct ConcurrencySlot {
     key: Option<String>,
     id: String,
     n: u64,
@@ -267,7 +267,7 @@ impl RedisLimiter {
         rule: &RedisRule,
         key: &str,
         n: u64,
-    ) -> Result<Lease, Decision> {
+    ) -> Result<ConcurrencySlot, Decision> {
         let i = &self.inner;
         let id = format!(
             "{}{:x}",
@@ -277,7 +277,7 @@ impl RedisLimiter {
         let local = |me: &Self| {
             let d = me.fallback(rule, key, n);
             if d.allowed() {
-                Ok(Lease {
+                Ok(ConcurrencySlot {
                     key: None,
                     id: String::new(),
                     n,
@@ -290,7 +290,7 @@ impl RedisLimiter {
             return local(self);
         }
         match self.call(rule, key, n, i.now_arg(), Some(&id)).await {
-            Ok((d, _)) if d.allowed() => Ok(Lease {
+            Ok((d, _)) if d.allowed() => Ok(ConcurrencySlot {
                 key: Some(rule.keys(key)[0].clone()),
                 id,
                 n,
@@ -304,7 +304,7 @@ impl RedisLimiter {
     }
 
     /// Gives a lease's slots back (best effort: if Redis is unreachable the lease expires).
-    pub async fn release(&self, lease: Lease) {
+    pub async fn release(&self, lease: ConcurrencySlot) {
         let Some(key) = lease.key else { return };
         let Some(mut backend) = self.inner.backend.read().clone() else {
             return;

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, Request, Version};
 
-use weir_server::rls::engine::Engine;
+use weir_server::rls::Engine;
 use weir_server::rls::MemoryStore;
 use weir_server::rls::{EngineOptions, Request as RlsRequest};
 

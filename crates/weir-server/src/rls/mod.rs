@@ -5,20 +5,25 @@
 //! `weir serve` process that puts them on ports is [`crate::serve`].
 
 pub mod config;
-pub mod engine;
+pub(crate) mod engine;
 pub mod grpc;
 pub mod json;
 pub(crate) mod latency;
 pub(crate) mod metrics;
-pub mod options;
-pub mod request;
-pub mod service;
+pub(crate) mod options;
+pub(crate) mod request;
+pub(crate) mod service;
 pub(crate) mod settlement;
 pub mod store;
-pub mod tree;
+pub(crate) mod tree;
 
+pub use engine::{Engine, EngineClock};
 pub use options::EngineOptions;
-pub use request::{BadRequest, HeaderStyle, Request, Response};
+pub use request::{
+    AppliedLimit, BadRequest, HeaderStyle, Request, RequestDescriptor, Response, Status,
+    MAX_DESCRIPTORS, MAX_ENTRIES, MAX_OVERRIDES, MAX_VALUE_BYTES, SETTLE_ENTRY,
+    UNLIMITED_REMAINING,
+};
 pub use service::{load, LoadError, Service, EXAMPLE};
 pub use store::{Counter, CounterError, MemoryStore, RedisStore, Store};
-pub use tree::EngineError;
+pub use tree::{EngineError, Rule, RuleCounts, RuleMetrics, MAX_METRIC_VALUES, TOP_VALUES};

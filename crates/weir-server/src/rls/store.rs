@@ -1,6 +1,6 @@
 //! The store seam of the rate-limit service: where a rule's counters live.
 //!
-//! The engine ([`super::engine`]) matches descriptors and builds Lyft's answers; it never
+//! The engine ([`super::Engine`]) matches descriptors and builds Lyft's answers; it never
 //! counts. Each limit of the configuration asks the [`Store`] for a [`Counter`] once, when
 //! the configuration loads, and every request then asks that counter for a [`Decision`] at the
 //! engine's one clock reading. Two stores come with Weir:

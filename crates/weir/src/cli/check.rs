@@ -182,7 +182,7 @@ pub(crate) fn check_rules(path: &std::path::Path) -> ExitCode {
 pub(crate) fn check_lyft(args: &CheckConfigArgs) -> ExitCode {
     match rls::config::load(&args.path, args.merge_domains) {
         Ok(domains) => {
-            let engine = match rls::engine::Engine::build(
+            let engine = match rls::Engine::build(
                 &domains,
                 rls::EngineOptions::default(),
                 std::sync::Arc::new(rls::MemoryStore::default()),
