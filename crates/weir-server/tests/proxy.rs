@@ -4,7 +4,6 @@
 //! file changed while serving (applied with its counters kept), a graceful stop, and typed
 //! errors for a bad rule file and a proxy pointed at itself.
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -12,6 +11,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use weir_server::net::accept;
 use weir_server::proxy::{Proxy, Settings, StartError};
+
+mod common;
 
 /// An upstream answering every request `200 ok` (HTTP/1.1, one connection at a time each on
 /// its own task, keep-alive).
@@ -59,16 +60,8 @@ async fn get(addr: SocketAddr, path: &str) -> String {
     answer
 }
 
-/// A file of `text` in a directory of its own under the system's temporary directory.
 fn file(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-server-proxy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::File::create(&path)
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    path
+    common::file("proxy", name, text)
 }
 
 /// A rule file: `limit` requests a minute to /api.
@@ -121,6 +114,11 @@ async fn the_proxy_forwards_refuses_reloads_and_reports() {
             "no {line:?} in\n{metrics}"
         );
     }
+
+    common::promtool_check(
+        "weir proxy",
+        metrics.split_once("\r\n\r\n").map_or("", |(_, b)| b),
+    );
 
     // Five a minute now: the rule keeps the two it counted, so three more pass.
     std::fs::write(&rule_file, rules(5)).unwrap();

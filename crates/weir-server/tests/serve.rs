@@ -3,7 +3,6 @@
 //! Lyft's HTTP API, a lease from a lease server served beside it, the gRPC port's health, and
 //! typed errors for a bad configuration.
 
-use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +11,32 @@ use tokio::net::TcpListener;
 use weir_server::quota::api::{OpenError, QuotaApi};
 use weir_server::rls::{LoadError, MemoryStore};
 use weir_server::serve::Server;
+
+mod common;
+
+fn file(name: &str, text: &str) -> std::path::PathBuf {
+    common::file("serve", name, text)
+}
+
+/// One HTTP/1.1 GET on a fresh connection (with `accept`, if given); the whole answer with
+/// the head's field names in lower case.
+async fn get(addr: std::net::SocketAddr, path: &str, accept: Option<&str>) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{accept}Connection: close\r\n\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    match answer.split_once("\r\n\r\n") {
+        Some((head, body)) => format!("{}\r\n\r\n{body}", head.to_ascii_lowercase()),
+        None => answer,
+    }
+}
 
 /// One HTTP/1.1 POST on a fresh connection; the whole answer (head and body).
 async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> String {
@@ -28,18 +53,6 @@ async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> String {
         .expect("an answer within 10 s")
         .unwrap();
     answer
-}
-
-/// A file of `text` in a directory of its own under the system's temporary directory.
-fn file(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-server-serve-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::File::create(&path)
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    path
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,6 +137,35 @@ async fn the_serve_process_decides_and_leases_on_its_two_ports() {
     assert_eq!(trailers["grpc-status"], "0", "{trailers:?}");
     // HealthCheckResponse { status: SERVING (1) }, framed: field 1, varint 1.
     assert_eq!(&body.to_bytes()[..], &[0, 0, 0, 0, 2, 8, 1]);
+
+    // `/metrics` in the text format (no Accept) passes promtool; Prometheus's own Accept gets
+    // OpenMetrics, with the same samples.
+    let text = get(http_addr, "/metrics", None).await;
+    assert!(
+        text.contains("content-type: text/plain; version=0.0.4"),
+        "{text}"
+    );
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    assert!(
+        body.contains("weir_rls_hits_total{rule=\"example.remote_address\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("weir_quota_"),
+        "the lease server's families: {body}"
+    );
+    common::promtool_check("weir serve --quota", body);
+    let open = get(
+        http_addr,
+        "/metrics",
+        Some("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"),
+    )
+    .await;
+    assert!(
+        open.contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{open}"
+    );
+    assert!(open.ends_with("# EOF\n"), "{open}");
 
     stop.send_replace(true);
     tokio::time::timeout(Duration::from_secs(10), serving)

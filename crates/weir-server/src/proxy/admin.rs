@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use http::header::{self};
 use weir_rules::engine::Rules;
 
 use super::metrics::{self, ProxyStats};
@@ -51,14 +50,9 @@ pub(super) async fn serve_admin(
     let data = data
         .route(
             "/metrics",
-            get(move || {
-                let text = registry.render();
-                async move {
-                    (
-                        [(header::CONTENT_TYPE, crate::admin::metrics::CONTENT_TYPE)],
-                        text,
-                    )
-                }
+            get(move |headers: http::HeaderMap| {
+                let answer = crate::admin::metrics::answer(&registry, &headers);
+                async move { answer }
             }),
         )
         .merge(dash.api_router());

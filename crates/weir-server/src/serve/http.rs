@@ -10,17 +10,16 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use crate::admin::metrics::{Metrics, CONTENT_TYPE};
+use crate::admin::metrics::Metrics;
 use crate::net::budget::Budget;
 use crate::quota::api::QuotaApi;
 use crate::rls::Service;
 
-async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> axum::response::Response {
-    (
-        [(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)],
-        metrics.render(),
-    )
-        .into_response()
+async fn metrics_handler(
+    State(metrics): State<Arc<Metrics>>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    crate::admin::metrics::answer(&metrics, &headers).into_response()
 }
 
 /// What the HTTP listener serves besides the rate-limit API.
