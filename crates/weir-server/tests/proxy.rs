@@ -49,8 +49,17 @@ async fn upstream() -> SocketAddr {
 
 /// One GET on a fresh connection; the whole answer (head and body).
 async fn get(addr: SocketAddr, path: &str) -> String {
+    get_as(addr, path, "").await
+}
+
+/// [`get`] by the caller named `caller` (`x-caller`; none when empty).
+async fn get_as(addr: SocketAddr, path: &str, caller: &str) -> String {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let caller = match caller {
+        "" => String::new(),
+        c => format!("x-caller: {c}\r\n"),
+    };
+    let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{caller}Connection: close\r\n\r\n");
     s.write_all(head.as_bytes()).await.unwrap();
     let mut answer = String::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer))
@@ -64,16 +73,29 @@ fn file(name: &str, text: &str) -> std::path::PathBuf {
     common::file("proxy", name, text)
 }
 
-/// A rule file: `limit` requests a minute to /api.
+/// A rule file: `limit` requests a minute to /api, and /chat under a cost rule (each call
+/// holds 100 units of a budget of a million a minute, charged to its caller).
 fn rules(limit: u64) -> String {
     format!(
-        "resources:\n  - name: api\n    flow:\n      - {{id: api-rate, qps: {limit}, window: 60s}}\nhttp:\n  routes:\n    - {{resource: api, prefix: /api}}\n"
+        "resources:
+  - name: api
+    flow:
+      - {{id: api-rate, qps: {limit}, window: 60s}}
+  - name: chat
+    flow:
+      - {{id: chat-tokens, qps: 1000000, window: 60s, algorithm: gcra, cost: {{estimate: 100}}}}
+http:
+  origin_header: x-caller
+  routes:
+    - {{resource: api, prefix: /api}}
+    - {{resource: chat, prefix: /chat}}
+"
     )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_forwards_refuses_reloads_and_reports() {
-    let upstream = upstream().await;
+    let (upstream, gutter) = (upstream().await, upstream().await);
     let rule_file = file("rules.yaml", &rules(2));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -81,6 +103,7 @@ async fn the_proxy_forwards_refuses_reloads_and_reports() {
     let proxy = Proxy::build(Settings {
         workers: 1,
         reload_interval: Duration::from_millis(50),
+        gutter: Some(format!("http://{gutter}")),
         ..Settings::new(&rule_file, addr, format!("http://{upstream}"))
     })
     .unwrap();
@@ -101,12 +124,16 @@ async fn the_proxy_forwards_refuses_reloads_and_reports() {
     assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
     // Paths no route names pass.
     assert!(get(addr, "/other").await.starts_with("HTTP/1.1 200"));
+    // A call under the cost rule, charged to its caller.
+    let chat = get_as(addr, "/chat", "ann").await;
+    assert!(chat.starts_with("HTTP/1.1 200"), "{chat}");
 
     let metrics = get(admin_addr, "/metrics").await;
     for line in [
         "weir_rule_passes_total{rule=\"api-rate\",kind=\"flow\",resource=\"api\"} 2",
         "weir_rule_blocks_total{rule=\"api-rate\",kind=\"flow\",resource=\"api\"} 1",
-        "weir_proxy_forwarded_total 3",
+        "weir_proxy_forwarded_total 4",
+        "weir_resource_cost_admitted_total{resource=\"chat\"} 100",
         "weir_rules_reloads_total{result=\"applied\"} 0",
     ] {
         assert!(
@@ -115,10 +142,9 @@ async fn the_proxy_forwards_refuses_reloads_and_reports() {
         );
     }
 
-    common::promtool_check(
-        "weir proxy",
-        metrics.split_once("\r\n\r\n").map_or("", |(_, b)| b),
-    );
+    let body = metrics.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    common::promtool_check("weir proxy", body);
+    common::check_dashboard("weir-proxy", body);
 
     // Five a minute now: the rule keeps the two it counted, so three more pass.
     std::fs::write(&rule_file, rules(5)).unwrap();

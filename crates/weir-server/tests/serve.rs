@@ -155,6 +155,8 @@ async fn the_serve_process_decides_and_leases_on_its_two_ports() {
         "the lease server's families: {body}"
     );
     common::promtool_check("weir serve --quota", body);
+    common::check_dashboard("weir-serve", body);
+    common::check_dashboard("weir-quota", body);
     let open = get(
         http_addr,
         "/metrics",

@@ -1,5 +1,5 @@
-//! The deployment files of `deploy/`, as far as this machine can run them: no container runtime
-//! and no Kubernetes here, so the manifests are parsed and checked, every configuration they
+//! The deployment files of `deploy/`, as far as a test machine can run them: no container runtime
+//! and no Kubernetes are assumed, so the manifests are parsed and checked, every configuration they
 //! carry passes `weir check-config`, and the exact command lines of the Dockerfile, the systemd
 //! unit and the manifests are run against the binary (ports and paths replaced) until their
 //! health endpoint answers.

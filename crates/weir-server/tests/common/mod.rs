@@ -60,3 +60,84 @@ pub fn promtool_check(what: &str, exposition: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The label names of every sample in an exposition, by sample name (`weir_x_total`,
+/// `weir_s_bucket`).
+fn samples(
+    exposition: &str,
+) -> std::collections::HashMap<String, std::collections::HashSet<String>> {
+    let mut out: std::collections::HashMap<String, std::collections::HashSet<String>> =
+        Default::default();
+    for line in exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let end = line.find(['{', ' ']).unwrap_or(line.len());
+        let labels = out.entry(line[..end].to_string()).or_default();
+        if let Some(body) = line[end..]
+            .strip_prefix('{')
+            .and_then(|r| r.split_once('}'))
+        {
+            for pair in body.0.split(',').filter(|p| !p.is_empty()) {
+                if let Some((name, _)) = pair.split_once('=') {
+                    labels.insert(name.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Checks the Grafana dashboard `deploy/grafana/NAME.json` against the exposition of the
+/// process it is for: every panel is a Prometheus panel of the dashboard's data source with
+/// at least one query, every series a query reads is one the process exports, and every
+/// label a query groups by is one those series carry.
+pub fn check_dashboard(name: &str, exposition: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/grafana")
+        .join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let exported = samples(exposition);
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(!panels.is_empty(), "{name}: no panels");
+    for p in panels {
+        let title = p["title"].as_str().expect("a panel title");
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{name}: {title}");
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{name}: {title}: no query");
+        for t in targets {
+            let expr = t["expr"].as_str().expect("a PromQL expression");
+            let series: Vec<&str> = expr
+                .match_indices("weir_")
+                .map(|(i, _)| {
+                    let rest = &expr[i..];
+                    let end = rest
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .unwrap_or(rest.len());
+                    &rest[..end]
+                })
+                .collect();
+            assert!(
+                !series.is_empty(),
+                "{name}: {title}: {expr} reads no weir series"
+            );
+            let grouped: Vec<&str> = expr
+                .match_indices("by (")
+                .filter_map(|(i, m)| expr[i + m.len()..].split_once(')'))
+                .flat_map(|(list, _)| list.split(',').map(str::trim))
+                .collect();
+            for s in &series {
+                let labels = exported.get(*s).unwrap_or_else(|| {
+                    panic!("{name}: {title}: {s} is not exported:\n{exposition}")
+                });
+                for l in &grouped {
+                    assert!(
+                        labels.contains(*l),
+                        "{name}: {title}: {s} has no label {l} (it has {labels:?})"
+                    );
+                }
+            }
+        }
+    }
+}
