@@ -10,6 +10,8 @@
 //! - [`state_file`]: state kept beside a configuration file across restarts (JSON, written
 //!   atomically).
 //! - [`admin`]: the admin port's parts — `switches` (degradation switches and their API).
+//! - [`otlp`]: every metric family of a process's registry pushed to an OpenTelemetry
+//!   collector (HTTP/protobuf or gRPC), beside the Prometheus scrape.
 //! - [`grpc`]: gRPC transport — `frame` (unary calls framed by hand on hyper), `batch`
 //!   (streams run on their connection's task, answers written together), `reflection`.
 //! - [`rls`]: Envoy's rate-limit service (RLS v3) on Lyft's configuration — `config` (the
@@ -74,6 +76,7 @@
 pub mod admin;
 pub mod grpc;
 pub mod net;
+pub mod otlp;
 pub mod proxy;
 pub mod quota;
 pub mod reload;

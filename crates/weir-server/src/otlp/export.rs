@@ -1,0 +1,167 @@
+//! The export loop: at each interval the registry is rendered (as a scrape renders it),
+//! encoded and sent on a task of its own; at most one export is in flight, a tick that finds
+//! one is dropped, and failures are logged at most once a minute.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use weir_core::log_gate::LogGate;
+
+use super::encode::{metrics, Times};
+use super::proto::{
+    ExportMetricsServiceRequest, InstrumentationScope, KeyValue, Resource, ResourceMetrics,
+    ScopeMetrics,
+};
+use super::send::Sender;
+use super::Settings;
+use crate::admin::metrics::{counters, Collector, Encoder, Metrics};
+
+/// What the exporter did, counted.
+#[derive(Debug, Default)]
+struct Stats {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// The exporter's counts as a collector of the registry it exports.
+#[derive(Debug)]
+struct StatsCollector(Arc<Stats>);
+
+impl Collector for StatsCollector {
+    fn encode(&self, mut enc: Encoder) -> std::fmt::Result {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let s = &self.0;
+        counters(
+            &mut enc,
+            "weir_otlp_exports",
+            "OTLP metric exports, by result (ok; failed: not taken, or no answer in time; dropped: the previous export was still unanswered at the interval).",
+            [
+                ("ok", load(&s.ok)),
+                ("failed", load(&s.failed)),
+                ("dropped", load(&s.dropped)),
+            ]
+            .map(|(result, v)| ([("result", result)], v)),
+        )
+    }
+}
+
+/// A running exporter; dropping it stops the exports.
+#[derive(Debug)]
+pub struct Exporter {
+    task: tokio::task::JoinHandle<()>,
+    stats: Arc<Stats>,
+}
+
+impl Exporter {
+    /// Exports taken by the collector so far.
+    pub fn exported(&self) -> u64 {
+        self.stats.ok.load(Ordering::Relaxed)
+    }
+
+    /// Exports that failed or were dropped so far.
+    pub fn lost(&self) -> u64 {
+        self.stats.failed.load(Ordering::Relaxed) + self.stats.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts exporting every family of `registry` as `settings` say, on the current tokio
+/// runtime; the exporter's own counts (`weir_otlp_exports_total`) join the registry.
+pub fn spawn(registry: Arc<Metrics>, settings: Settings) -> Exporter {
+    let stats = Arc::new(Stats::default());
+    registry.register(StatsCollector(stats.clone()));
+    let task = tokio::spawn(run(registry, settings, stats.clone()));
+    Exporter { task, stats }
+}
+
+/// A minute between log lines about a failing collector.
+static FAILURES: LogGate = LogGate::new(60_000_000_000);
+
+async fn run(registry: Arc<Metrics>, settings: Settings, stats: Arc<Stats>) {
+    let sender = Arc::new(Sender::new(
+        settings.protocol,
+        settings.target.clone(),
+        settings.timeout,
+    ));
+    let resource = resource(&settings);
+    let start = unix_nanos();
+    let in_flight = Arc::new(AtomicBool::new(false));
+    let mut tick = tokio::time::interval(settings.interval.max(Duration::from_millis(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: wait one interval before the first export.
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if in_flight.swap(true, Ordering::AcqRel) {
+            stats.dropped.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let times = Times {
+            start,
+            now: unix_nanos(),
+        };
+        let request = ExportMetricsServiceRequest {
+            resource_metrics: vec![ResourceMetrics {
+                resource: Some(resource.clone()),
+                scope_metrics: vec![ScopeMetrics {
+                    scope: Some(InstrumentationScope {
+                        name: "weir".into(),
+                        version: env!("CARGO_PKG_VERSION").into(),
+                    }),
+                    metrics: metrics(&registry.render(), times),
+                }],
+            }],
+        };
+        let (sender, stats, in_flight) = (sender.clone(), stats.clone(), in_flight.clone());
+        let target = settings.target.clone();
+        tokio::spawn(async move {
+            match sender.send(&request).await {
+                Ok(()) => {
+                    stats.ok.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    stats.failed.fetch_add(1, Ordering::Relaxed);
+                    if let Some(held) = FAILURES.open(monotonic_nanos()) {
+                        tracing::warn!(
+                            collector = %target,
+                            error = %e,
+                            failures_not_logged = held,
+                            "OTLP export failed (logged at most once a minute; counted in weir_otlp_exports_total)"
+                        );
+                    }
+                }
+            }
+            in_flight.store(false, Ordering::Release);
+        });
+    }
+}
+
+fn resource(s: &Settings) -> Resource {
+    let mut attributes = vec![KeyValue::string("service.name", s.service_name.as_str())];
+    attributes.extend(
+        s.resource
+            .iter()
+            .filter(|(k, _)| k != "service.name")
+            .map(|(k, v)| KeyValue::string(k.as_str(), v.as_str())),
+    );
+    Resource { attributes }
+}
+
+fn unix_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn monotonic_nanos() -> u64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
+    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
