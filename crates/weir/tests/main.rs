@@ -20,6 +20,7 @@ mod doc_examples;
 mod envoy_e2e;
 mod fuzz_smoke;
 mod lyft_compat;
+mod otlp_cli;
 mod overload_cli;
 mod proxy_cli;
 mod proxy_upstream;

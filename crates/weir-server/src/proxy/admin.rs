@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use weir_rules::engine::Rules;
 
-use super::metrics::{self, ProxyStats};
+use super::metrics::ProxyStats;
 use crate::admin::switches;
 
 /// Most connections to the admin listener at once.
@@ -18,6 +18,8 @@ pub(super) struct Admin {
     pub(super) dashboard: Arc<weir_tower::dashboard::Dashboard>,
     pub(super) token: Option<String>,
     pub(super) switch_file: PathBuf,
+    /// The process's metrics registry (the proxy's collector registered).
+    pub(super) registry: Arc<crate::admin::metrics::Metrics>,
 }
 
 pub(super) async fn serve_admin(
@@ -34,6 +36,7 @@ pub(super) async fn serve_admin(
         dashboard: dash,
         token,
         switch_file,
+        registry,
     } = admin;
     let mut data = axum::Router::new();
     if token.is_some() {
@@ -45,8 +48,6 @@ pub(super) async fn serve_admin(
             lock: Default::default(),
         }));
     }
-    let registry = Arc::new(crate::admin::metrics::Metrics::new());
-    registry.register(metrics::ProxyCollector { rules, stats });
     let data = data
         .route(
             "/metrics",

@@ -55,6 +55,7 @@ pub struct Proxy {
     forward: Forward,
     gutter: Option<Forward>,
     switch_file: PathBuf,
+    registry: Arc<crate::admin::metrics::Metrics>,
     settings: Settings,
     _watcher: Watcher,
 }
@@ -81,6 +82,11 @@ impl Proxy {
         let watcher = watch_rules(&s, &rules, quota.clone(), &dashboard, &stats)?;
         let forward = primary(&s, upstream, &stats);
         let gutter = gutter(&s, &forward, &stats)?;
+        let registry = Arc::new(crate::admin::metrics::Metrics::new());
+        registry.register(metrics::ProxyCollector {
+            rules: rules.clone(),
+            stats: stats.clone(),
+        });
         Ok(Self {
             rules,
             quota,
@@ -89,6 +95,7 @@ impl Proxy {
             forward,
             gutter,
             switch_file,
+            registry,
             settings: s,
             _watcher: watcher,
         })
@@ -170,6 +177,7 @@ impl Proxy {
                 dashboard: self.dashboard.clone(),
                 token: s.admin_token.clone(),
                 switch_file: self.switch_file.clone(),
+                registry: self.registry.clone(),
             },
             s.limits.timeouts,
             shutdown,
@@ -199,6 +207,12 @@ impl Proxy {
             read_json,
             budget,
         }
+    }
+
+    /// The process's metrics registry: what the admin port's `/metrics` renders, and what
+    /// [`crate::otlp::spawn`] exports.
+    pub fn metrics(&self) -> &Arc<crate::admin::metrics::Metrics> {
+        &self.registry
     }
 
     /// Connects the shared store (`--store`), where `shared: true` rules count from then on.

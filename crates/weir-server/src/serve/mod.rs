@@ -82,6 +82,12 @@ impl Server {
         self.quota.as_ref()
     }
 
+    /// The process's metrics registry: what `/metrics` renders, and what
+    /// [`crate::otlp::spawn`] exports.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        self.service.metrics()
+    }
+
     /// Serves gRPC (`ShouldRateLimit`, health, reflection) on `listener` until `stop`
     /// completes, then lets the calls in flight finish.
     pub async fn serve_grpc(&self, listener: TcpListener, stop: impl Future<Output = ()>) {

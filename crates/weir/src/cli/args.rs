@@ -88,6 +88,8 @@ pub(crate) struct ProxyArgs {
     pub(crate) reload_interval: Duration,
     #[command(flatten)]
     pub(crate) connections: ConnectionArgs,
+    #[command(flatten)]
+    pub(crate) otlp: OtlpArgs,
     /// Most requests in flight to the upstream, all clients together (then 503); each client
     /// connection at most 64.
     #[arg(long, value_name = "N", default_value_t = 1_024)]
@@ -251,6 +253,8 @@ pub(crate) struct ServeArgs {
     pub(crate) merge_domains: bool,
     #[command(flatten)]
     pub(crate) connections: ConnectionArgs,
+    #[command(flatten)]
+    pub(crate) otlp: OtlpArgs,
     /// Longest time from a request's head to the end of its body (then DEADLINE_EXCEEDED /
     /// 408).
     #[arg(long, value_name = "DUR", value_parser = duration::parse_duration, default_value = "10s")]
@@ -266,6 +270,36 @@ pub(crate) struct ServeArgs {
     /// every 1 ms; decisions up to one tick conservative) or coarse:DUR (100us..1s).
     #[arg(long, value_name = "CLOCK", value_parser = duration::parse_clock, default_value = "exact")]
     pub(crate) clock: weir_core::ClockKind,
+}
+
+/// OpenTelemetry export shared by `serve` and `proxy` (docs/observability.md): the flags, over
+/// the standard `OTEL_` variables.
+#[derive(clap::Args)]
+pub(crate) struct OtlpArgs {
+    /// Push every metric family of /metrics to an OpenTelemetry collector, http://HOST:PORT
+    /// (default: OTEL_EXPORTER_OTLP_ENDPOINT; no export when neither is set). OTEL_SERVICE_NAME,
+    /// OTEL_RESOURCE_ATTRIBUTES, OTEL_METRIC_EXPORT_INTERVAL (ms, default 60000) and
+    /// OTEL_EXPORTER_OTLP_TIMEOUT (ms, default 10000) apply.
+    #[arg(long, value_name = "URL")]
+    pub(crate) otlp_endpoint: Option<String>,
+    /// grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf).
+    #[arg(long, value_name = "P")]
+    pub(crate) otlp_protocol: Option<weir_server::otlp::Protocol>,
+}
+
+impl OtlpArgs {
+    /// The export these flags and the environment ask for (`None`: none), as `service`.
+    pub(crate) fn settings(
+        &self,
+        service: &str,
+    ) -> Result<Option<weir_server::otlp::Settings>, weir_server::otlp::OtlpError> {
+        weir_server::otlp::Settings::from_env(
+            std::env::vars(),
+            self.otlp_endpoint.as_deref(),
+            self.otlp_protocol,
+            service,
+        )
+    }
 }
 
 /// Connection bounds shared by `serve` and `proxy` (see docs/limits.md).

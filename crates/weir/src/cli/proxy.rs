@@ -85,8 +85,13 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> ExitCode {
         eprintln!("weir: error: --instances applies to a shared store (--store redis://…)");
         return ExitCode::from(2);
     }
+    let args_otlp = args.otlp.settings("weir-proxy");
     let settings = settings(args, quota_token);
-    match runtime.block_on(serve(settings)) {
+    let otlp = match args_otlp {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    match runtime.block_on(serve(settings, otlp)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ proxy::StartError::Watcher(_)) => {
             eprintln!("weir: error: {e}");
@@ -98,11 +103,15 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> ExitCode {
 
 /// Builds the proxy, opens its listeners, says where it serves, serves, and on a stop signal
 /// lets the requests in flight finish (at most `--drain-timeout`) and gives its leases back.
-async fn serve(s: proxy::Settings) -> Result<(), proxy::StartError> {
+async fn serve(
+    s: proxy::Settings,
+    otlp: Option<weir_server::otlp::Settings>,
+) -> Result<(), proxy::StartError> {
     let (listen, admin_addr, token, drain) =
         (s.listen, s.admin, s.admin_token.is_some(), s.drain_timeout);
     let proxy = proxy::Proxy::build(s)?;
     proxy.connect_store().await?;
+    let _exporter = otlp.map(|o| super::serve::export(proxy.metrics().clone(), o));
     let listener = proxy::bind_shared(listen)
         .map_err(|e| proxy::StartError::Setting(format!("cannot listen on {listen}: {e}")))?;
     if let Some(addr) = admin_addr.filter(|a| !a.ip().is_loopback() && !token) {

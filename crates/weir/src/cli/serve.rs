@@ -32,6 +32,10 @@ pub(crate) fn run_serve(args: ServeArgs) -> ExitCode {
 
 /// Loads the configuration, opens the listeners and runs every server the flags ask for.
 async fn serve(args: ServeArgs) -> ExitCode {
+    let otlp = match args.otlp.settings("weir-serve") {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
     let store = match store(&args).await {
         Ok(s) => s,
         Err(code) => return code,
@@ -79,6 +83,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     server.service().watch(RELOAD_INTERVAL);
+    let _exporter = otlp.map(|s| export(server.metrics().clone(), s));
     let grpc = match bind(args.grpc_addr, "gRPC", "--grpc-addr").await {
         Ok(l) => l,
         Err(e) => return fail(e),
@@ -313,4 +318,19 @@ fn announce(args: &ServeArgs, server: &Server, g: SocketAddr, h: SocketAddr) {
         );
     }
     let _ = io::stdout().flush();
+}
+
+/// Starts the OTLP export of `metrics`, saying where to.
+pub(crate) fn export(
+    metrics: std::sync::Arc<weir_server::admin::metrics::Metrics>,
+    s: weir_server::otlp::Settings,
+) -> weir_server::otlp::Exporter {
+    tracing::info!(
+        collector = %s.target,
+        protocol = ?s.protocol,
+        interval = ?s.interval,
+        service = %s.service_name,
+        "exporting metrics over OTLP"
+    );
+    weir_server::otlp::spawn(metrics, s)
 }
