@@ -99,16 +99,16 @@ impl Default for Shares {
 
 impl Shares {
     /// Shares per level, least critical first; each in (0, 1], non-decreasing, the last 1.
-    pub fn new(shares: [f64; 4]) -> Result<Self, String> {
+    pub fn new(shares: [f64; 4]) -> Result<Self, crate::ConfigError> {
         let ok = shares.iter().all(|s| *s > 0.0 && *s <= 1.0)
             && shares.windows(2).all(|w| w[0] <= w[1])
             && shares[3] == 1.0;
         if ok {
             Ok(Self(shares))
         } else {
-            Err(format!(
+            Err(crate::ConfigError::Invalid(format!(
                 "criticality shares must be in (0, 1], non-decreasing, CRITICAL_PLUS = 1: {shares:?}"
-            ))
+            )))
         }
     }
 

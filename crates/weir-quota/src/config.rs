@@ -220,24 +220,41 @@ mod serde_yaml_value {
     }
 }
 
+/// Why a value is not a rate.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RateError {
+    /// Not a number, nor `N/UNIT`.
+    #[error("{0:?}: expected a rate like 1000/s, 600/m or 2.5")]
+    Number(String),
+    /// A unit other than `s`, `m` and `h`.
+    #[error("{text:?}: unknown unit {unit:?} (expected s, m or h)")]
+    Unit {
+        /// The value given.
+        text: String,
+        /// Its unit.
+        unit: String,
+    },
+    /// Negative, infinite or not a number.
+    #[error("{0} is not a rate ≥ 0")]
+    Range(f64),
+}
+
 /// Parses a rate: a number (per second) or `N/s`, `N/m`, `N/h`; finite and ≥ 0.
-pub fn parse_rate(v: &serde_yaml_value::Value) -> Result<f64, String> {
+pub fn parse_rate(v: &serde_yaml_value::Value) -> Result<f64, RateError> {
     let rate = match v {
         serde_yaml_value::Value::Number(n) => *n,
         serde_yaml_value::Value::Text(s) => {
             let (n, per) = s.split_once('/').unwrap_or((s, "s"));
-            let n: f64 = n
-                .trim()
-                .parse()
-                .map_err(|_| format!("{s:?}: expected a rate like 1000/s, 600/m or 2.5"))?;
+            let n: f64 = n.trim().parse().map_err(|_| RateError::Number(s.clone()))?;
             let secs = match per.trim() {
                 "s" => 1.0,
                 "m" => 60.0,
                 "h" => 3600.0,
                 other => {
-                    return Err(format!(
-                        "{s:?}: unknown unit {other:?} (expected s, m or h)"
-                    ))
+                    return Err(RateError::Unit {
+                        text: s.clone(),
+                        unit: other.to_string(),
+                    })
                 }
             };
             n / secs
@@ -246,7 +263,7 @@ pub fn parse_rate(v: &serde_yaml_value::Value) -> Result<f64, String> {
     if rate.is_finite() && rate >= 0.0 {
         Ok(rate)
     } else {
-        Err(format!("{rate} is not a rate ≥ 0"))
+        Err(RateError::Range(rate))
     }
 }
 
@@ -509,7 +526,7 @@ impl QuotaConfig {
             let mut c = ResourceConfig::default();
             match parse_rate(&r.capacity) {
                 Ok(v) => c.capacity = v,
-                Err(e) => problems.push((at("capacity"), e)),
+                Err(e) => problems.push((at("capacity"), e.to_string())),
             }
             if let Some(a) = &r.algorithm {
                 match a.parse::<Division>() {
@@ -536,7 +553,7 @@ impl QuotaConfig {
             if let Some(v) = &r.safe_capacity {
                 match parse_rate(v) {
                     Ok(v) => c.safe_capacity = Some(v),
-                    Err(e) => problems.push((at("safe_capacity"), e)),
+                    Err(e) => problems.push((at("safe_capacity"), e.to_string())),
                 }
             }
             parsed.push(c);

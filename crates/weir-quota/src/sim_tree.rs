@@ -81,23 +81,38 @@ pub struct TreeReport {
     pub cut_mean_ratio: Option<f64>,
 }
 
+/// Why a text is not a tree's shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    /// Not counts separated by `x`.
+    #[error("{0:?}: expected counts of servers per level, like 1x10x100")]
+    Counts(String),
+    /// Fewer than 2 or more than 6 levels.
+    #[error("{0:?}: 2 to 6 levels")]
+    Levels(String),
+    /// A level that is not a whole multiple of the one above.
+    #[error("{0:?}: each level must be a whole multiple of the one above")]
+    Multiple(String),
+    /// More than 10 000 servers.
+    #[error("{0:?}: at most 10 000 servers")]
+    TooMany(String),
+}
+
 /// Reads a shape `1x10x100`: at least two levels, each a whole multiple of the one above.
-pub fn parse_shape(text: &str) -> Result<Vec<usize>, String> {
+pub fn parse_shape(text: &str) -> Result<Vec<usize>, ShapeError> {
     let shape: Vec<usize> = text
         .split('x')
         .map(|n| n.trim().parse::<usize>().ok().filter(|n| *n > 0))
         .collect::<Option<_>>()
-        .ok_or_else(|| format!("{text:?}: expected counts of servers per level, like 1x10x100"))?;
+        .ok_or_else(|| ShapeError::Counts(text.to_string()))?;
     if shape.len() < 2 || shape.len() > 6 {
-        return Err(format!("{text:?}: 2 to 6 levels"));
+        return Err(ShapeError::Levels(text.to_string()));
     }
     if shape.windows(2).any(|w| w[1] % w[0] != 0) {
-        return Err(format!(
-            "{text:?}: each level must be a whole multiple of the one above"
-        ));
+        return Err(ShapeError::Multiple(text.to_string()));
     }
     if shape.iter().sum::<usize>() > 10_000 {
-        return Err(format!("{text:?}: at most 10 000 servers"));
+        return Err(ShapeError::TooMany(text.to_string()));
     }
     Ok(shape)
 }
@@ -127,15 +142,14 @@ fn nanos(d: Duration) -> Nanos {
 }
 
 /// Runs the tree and measures it.
-pub fn run(s: &TreeSettings) -> Result<TreeReport, String> {
+pub fn run(s: &TreeSettings) -> Result<TreeReport, weir_rules::yaml::LocatedErrors> {
     let yaml = format!(
         "resources:\n  - {{name: {RESOURCE}, capacity: {}, lease: {}ms, refresh: {}ms}}\n",
         s.capacity,
         s.lease.as_millis(),
         s.refresh.as_millis()
     );
-    let config = QuotaConfig::from_yaml(std::path::Path::new("tree.yaml"), &yaml)
-        .map_err(|e| e.to_string())?;
+    let config = QuotaConfig::from_yaml(std::path::Path::new("tree.yaml"), &yaml)?;
     let mut levels = levels(s, &config);
     let mut rng = crate::rng::Rng::new(s.seed);
     let mut clients = clients(s, &mut rng);
@@ -447,6 +461,7 @@ mod tests {
         assert_eq!(parse_shape("1x10x100"), Ok(vec![1, 10, 100]));
         assert!(parse_shape("1x3x10")
             .unwrap_err()
+            .to_string()
             .contains("whole multiple"));
         assert!(parse_shape("10").is_err() && parse_shape("1xx2").is_err());
         assert!(parse_shape("0x2").is_err());

@@ -2,6 +2,22 @@
 
 use std::net::IpAddr;
 
+/// Why a text is not a CIDR block.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    /// The part before `/` is not an IP address.
+    #[error("bad CIDR {0:?}: address")]
+    Address(String),
+    /// The prefix is not a number of bits the address has.
+    #[error("bad CIDR {text:?}: prefix must be 0..={max}")]
+    Prefix {
+        /// The text given.
+        text: String,
+        /// 32 for IPv4, 128 for IPv6.
+        max: u8,
+    },
+}
+
 /// A CIDR block (`10.0.0.0/8`, `::1/128`, or a bare address).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cidr {
@@ -11,7 +27,7 @@ pub struct Cidr {
 
 impl Cidr {
     /// Parses `ADDR` or `ADDR/PREFIX`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, CidrError> {
         let (addr, prefix) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
@@ -19,7 +35,7 @@ impl Cidr {
         let net: IpAddr = addr
             .trim()
             .parse()
-            .map_err(|_| format!("bad CIDR {s:?}: address"))?;
+            .map_err(|_| CidrError::Address(s.to_string()))?;
         let max = if net.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             Some(p) => p
@@ -27,7 +43,10 @@ impl Cidr {
                 .parse::<u8>()
                 .ok()
                 .filter(|p| *p <= max)
-                .ok_or_else(|| format!("bad CIDR {s:?}: prefix must be 0..={max}"))?,
+                .ok_or_else(|| CidrError::Prefix {
+                    text: s.to_string(),
+                    max,
+                })?,
             None => max,
         };
         Ok(Self { net, prefix })

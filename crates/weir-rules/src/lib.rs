@@ -52,3 +52,6 @@ pub mod shared;
 mod system;
 pub mod watch;
 pub mod yaml;
+
+pub use config::RuleSet;
+pub use engine::{Block, Context, Guard, Rules};

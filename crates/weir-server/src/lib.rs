@@ -29,6 +29,9 @@
 //!   the rate-limit service and a lease server on one gRPC port (one router for every gRPC
 //!   service) and one HTTP port (JSON API, health, `/metrics`, the dashboard, the lease API).
 //!
+//! The entry points are re-exported at the root: [`Server`] (`weir serve`), [`Proxy`]
+//! (`weir proxy`), [`QuotaApi`] (a lease server) and [`Metrics`] (a process's registry).
+//!
 //! A new server goes in its own module beside `rls`, `quota` and `proxy`, built on `net`, and
 //! is composed into a process at the top floor; a new gRPC service of `weir serve` is a module
 //! of its server routed in `serve`'s gRPC router; a new store for the rate-limit service
@@ -83,3 +86,8 @@ pub mod reload;
 pub mod rls;
 pub mod serve;
 pub mod state_file;
+
+pub use admin::metrics::Metrics;
+pub use proxy::Proxy;
+pub use quota::api::QuotaApi;
+pub use serve::Server;

@@ -16,7 +16,6 @@ use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequ
 use opentelemetry_proto::tonic::common::v1::any_value;
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use weir_server::admin::metrics::Metrics;
@@ -110,20 +109,16 @@ async fn receiver(
     (addr, rx)
 }
 
-/// One HTTP/1.1 request on a fresh connection; the answer's body.
+/// One request with a JSON body; the answer's body.
 async fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(body.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer))
-        .await
-        .expect("an answer within 10 s")
-        .unwrap();
+    let answer = common::request(
+        addr,
+        method,
+        path,
+        &[("Content-Type", "application/json")],
+        body,
+    )
+    .await;
     answer
         .split_once("\r\n\r\n")
         .map_or(String::new(), |(_, b)| b.to_string())

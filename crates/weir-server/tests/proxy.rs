@@ -47,26 +47,14 @@ async fn upstream() -> SocketAddr {
     addr
 }
 
-/// One GET on a fresh connection; the whole answer (head and body).
+/// One GET.
 async fn get(addr: SocketAddr, path: &str) -> String {
-    get_as(addr, path, "").await
+    common::request(addr, "GET", path, &[], "").await
 }
 
-/// [`get`] by the caller named `caller` (`x-caller`; none when empty).
+/// [`get`] by the caller named `caller` (`x-caller`).
 async fn get_as(addr: SocketAddr, path: &str, caller: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let caller = match caller {
-        "" => String::new(),
-        c => format!("x-caller: {c}\r\n"),
-    };
-    let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{caller}Connection: close\r\n\r\n");
-    s.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer))
-        .await
-        .expect("an answer within 10 s")
-        .unwrap();
-    answer
+    common::request(addr, "GET", path, &[("x-caller", caller)], "").await
 }
 
 fn file(name: &str, text: &str) -> std::path::PathBuf {

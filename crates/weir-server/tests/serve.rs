@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use weir_server::quota::api::{OpenError, QuotaApi};
 use weir_server::rls::{LoadError, MemoryStore};
@@ -18,41 +17,22 @@ fn file(name: &str, text: &str) -> std::path::PathBuf {
     common::file("serve", name, text)
 }
 
-/// One HTTP/1.1 GET on a fresh connection (with `accept`, if given); the whole answer with
-/// the head's field names in lower case.
+/// One GET (with `accept`, if given).
 async fn get(addr: std::net::SocketAddr, path: &str, accept: Option<&str>) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let accept = accept
-        .map(|a| format!("Accept: {a}\r\n"))
-        .unwrap_or_default();
-    let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{accept}Connection: close\r\n\r\n");
-    s.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer))
-        .await
-        .expect("an answer within 10 s")
-        .unwrap();
-    match answer.split_once("\r\n\r\n") {
-        Some((head, body)) => format!("{}\r\n\r\n{body}", head.to_ascii_lowercase()),
-        None => answer,
-    }
+    let headers: Vec<(&str, &str)> = accept.map(|a| ("Accept", a)).into_iter().collect();
+    common::request(addr, "GET", path, &headers, "").await
 }
 
-/// One HTTP/1.1 POST on a fresh connection; the whole answer (head and body).
+/// One POST of a JSON body.
 async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(body.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer))
-        .await
-        .expect("an answer within 10 s")
-        .unwrap();
-    answer
+    common::request(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

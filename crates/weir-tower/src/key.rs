@@ -38,7 +38,7 @@ impl ClientIp {
     }
 
     /// Trusts proxies in these CIDR blocks.
-    pub fn trusting(cidrs: &[&str]) -> Result<Self, String> {
+    pub fn trusting(cidrs: &[&str]) -> Result<Self, weir_rules::cidr::CidrError> {
         Ok(Self {
             trusted: cidrs
                 .iter()

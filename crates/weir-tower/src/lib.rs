@@ -65,3 +65,5 @@ pub mod prefix;
 pub mod problem;
 pub mod rules;
 pub mod shed;
+
+pub use rules::RulesLayer;

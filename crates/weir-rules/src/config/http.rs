@@ -169,7 +169,7 @@ pub(super) fn validate_http(
 ) {
     for (i, c) in h.trusted_proxies.iter().enumerate() {
         if let Err(e) = crate::cidr::Cidr::parse(c) {
-            fail(format!("http.trusted_proxies[{i}]"), &e);
+            fail(format!("http.trusted_proxies[{i}]"), &e.to_string());
         }
     }
     if let Some(o) = &h.origin_header {

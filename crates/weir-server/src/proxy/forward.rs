@@ -558,7 +558,8 @@ pub(super) fn gutter(
     let Some(url) = &s.gutter else {
         return Ok(None);
     };
-    let uri = parse_upstream(url).map_err(|e| setting(e.replace("--upstream", "--gutter")))?;
+    let uri = parse_upstream(url)
+        .map_err(|e| setting(e.to_string().replace("--upstream", "--gutter")))?;
     let lane = |max: usize| weir_tower::gutter::LaneConfig {
         breaker: s.upstream_breaker.clone(),
         max_in_flight: max.max(1) as u64,

@@ -25,7 +25,7 @@ pub use admin::ADMIN_CONNECTIONS;
 pub use forward::{MAX_IDLE_UPSTREAM, MAX_UPSTREAM_PER_CLIENT};
 pub use headers::{append_via, refuse, strip_hop_by_hop};
 pub use metrics::ProxyStats;
-pub use settings::{parse_upstream, Settings, StartError, UpstreamProtocol};
+pub use settings::{parse_upstream, Settings, StartError, UpstreamError, UpstreamProtocol};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -133,20 +133,38 @@ impl std::str::FromStr for UpstreamProtocol {
     }
 }
 
+/// Why a text is not an upstream's address (named as `weir proxy`'s `--upstream` names it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    /// Not a URL.
+    #[error("--upstream {text:?}: not a URL: {reason}")]
+    Url {
+        /// The text given.
+        text: String,
+        /// Why it is not a URL.
+        reason: String,
+    },
+    /// Not `http://HOST:PORT`.
+    #[error("--upstream {0:?}: expected http://HOST:PORT (https upstreams are not supported)")]
+    Scheme(String),
+    /// A URL with a path.
+    #[error("--upstream {0:?}: give no path, only http://HOST:PORT")]
+    Path(String),
+}
+
 /// Parses `http://HOST:PORT` (no path).
-pub fn parse_upstream(s: &str) -> Result<Uri, String> {
+pub fn parse_upstream(s: &str) -> Result<Uri, UpstreamError> {
     let uri: Uri = s
         .parse()
-        .map_err(|e| format!("--upstream {s:?}: not a URL: {e}"))?;
+        .map_err(|e: http::uri::InvalidUri| UpstreamError::Url {
+            text: s.to_string(),
+            reason: e.to_string(),
+        })?;
     if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-        return Err(format!(
-            "--upstream {s:?}: expected http://HOST:PORT (https upstreams are not supported)"
-        ));
+        return Err(UpstreamError::Scheme(s.to_string()));
     }
     if uri.path() != "/" && !uri.path().is_empty() {
-        return Err(format!(
-            "--upstream {s:?}: give no path, only http://HOST:PORT"
-        ));
+        return Err(UpstreamError::Path(s.to_string()));
     }
     Ok(uri)
 }

@@ -141,3 +141,42 @@ pub fn check_dashboard(name: &str, exposition: &str) {
         }
     }
 }
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`) with `headers` and
+/// `body`: the whole answer, its head's fields in lower case.
+pub async fn request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    ));
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        s.read_to_string(&mut answer),
+    )
+    .await
+    .expect("an answer within 10 s")
+    .unwrap();
+    // The status line as sent; the fields in lower case.
+    match answer.split_once("\r\n\r\n") {
+        Some((head, body)) => {
+            let (status, fields) = head.split_once("\r\n").unwrap_or((head, ""));
+            format!("{status}\r\n{}\r\n\r\n{body}", fields.to_ascii_lowercase())
+        }
+        None => answer,
+    }
+}
