@@ -84,6 +84,24 @@ pub struct Report {
     pub down_peak_ratio: Option<f64>,
     /// Mean admitted units per second ÷ capacity while the server was down.
     pub down_mean_ratio: Option<f64>,
+    /// In the last second whose demand exceeded the capacity (else the last second): each
+    /// client with demand, its grant and its exact max-min share (units/s).
+    pub clients: Vec<ClientShare>,
+    /// That second (from the start).
+    pub clients_at: u64,
+}
+
+/// A client's grant beside its exact max-min fair share, at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientShare {
+    /// The client.
+    pub name: String,
+    /// Its demand.
+    pub demand: f64,
+    /// What it holds.
+    pub granted: f64,
+    /// Its exact max-min share (the reference, whatever the algorithm under test).
+    pub share: f64,
 }
 
 /// The built-in scenario for `clients` clients: demand shifts, clients joining and leaving,
@@ -172,6 +190,8 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
     let mut admitted_this_second = 0.0;
     let mut shift_times: Vec<Nanos> = Vec::new();
     let mut restarted_at: Option<Nanos> = None;
+    let mut last_shares: Vec<ClientShare> = Vec::new();
+    let (mut clients_at, mut last_excess) = (0, false);
     let mut now: Nanos = 0;
     while now < end {
         let is_down = down.is_some_and(|(a, b)| now >= a && now < b);
@@ -197,13 +217,21 @@ pub fn run(settings: &Settings, scenario: &[Shift]) -> Report {
         if now % S == 0 {
             // The second that just ended.
             table.expire(now);
-            let mut second = second_ended(settings, &clients, &table, now);
+            let (mut second, shares) = second_ended(settings, &clients, &table, now);
+            let excess = second.demand > settings.resource.capacity;
+            if excess || !last_excess {
+                (last_shares, clients_at, last_excess) = (shares, second.t, excess);
+            }
             second.admitted = std::mem::take(&mut admitted_this_second);
             second.down = is_down;
             seconds.push(second);
         }
     }
-    summarise(settings, seconds, &shift_times, down, restarted_at)
+    Report {
+        clients: last_shares,
+        clients_at,
+        ..summarise(settings, seconds, &shift_times, down, restarted_at)
+    }
 }
 
 /// The index of the client named `name`, which joins now if it is new.
@@ -271,7 +299,7 @@ fn second_ended(
     clients: &[SimClient],
     table: &LeaseTable,
     now: Nanos,
-) -> Second {
+) -> (Second, Vec<ClientShare>) {
     let mut needs = Vec::new();
     let mut wants = Vec::new();
     let mut granted_of = Vec::new();
@@ -295,14 +323,25 @@ fn second_ended(
         .zip(&shares)
         .map(|(g, s)| (g - s).abs())
         .fold(0.0, f64::max);
-    Second {
+    let second = Second {
         t: now / S - 1,
         demand: clients.iter().filter_map(|c| c.demand).sum(),
         granted: table.outstanding(),
         admitted: 0.0,
         fairness_error,
         down: false,
-    }
+    };
+    let with_demand = clients.iter().filter(|c| c.demand.is_some());
+    let each = with_demand
+        .zip(needs.iter().zip(granted_of.iter().zip(&shares)))
+        .map(|(c, (d, (g, s)))| ClientShare {
+            name: c.name.clone(),
+            demand: *d,
+            granted: *g,
+            share: *s,
+        })
+        .collect();
+    (second, each)
 }
 
 fn summarise(
@@ -363,6 +402,8 @@ fn summarise(
         converge_ms_p99,
         down_peak_ratio,
         down_mean_ratio,
+        clients: Vec::new(),
+        clients_at: 0,
     }
 }
 

@@ -104,6 +104,21 @@ pub struct Report {
     pub slo_ms: f64,
     /// Per level, least critical first.
     pub by_level: [LevelResult; 4],
+    /// Second by second (what `--report` draws).
+    pub seconds: Vec<Second>,
+}
+
+/// One second of a simulation.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Second {
+    /// Requests that arrived.
+    pub offered: u64,
+    /// Requests the protection admitted at arrival.
+    pub admitted: u64,
+    /// Requests completed within the SLO.
+    pub good: u64,
+    /// 99th percentile latency of the requests completed in it, ms (0: none completed).
+    pub p99_ms: f64,
 }
 
 enum Guard {
@@ -262,6 +277,9 @@ pub fn run(s: &Settings) -> Result<Report, String> {
     let arrival_mean = 1.0 / (s.load * s.capacity);
     let mut by_level = [LevelResult::default(); 4];
     let mut latencies: Vec<f64> = Vec::new();
+    // The second each latency was completed in, and the seconds' counts.
+    let mut completed_in: Vec<u64> = Vec::new();
+    let mut seconds: Vec<Second> = Vec::new();
     let mut service = Service::new(workers);
     let mut next_arrival: Nanos = 0;
 
@@ -283,8 +301,10 @@ pub fn run(s: &Settings) -> Result<Report, String> {
             };
             let latency = t - req.arrived;
             latencies.push(latency as f64 / 1e6);
+            completed_in.push(second_of(t));
             if latency <= slo {
                 by_level[req.level.rank()].good += 1;
+                second_at(&mut seconds, t).good += 1;
             }
             match req.guard {
                 Guard::Adaptive(p) => p.success(t),
@@ -296,9 +316,11 @@ pub fn run(s: &Settings) -> Result<Report, String> {
             let level = draw_level(&mut rng);
             let r = &mut by_level[level.rank()];
             r.offered += 1;
+            second_at(&mut seconds, now).offered += 1;
             match admit(&protection, level, now) {
                 Some(guard) => {
                     r.admitted += 1;
+                    second_at(&mut seconds, now).admitted += 1;
                     service.queue.push_back(Request {
                         arrived: now,
                         level,
@@ -311,6 +333,23 @@ pub fn run(s: &Settings) -> Result<Report, String> {
         }
         service.start(&protection, &mut by_level, &mut rng, mean_service_s, now);
     }
+    // Completions come in time order: each second's latencies are one run of the list.
+    let mut from = 0;
+    while from < latencies.len() {
+        let sec = completed_in[from];
+        let to = from
+            + completed_in[from..]
+                .iter()
+                .take_while(|s| **s == sec)
+                .count();
+        let mut run = latencies[from..to].to_vec();
+        run.sort_by(|a, b| a.total_cmp(b));
+        let i = usize::try_from(sec).unwrap_or(usize::MAX);
+        if let Some(s) = seconds.get_mut(i) {
+            s.p99_ms = percentile(&run, 0.99);
+        }
+        from = to;
+    }
     latencies.sort_by(|a, b| a.total_cmp(b));
     let good: u64 = by_level.iter().map(|r| r.good).sum();
     Ok(Report {
@@ -322,6 +361,7 @@ pub fn run(s: &Settings) -> Result<Report, String> {
         unloaded_p99_ms: unloaded_p99 * 1e3,
         slo_ms: slo as f64 / 1e6,
         by_level,
+        seconds,
     })
 }
 
@@ -422,6 +462,22 @@ impl Service {
     }
 }
 
+/// The second `t` falls in.
+fn second_of(t: Nanos) -> u64 {
+    t / 1_000_000_000
+}
+
+/// The counts of the second `t` falls in (added when new).
+fn second_at(seconds: &mut Vec<Second>, t: Nanos) -> &mut Second {
+    let i = usize::try_from(second_of(t))
+        .unwrap_or(usize::MAX)
+        .min(3_600);
+    if seconds.len() <= i {
+        seconds.resize(i + 1, Second::default());
+    }
+    &mut seconds[i]
+}
+
 const LABELS: [&str; 4] = ["SHEDDABLE", "SHEDDABLE_PLUS", "CRITICAL", "CRITICAL_PLUS"];
 
 /// The human report.
@@ -486,4 +542,70 @@ pub fn json(r: &Report) -> String {
          \"unloaded_p99_ms\":{:.3},\"slo_ms\":{:.3},\"by_criticality\":{{{}}}}}",
         r.protection, r.load, r.goodput_ratio, r.p50_ms, r.p99_ms, r.unloaded_p99_ms, r.slo_ms, levels
     )
+}
+
+/// The report's column for one run (`--report`): its settings and headline figures, requests
+/// per second offered, admitted and good beside the capacity, and the p99 latency beside the
+/// SLO, second by second.
+pub fn report_section(s: &Settings, r: &Report) -> crate::report::Section {
+    use crate::report::{Chart, Section, Series};
+    let per = |f: fn(&Second) -> f64| -> Vec<(f64, f64)> {
+        r.seconds
+            .iter()
+            .enumerate()
+            .map(|(i, sec)| (i as f64 + 1.0, f(sec)))
+            .collect()
+    };
+    let end = r.seconds.len() as f64;
+    let mut facts = vec![
+        (
+            "goodput ÷ capacity".into(),
+            format!("{:.3}", r.goodput_ratio),
+        ),
+        (
+            "p50, p99".into(),
+            format!("{:.1} ms, {:.1} ms", r.p50_ms, r.p99_ms),
+        ),
+        (
+            "SLO (5 × unloaded mean)".into(),
+            format!("{:.1} ms", r.slo_ms),
+        ),
+    ];
+    for (label, l) in LABELS.iter().zip(&r.by_level) {
+        facts.push((
+            format!("{label}: good ÷ offered"),
+            format!("{:.3}", l.success_ratio()),
+        ));
+    }
+    Section {
+        title: format!(
+            "{} at {} × {}/s, {} workers",
+            s.protection, s.load, s.capacity, s.workers
+        ),
+        facts,
+        charts: vec![
+            Chart {
+                title: "Requests per second".into(),
+                x: "second".into(),
+                y: "requests/s".into(),
+                series: vec![
+                    Series::line("offered", per(|x| x.offered as f64)),
+                    Series::line("admitted", per(|x| x.admitted as f64)),
+                    Series::line("good (within the SLO)", per(|x| x.good as f64)),
+                    Series::reference("capacity", vec![(0.0, s.capacity), (end, s.capacity)]),
+                ],
+                bars: None,
+            },
+            Chart {
+                title: "p99 latency of the requests completed each second".into(),
+                x: "second".into(),
+                y: "ms".into(),
+                series: vec![
+                    Series::line("p99", per(|x| x.p99_ms)),
+                    Series::reference("SLO", vec![(0.0, r.slo_ms), (end, r.slo_ms)]),
+                ],
+                bars: None,
+            },
+        ],
+    }
 }

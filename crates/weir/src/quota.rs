@@ -511,6 +511,98 @@ pub fn sim_csv(r: &weir_quota::sim::Report) -> String {
     s
 }
 
+/// The report's column for one quota simulation (`--report`): demand, grants and admitted
+/// units beside the capacity, the fairness error second by second, and each client's grant
+/// beside its exact max-min share at the end.
+pub fn sim_report_section(
+    settings: &weir_quota::sim::Settings,
+    r: &weir_quota::sim::Report,
+) -> crate::report::Section {
+    use crate::report::{Chart, Section, Series};
+    let capacity = settings.resource.capacity;
+    let per = |f: fn(&weir_quota::sim::Second) -> f64| -> Vec<(f64, f64)> {
+        r.seconds.iter().map(|s| (s.t as f64 + 1.0, f(s))).collect()
+    };
+    let end = r.seconds.len() as f64;
+    let labels: Vec<String> = r.clients.iter().map(|c| c.name.clone()).collect();
+    let bars = |f: fn(&weir_quota::sim::ClientShare) -> f64| -> Vec<(f64, f64)> {
+        r.clients
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (i as f64, f(c)))
+            .collect()
+    };
+    let mut facts = vec![
+        (
+            "utilisation under excess demand".into(),
+            format!("{:.4}", r.utilisation),
+        ),
+        (
+            "peak admitted ÷ capacity".into(),
+            format!("{:.4}", r.peak_ratio),
+        ),
+        (
+            "largest fairness error".into(),
+            format!("{:.2} units/s", r.max_fairness_error),
+        ),
+        (
+            "convergence after a shift, p99".into(),
+            format!("{} ms", r.converge_ms_p99),
+        ),
+    ];
+    if let (Some(peak), Some(mean)) = (r.down_peak_ratio, r.down_mean_ratio) {
+        facts.push((
+            "server down: peak, mean ÷ capacity".into(),
+            format!("{peak:.4}, {mean:.4}"),
+        ));
+    }
+    Section {
+        title: format!(
+            "{} {}/s, lease {}s, refresh {}s",
+            settings.resource.algorithm.as_str(),
+            capacity,
+            settings.resource.lease.as_secs_f64(),
+            settings.resource.refresh.as_secs_f64()
+        ),
+        facts,
+        charts: vec![
+            Chart {
+                title: "Units per second, all clients".into(),
+                x: "second".into(),
+                y: "units/s".into(),
+                series: vec![
+                    Series::line("demand", per(|s| s.demand)),
+                    Series::line("granted", per(|s| s.granted)),
+                    Series::line("admitted", per(|s| s.admitted)),
+                    Series::reference("capacity", vec![(0.0, capacity), (end, capacity)]),
+                ],
+                bars: None,
+            },
+            Chart {
+                title: "Fairness error: the largest |grant − max-min share| of a client".into(),
+                x: "second".into(),
+                y: "units/s".into(),
+                series: vec![Series::line("fairness error", per(|s| s.fairness_error))],
+                bars: None,
+            },
+            Chart {
+                title: format!(
+                    "Second {}, the last of excess demand (else the last): each client's grant beside its max-min share",
+                    r.clients_at + 1
+                ),
+                x: "client".into(),
+                y: "units/s".into(),
+                series: vec![
+                    Series::line("granted", bars(|c| c.granted)),
+                    Series::reference("max-min share", bars(|c| c.share)),
+                    Series::reference("demand", bars(|c| c.demand)),
+                ],
+                bars: Some(labels),
+            },
+        ],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -197,6 +197,49 @@ pub struct Summary {
     pub denied: u64,
     /// Per key (in first-seen order): the most units admitted in any window-length span.
     pub max_in_window: Vec<(String, u64)>,
+    /// All keys together, over time: units offered and admitted per slice of the trace.
+    pub timeline: Timeline,
+}
+
+/// Units offered and admitted per slice of time, all keys together (what `--report` draws).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Timeline {
+    /// Start of the first slice (the first event's time), ns.
+    pub start: Nanos,
+    /// Length of a slice, ns: a tenth of the window, or longer to keep at most
+    /// [`MAX_SLICES`] slices.
+    pub slice: Nanos,
+    /// Per slice: (units offered, units admitted — counted when they proceed).
+    pub units: Vec<(u64, u64)>,
+}
+
+/// Most slices a timeline keeps (a longer trace gets longer slices).
+pub const MAX_SLICES: u64 = 2_000;
+
+impl Timeline {
+    fn new(trace: &Trace, window: Nanos) -> Self {
+        let (start, end) = match (trace.events.first(), trace.events.last()) {
+            (Some(a), Some(b)) => (a.t, b.t),
+            _ => (0, 0),
+        };
+        let slice = (window / 10).max(1).max((end - start) / MAX_SLICES + 1);
+        Self {
+            start,
+            slice,
+            units: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, t: Nanos, offered: u64, admitted: u64) {
+        let i = usize::try_from(t.saturating_sub(self.start) / self.slice).unwrap_or(usize::MAX);
+        // Admitted units proceed at most a wait later: past the last slice, they are kept in it.
+        let i = i.min(MAX_SLICES as usize + 16);
+        if self.units.len() <= i {
+            self.units.resize(i + 1, (0, 0));
+        }
+        self.units[i].0 += offered;
+        self.units[i].1 += admitted;
+    }
 }
 
 /// Validates the settings and runs the trace, writing the CSV to `out`.
@@ -310,6 +353,7 @@ fn run<A: Algorithm>(alg: &A, trace: &Trace, out: &mut dyn Write) -> Result<Summ
         allowed: 0,
         denied: 0,
         max_in_window: Vec::new(),
+        timeline: Timeline::new(trace, window),
     };
     let mut write = |line: fmt::Arguments<'_>| -> bool {
         // A closed pipe (e.g. `| head`) ends the output quietly; the summary still prints.
@@ -323,12 +367,14 @@ fn run<A: Algorithm>(alg: &A, trace: &Trace, out: &mut dyn Write) -> Result<Summ
         let state = states[key].get_or_insert_with(|| alg.initial_state(e.t));
         let d = alg.decide(state, e.cost, e.t);
         summary.events += 1;
+        summary.timeline.add(e.t, e.cost, 0);
         if d.allowed() {
             summary.allowed += 1;
             let proceed =
                 e.t.saturating_add(weir_core::clock::duration_to_nanos(d.wait()));
             if e.cost > 0 {
                 spans[key].record(proceed, e.cost, window);
+                summary.timeline.add(proceed, 0, e.cost);
             }
         } else {
             summary.denied += 1;
@@ -409,4 +455,92 @@ fn humantime(d: Duration) -> String {
         }
     }
     format!("{ns}ns")
+}
+
+/// The report's column for one run (`--report`): its settings, its totals, and the units
+/// offered and admitted in every window-length span ending at each slice, beside the limit.
+pub fn report_section(
+    settings: &Settings,
+    trace_keys: usize,
+    summary: &Summary,
+) -> crate::report::Section {
+    use crate::report::{Chart, Section, Series};
+    let s = settings;
+    let window = weir_core::clock::duration_to_nanos(s.window).max(1);
+    let t = &summary.timeline;
+    // Spans of one window (k slices); a timeline of slices longer than the window sums one.
+    let k = usize::try_from((window / t.slice.max(1)).max(1)).unwrap_or(1);
+    let span = t.slice.saturating_mul(k as u64);
+    let rolling = |pick: fn(&(u64, u64)) -> u64| -> Vec<(f64, f64)> {
+        let mut sum = 0u64;
+        t.units
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                sum += pick(u);
+                if i >= k {
+                    sum -= pick(&t.units[i - k]);
+                }
+                let end = (i as u64 + 1) * t.slice;
+                (end as f64 / 1e9, sum as f64)
+            })
+            .collect()
+    };
+    let end = t.units.len() as f64 * t.slice as f64 / 1e9;
+    let keys = trace_keys.max(1) as f64;
+    let limit = s.limit as f64 * span as f64 / window as f64 * keys;
+    let limit_name = if trace_keys > 1 {
+        format!("limit × {trace_keys} keys")
+    } else {
+        "limit".to_string()
+    };
+    let most = summary
+        .max_in_window
+        .iter()
+        .map(|(_, m)| *m)
+        .max()
+        .unwrap_or(0);
+    let mut title = format!("{} {} per {}", s.algorithm, s.limit, humantime(s.window));
+    if let Some(b) = s.burst {
+        title.push_str(&format!(", burst {b}"));
+    }
+    if let Some(w) = s.max_wait {
+        title.push_str(&format!(", max wait {}", humantime(w)));
+    }
+    Section {
+        title,
+        facts: vec![
+            ("events".into(), summary.events.to_string()),
+            ("allowed".into(), summary.allowed.to_string()),
+            ("denied".into(), summary.denied.to_string()),
+            (
+                format!("most admitted in any {} span, one key", humantime(s.window)),
+                format!(
+                    "{most} ({:.2} × the limit)",
+                    most as f64 / s.limit.max(1) as f64
+                ),
+            ),
+        ],
+        charts: vec![Chart {
+            title: format!(
+                "Units per {} span, all keys (offered, admitted when they proceed)",
+                humantime(Duration::from_nanos(span))
+            ),
+            x: "seconds from the first event".into(),
+            y: format!("units per {}", humantime(Duration::from_nanos(span))),
+            series: vec![
+                Series::line("offered", rolling(|u| u.0)),
+                Series::line("admitted", rolling(|u| u.1)),
+                Series::reference(&limit_name, vec![(0.0, limit), (end, limit)]),
+            ],
+            bars: None,
+        }],
+    }
+}
+
+impl Trace {
+    /// How many keys the trace has.
+    pub fn keys(&self) -> usize {
+        self.keys.len()
+    }
 }

@@ -27,6 +27,7 @@ mod proxy_upstream;
 mod quota_cli;
 mod quota_failover;
 mod quota_tree;
+mod report_cli;
 mod rlqs_e2e;
 mod serve_cli;
 mod simulate_cli;

@@ -373,6 +373,21 @@ pub(crate) struct SimulateArgs {
     /// Trace file, or - for standard input (default: the bundled boundary-burst trace).
     #[arg(long, value_name = "FILE|-")]
     pub(crate) input: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
+}
+
+/// `--report` and `--compare`, shared by the simulators.
+#[derive(clap::Args)]
+pub(crate) struct ReportArgs {
+    /// Also write a self-contained HTML report with charts to FILE (inline SVG, no external
+    /// assets).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) report: Option<PathBuf>,
+    /// With --report: run a second configuration beside the first (another algorithm or
+    /// protection, with the same other settings) and show both side by side.
+    #[arg(long, value_name = "ALT", requires = "report")]
+    pub(crate) compare: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -422,6 +437,8 @@ pub(crate) struct QuotaSimArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
 }
 
 #[derive(clap::Args)]
@@ -447,4 +464,6 @@ pub(crate) struct OverloadArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
 }

@@ -61,17 +61,30 @@ pub(crate) fn run_overload(args: OverloadArgs) -> ExitCode {
         seed: args.seed,
         workers: args.workers,
     };
-    match overload::run(&settings) {
-        Ok(report) => {
-            if args.json {
-                println!("{}", overload::json(&report));
-            } else {
-                print!("{}", overload::text(&report));
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(e),
+    let report = match overload::run(&settings) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    if args.json {
+        println!("{}", overload::json(&report));
+    } else {
+        print!("{}", overload::text(&report));
     }
+    let Some(path) = &args.report.report else {
+        return ExitCode::SUCCESS;
+    };
+    let mut sections = vec![overload::report_section(&settings, &report)];
+    if let Some(other) = &args.report.compare {
+        let compared = overload::Settings {
+            protection: other.clone(),
+            ..settings.clone()
+        };
+        match overload::run(&compared) {
+            Ok(r) => sections.push(overload::report_section(&compared, &r)),
+            Err(e) => return fail(format_args!("--compare: {e}")),
+        }
+    }
+    write_report(path, "weir simulate overload", &sections)
 }
 
 /// `weir simulate quota`: the lease protocol on virtual time, with its measures.
@@ -152,6 +165,9 @@ pub(crate) fn run_quota_sim(args: QuotaSimArgs) -> ExitCode {
         Err(code) => return code,
     };
     if let Some(shape) = &args.tree {
+        if args.report.report.is_some() {
+            return fail("--report draws the simulation of one server: not with --tree");
+        }
         return run_tree_sim(&args, shape);
     }
     if args.cut_region.is_some() {
@@ -187,7 +203,26 @@ pub(crate) fn run_quota_sim(args: QuotaSimArgs) -> ExitCode {
         eprint!("{}", quota::sim_summary(&report));
         print!("{}", quota::sim_csv(&report));
     }
-    ExitCode::SUCCESS
+    let Some(path) = &args.report.report else {
+        return ExitCode::SUCCESS;
+    };
+    let mut sections = vec![quota::sim_report_section(&settings, &report)];
+    if let Some(other) = &args.report.compare {
+        let algorithm = match other.parse::<weir_quota::Division>() {
+            Ok(a) => a,
+            Err(e) => return fail(format_args!("--compare {other:?}: {e}")),
+        };
+        let compared = weir_quota::sim::Settings {
+            resource: weir_quota::ResourceConfig {
+                algorithm,
+                ..settings.resource
+            },
+            ..settings.clone()
+        };
+        let r = weir_quota::sim::run(&compared, &scenario);
+        sections.push(quota::sim_report_section(&compared, &r));
+    }
+    write_report(path, "weir simulate quota", &sections)
 }
 
 /// `weir simulate`: a trace through an algorithm on virtual time (or a scenario).
@@ -238,5 +273,42 @@ pub(crate) fn run_simulate(args: SimulateArgs) -> ExitCode {
     let _ = out.flush();
     drop(out);
     let _ = simulate::write_summary(&settings, &summary, &mut io::stderr().lock());
-    ExitCode::SUCCESS
+    let Some(path) = &args.report.report else {
+        return ExitCode::SUCCESS;
+    };
+    let mut sections = vec![simulate::report_section(&settings, trace.keys(), &summary)];
+    if let Some(other) = &args.report.compare {
+        // The same limit, window and trace; the options of the first algorithm are its own.
+        let compared = simulate::Settings {
+            algorithm: other.clone(),
+            burst: None,
+            buckets: None,
+            warmup: None,
+            max_wait: None,
+            ..settings.clone()
+        };
+        match simulate::simulate(&compared, &trace, &mut io::sink()) {
+            Ok(s) => sections.push(simulate::report_section(&compared, trace.keys(), &s)),
+            Err(e) => return fail(format_args!("--compare: {e}")),
+        }
+    }
+    write_report(path, "weir simulate", &sections)
+}
+
+/// Writes a report's page to `path`, saying where.
+fn write_report(
+    path: &std::path::Path,
+    title: &str,
+    sections: &[weir::report::Section],
+) -> ExitCode {
+    match std::fs::write(path, weir::report::html(title, sections)) {
+        Ok(()) => {
+            eprintln!("weir: report written to {}", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("weir: error: cannot write --report {}: {e}", path.display());
+            ExitCode::FAILURE
+        }
+    }
 }
