@@ -27,6 +27,11 @@ impl<C: Clock + Clone> Rules<C> {
     pub fn entry(&self, resource: &str, ctx: &Context<'_>) -> Result<Guard<C>, Block> {
         let compiled = self.current.load();
         let res = compiled.resources.get(resource).cloned();
+        // A resource without rules, and no system rule for this call: nothing to hold (decided
+        // here, apart from the rules' path, which stays inlined below).
+        if res.is_none() && (compiled.system.is_none() || !ctx.inbound) {
+            return Ok(Guard::unguarded());
+        }
         self.entry_in(&compiled, res, resource, ctx)
     }
 
@@ -60,15 +65,7 @@ impl<C: Clock + Clone> Rules<C> {
         ctx: &Context<'_>,
     ) -> Result<Guard<C>, Block> {
         let system = compiled.system.as_ref().filter(|_| ctx.inbound);
-        let mut guard = Guard {
-            resource: None,
-            inbound: None,
-            permit: None,
-            call: None,
-            extra: None,
-            start: 0,
-            wait: 0,
-        };
+        let mut guard = Guard::unguarded();
         if res.is_none() && system.is_none() {
             return Ok(guard);
         }

@@ -38,6 +38,22 @@ pub struct Guard<C: Clock = MonotonicClock> {
     pub(super) wait: Nanos,
 }
 
+impl<C: Clock> Guard<C> {
+    /// A guard holding nothing: a call no rule applies to.
+    #[inline]
+    pub(super) fn unguarded() -> Self {
+        Guard {
+            resource: None,
+            inbound: None,
+            permit: None,
+            call: None,
+            extra: None,
+            start: 0,
+            wait: 0,
+        }
+    }
+}
+
 /// What a [`Guard`] holds for a few calls only.
 pub(super) struct Extra<C: Clock> {
     pub(super) system: SystemPermits,

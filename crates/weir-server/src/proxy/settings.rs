@@ -70,8 +70,8 @@ impl Settings {
     /// the rule file checked every second, [`crate::net::accept::Limits::default`], 1 024
     /// upstream requests in flight (a quarter of them per client address), request bodies
     /// cut off after 10 s without data or under 1 KiB/s, 64 MiB of bodies held for JSON
-    /// estimates, no quota server, store or gutter, a 10 s drain, the exact clock, and one
-    /// worker thread per core.
+    /// estimates, no quota server, store or gutter (its breakers: Resilience4j's defaults), a
+    /// 10 s drain, the exact clock, and one worker thread per core.
     ///
     /// Who may call it: the program embedding the proxy; nothing here is read from a client.
     pub fn new(rules: impl Into<PathBuf>, listen: SocketAddr, upstream: impl Into<String>) -> Self {
@@ -99,7 +99,7 @@ impl Settings {
             clock: weir_core::ClockKind::default(),
             gutter: None,
             gutter_max_requests: 64,
-            upstream_breaker: weir_core::breaker::BreakerConfig::default(),
+            upstream_breaker: weir_core::breaker::BreakerConfig::resilience4j(),
             store: None,
             instances: 1,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
