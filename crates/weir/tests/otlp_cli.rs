@@ -1,7 +1,8 @@
 //! OTLP export from the binary: `weir serve` and `weir proxy` with `--otlp-endpoint` and the
 //! standard `OTEL_` variables push their metrics to a receiver of this test (what is sent is
-//! decoded and compared with `/metrics` by weir-server's `tests/otlp.rs`); bad settings are
-//! refused at start with one line and exit code 2.
+//! decoded and compared with `/metrics` by weir-server's `tests/otlp.rs`); a collector that is
+//! not there is logged once, not at every export; bad settings are refused at start with one
+//! line and exit code 2.
 
 use crate::common;
 
@@ -192,4 +193,45 @@ fn bad_otlp_settings_are_refused_at_start() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn a_collector_that_is_not_there_is_logged_once() {
+    // A port nothing listens on: bound, then closed.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = common::tempdir("otlp-log").join("stderr.log");
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["serve", "--http-addr", &format!("127.0.0.1:{http}")])
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--otlp-endpoint", &format!("http://127.0.0.1:{gone}")])
+        .env("OTEL_METRIC_EXPORT_INTERVAL", "50")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("weir serve starts");
+    // About 40 failed exports.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let failures = |text: &str| text.matches("OTLP export failed").count();
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    while Instant::now() < deadline && failures(&read()) == 0 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    // Still answering, with the failures counted.
+    let metrics = common::get_body(http, "/metrics").expect("/metrics answers");
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let text = read();
+    assert_eq!(failures(&text), 1, "logged once:\n{text}");
+    let failed: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("weir_otlp_exports_total{result=\"failed\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(failed >= 10, "failed exports counted: {failed}\n{metrics}");
 }
