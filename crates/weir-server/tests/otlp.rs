@@ -3,7 +3,7 @@
 //! (`opentelemetry-proto`): over HTTP/protobuf and over gRPC, every counter, gauge and
 //! histogram `/metrics` shows arrives with the same name, labels and values; a collector that
 //! refuses, one that never answers and one that is not there cost the decisions nothing and
-//! are counted.
+//! are counted; one whose answer never ends is read no further than 64 KiB.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+
 use http_body_util::{BodyExt, Full};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value;
@@ -35,6 +36,8 @@ enum Collector {
     Refuses,
     /// Reads the request and never answers.
     Hangs,
+    /// Answers 200 with a body that never ends.
+    Floods,
 }
 
 /// A receiver on 127.0.0.1:0 for both transports (HTTP/1.1 and h2c), sending each export it
@@ -69,6 +72,19 @@ async fn receiver(
                             if let (true, Ok(d)) = (taken, decoded) {
                                 let _ = tx.send(d);
                             }
+                            if mode == Collector::Floods {
+                                let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+                                let endless = futures_util::StreamExt::map(
+                                    futures_util::stream::repeat_with(move || chunk.clone()),
+                                    |c| {
+                                        Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(
+                                            c,
+                                        ))
+                                    },
+                                );
+                                let body = http_body_util::StreamBody::new(endless);
+                                return Ok(http::Response::builder().body(body.boxed()).unwrap());
+                            }
                             let response = match (grpc, taken) {
                                 (true, ok) => {
                                     // An empty response message, then the status in trailers.
@@ -86,13 +102,13 @@ async fn receiver(
                                     );
                                     http::Response::builder()
                                         .header("content-type", "application/grpc")
-                                        .body(http_body_util::Either::Left(body))
+                                        .body(body.boxed())
                                         .unwrap()
                                 }
                                 (false, ok) => http::Response::builder()
                                     .status(if ok { 200 } else { 503 })
                                     .header("content-type", "application/x-protobuf")
-                                    .body(http_body_util::Either::Right(Full::new(Bytes::new())))
+                                    .body(Full::new(Bytes::new()).boxed())
                                     .unwrap(),
                             };
                             Ok::<_, std::convert::Infallible>(response)
@@ -452,4 +468,39 @@ async fn failing_collectors_are_counted_and_decisions_go_on() {
     let hits = call(addr, "GET", "/metrics", "").await;
     assert!(hits.contains("weir_rls_hits_total{rule=\"example.remote_address\"}"));
     stop.send_replace(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_never_ends_is_cut_off_not_held() {
+    let (flooding, _) = receiver(Collector::Floods).await;
+    let registry = Arc::new(Metrics::new());
+    // A timeout far longer than the test: what ends each export is the bound on the answer.
+    let settings = Settings {
+        interval: Duration::from_millis(50),
+        timeout: Duration::from_secs(60),
+        ..Settings::new(
+            &format!("http://{flooding}"),
+            Protocol::HttpProtobuf,
+            "weir-serve",
+        )
+        .unwrap()
+    };
+    let exporter = otlp::spawn(registry.clone(), settings);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let failed = || {
+        registry
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix("weir_otlp_exports_total{result=\"failed\"} "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    while failed() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the endless answers were not cut off"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(exporter.exported(), 0);
 }

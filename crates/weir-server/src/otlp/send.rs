@@ -17,6 +17,9 @@ use super::Protocol;
 /// The gRPC method of an export.
 const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
 
+/// Most bytes of a collector's answer read (a partial-success message is a few hundred).
+const MAX_ANSWER: usize = 64 * 1024;
+
 /// Why an export was not taken.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -88,8 +91,8 @@ impl Sender {
                 .map_err(|e| SendError::Connection(connection_error(&e)))?;
             let status = answer.status();
             let grpc_header = answer.headers().get("grpc-status").cloned();
-            let collected = answer
-                .into_body()
+            // An export's answer is a small message: a longer one is cut off, never held.
+            let collected = http_body_util::Limited::new(answer.into_body(), MAX_ANSWER)
                 .collect()
                 .await
                 .map_err(|e| SendError::Connection(e.to_string()))?;
