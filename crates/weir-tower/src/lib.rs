@@ -20,6 +20,8 @@
 //! - [`concurrency`]: at most N in flight, permits released when the response body ends or is
 //!   dropped; 503 when full.
 //! - [`gutter`]: a small second upstream taking what a failing primary sheds.
+//! - [`trace`]: the W3C `traceparent` and the record a rules layer notes its decision in, for
+//!   a tracer to turn into a span that is a child of the caller's.
 //! - [`dashboard`]: the live dashboard (a page and its JSON API) over rules, stores and leases.
 //! - [`body`]: response bodies holding what a request was admitted with until they end, and
 //!   the bodies of refusals; [`problem`]: RFC 9457 problem details and rate-limit headers
@@ -65,5 +67,6 @@ pub mod prefix;
 pub mod problem;
 pub mod rules;
 pub mod shed;
+pub mod trace;
 
 pub use rules::RulesLayer;

@@ -14,6 +14,7 @@ use super::proto::{
     ScopeMetrics,
 };
 use super::send::Sender;
+use super::trace::Tracer;
 use super::Settings;
 use crate::admin::metrics::{counters, Collector, Encoder, Metrics};
 
@@ -52,9 +53,17 @@ impl Collector for StatsCollector {
 pub struct Exporter {
     task: tokio::task::JoinHandle<()>,
     stats: Arc<Stats>,
+    /// The tracer and its export task, when traces were asked for.
+    traces: Option<(Arc<Tracer>, tokio::task::JoinHandle<()>)>,
 }
 
 impl Exporter {
+    /// The tracer decisions are recorded with, when the settings sample traces
+    /// ([`Settings::sampling`]): give it to `Server`'s builder or `Proxy::trace`.
+    pub fn tracer(&self) -> Option<&Arc<Tracer>> {
+        self.traces.as_ref().map(|(t, _)| t)
+    }
+
     /// Exports taken by the collector so far.
     pub fn exported(&self) -> u64 {
         self.stats.ok.load(Ordering::Relaxed)
@@ -69,16 +78,25 @@ impl Exporter {
 impl Drop for Exporter {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some((_, t)) = &self.traces {
+            t.abort();
+        }
     }
 }
 
 /// Starts exporting every family of `registry` as `settings` say, on the current tokio
-/// runtime; the exporter's own counts (`weir_otlp_exports_total`) join the registry.
+/// runtime, and the spans of decisions when the settings sample traces; the exporter's own
+/// counts (`weir_otlp_exports_total`, `weir_otlp_spans_total`) join the registry.
 pub fn spawn(registry: Arc<Metrics>, settings: Settings) -> Exporter {
     let stats = Arc::new(Stats::default());
     registry.register(StatsCollector(stats.clone()));
+    let traces = super::trace::spawn(&registry, &settings);
     let task = tokio::spawn(run(registry, settings, stats.clone()));
-    Exporter { task, stats }
+    Exporter {
+        task,
+        stats,
+        traces,
+    }
 }
 
 /// A minute between log lines about a failing collector.
@@ -89,6 +107,7 @@ async fn run(registry: Arc<Metrics>, settings: Settings, stats: Arc<Stats>) {
         settings.protocol,
         settings.target.clone(),
         settings.timeout,
+        super::send::GRPC_METRICS,
     ));
     let resource = resource(&settings);
     let start = unix_nanos();
@@ -143,7 +162,7 @@ async fn run(registry: Arc<Metrics>, settings: Settings, stats: Arc<Stats>) {
     }
 }
 
-fn resource(s: &Settings) -> Resource {
+pub(super) fn resource(s: &Settings) -> Resource {
     let mut attributes = vec![KeyValue::string("service.name", s.service_name.as_str())];
     attributes.extend(
         s.resource
@@ -154,13 +173,13 @@ fn resource(s: &Settings) -> Resource {
     Resource { attributes }
 }
 
-fn unix_nanos() -> u64 {
+pub(super) fn unix_nanos() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-fn monotonic_nanos() -> u64 {
+pub(super) fn monotonic_nanos() -> u64 {
     static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let origin = *ORIGIN.get_or_init(std::time::Instant::now);
     u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)

@@ -3,7 +3,8 @@
 //! Prometheus scrape, not instead of it.
 //!
 //! - `proto`: the OTLP messages written; `encode`: the exposition as OTLP metrics;
-//!   `send`: the HTTP/protobuf and gRPC transports; `export`: the loop.
+//!   `send`: the HTTP/protobuf and gRPC transports; `export`: the loop; [`trace`]: spans of
+//!   decisions, sampled, queued and sent in batches.
 //! - The exporter never blocks a decision: it renders the registry as a scrape does (the
 //!   collectors read atomics), on its own task, with at most one export in flight — a tick
 //!   that finds the previous export unanswered is dropped and counted
@@ -20,8 +21,9 @@
 
 mod encode;
 mod export;
-mod proto;
+pub(crate) mod proto;
 mod send;
+pub mod trace;
 
 use std::time::Duration;
 
@@ -29,6 +31,7 @@ use http::Uri;
 
 pub use export::{spawn, Exporter};
 pub use send::SendError;
+pub use trace::Tracer;
 
 /// The OTLP transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +68,12 @@ pub enum OtlpError {
     /// Not a transport the exporter speaks.
     #[error("OTLP protocol {0:?}: expected grpc or http/protobuf (http/json is not supported)")]
     Protocol(String),
+    /// A sampling ratio outside 0..=1.
+    #[error("trace ratio {0}: expected a ratio from 0 to 1")]
+    Ratio(f64),
+    /// Traces asked for with only a metrics endpoint to send them to.
+    #[error("traces need a collector: --otlp-endpoint, OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")]
+    NoTracesEndpoint,
     /// A standard variable with a value that cannot be used.
     #[error("{name}={value:?}: {reason}")]
     Variable {
@@ -77,12 +86,30 @@ pub enum OtlpError {
     },
 }
 
+/// Which decisions become spans ([`trace`]): the standard parent-based ratio sampler,
+/// and every refusal if asked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// The share of traces sampled, 0 to 1, by trace id (a trace is sampled or not as a whole).
+    pub ratio: f64,
+    /// A caller's `traceparent` decides instead of the ratio: its sampled flag is followed.
+    pub parent_based: bool,
+    /// Every refusal becomes a span, whatever the ratio and the caller's flag.
+    pub refusals: bool,
+}
+
 /// Where and how often to export.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// The collector's metrics URL (HTTP/protobuf: with its path, by default `/v1/metrics`)
     /// or address (gRPC).
     pub target: Uri,
+    /// The collector's traces URL (HTTP/protobuf: by default `/v1/traces`) or address (gRPC);
+    /// `None` when only a metrics endpoint was given.
+    pub traces_target: Option<Uri>,
+    /// Which decisions are traced; `None`: no spans (the default: traces are asked for with
+    /// `OTEL_TRACES_SAMPLER` or [`Settings::trace`]).
+    pub sampling: Option<Sampling>,
     /// The transport.
     pub protocol: Protocol,
     /// Time between exports.
@@ -101,15 +128,17 @@ impl Settings {
     /// with a 10 s timeout, as the service `service_name`.
     pub fn new(endpoint: &str, protocol: Protocol, service_name: &str) -> Result<Self, OtlpError> {
         let base = parse_endpoint(endpoint)?;
-        let target = match protocol {
-            Protocol::Grpc => base,
+        let signal = |name: &str| match protocol {
+            Protocol::Grpc => Ok(base.clone()),
             Protocol::HttpProtobuf => {
                 let path = base.path().trim_end_matches('/');
-                with_path(&base, &format!("{path}/v1/metrics"), endpoint)?
+                with_path(&base, &format!("{path}/v1/{name}"), endpoint)
             }
         };
         Ok(Self {
-            target,
+            target: signal("metrics")?,
+            traces_target: Some(signal("traces")?),
+            sampling: None,
             protocol,
             interval: Duration::from_secs(60),
             timeout: Duration::from_secs(10),
@@ -143,6 +172,7 @@ impl Settings {
             // The signal's own endpoint is used as it is.
             (_, Some(m)) => Self {
                 target: parse_endpoint(m)?,
+                traces_target: None,
                 ..Self::new(m, protocol, service_name)?
             },
             (Some(e), None) => Self::new(e, protocol, service_name)?,
@@ -156,6 +186,21 @@ impl Settings {
         if let Some(name) = var("OTEL_SERVICE_NAME").or(named.map(|(_, v)| v.as_str())) {
             s.service_name = name.to_string();
         }
+        if let Some(t) = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+            s.traces_target = Some(parse_endpoint(t)?);
+        }
+        s.sampling = sampling(var("OTEL_TRACES_SAMPLER"), var("OTEL_TRACES_SAMPLER_ARG"))?;
+        match var("OTEL_TRACES_EXPORTER") {
+            None | Some("otlp") => {}
+            Some("none") => s.sampling = None,
+            Some(other) => {
+                return Err(OtlpError::Variable {
+                    name: "OTEL_TRACES_EXPORTER",
+                    value: other.to_string(),
+                    reason: "expected otlp or none".into(),
+                })
+            }
+        }
         for (name, field) in [
             ("OTEL_METRIC_EXPORT_INTERVAL", &mut s.interval),
             ("OTEL_EXPORTER_OTLP_TIMEOUT", &mut s.timeout),
@@ -166,6 +211,76 @@ impl Settings {
         }
         Ok(Some(s))
     }
+
+    /// Applies the tracing flags: `ratio` traces that share of decisions whose caller sent no
+    /// sampled `traceparent` (parent-based: a caller's flag is followed), `refusals` traces
+    /// every refusal as well. Without either, the sampler of the variables stays.
+    pub fn trace(&mut self, ratio: Option<f64>, refusals: bool) -> Result<(), OtlpError> {
+        if let Some(r) = ratio {
+            if !(0.0..=1.0).contains(&r) {
+                return Err(OtlpError::Ratio(r));
+            }
+            self.sampling = Some(Sampling {
+                ratio: r,
+                parent_based: true,
+                refusals,
+            });
+        } else if refusals {
+            let mut s = self.sampling.unwrap_or(Sampling {
+                ratio: 0.0,
+                parent_based: true,
+                refusals: true,
+            });
+            s.refusals = true;
+            self.sampling = Some(s);
+        }
+        if self.sampling.is_some() && self.traces_target.is_none() {
+            return Err(OtlpError::NoTracesEndpoint);
+        }
+        Ok(())
+    }
+}
+
+/// The sampler `OTEL_TRACES_SAMPLER` names, with `OTEL_TRACES_SAMPLER_ARG` (the ratio,
+/// default 1); `None` without a sampler.
+fn sampling(sampler: Option<&str>, arg: Option<&str>) -> Result<Option<Sampling>, OtlpError> {
+    let Some(name) = sampler else {
+        return Ok(None);
+    };
+    let ratio = match arg {
+        None => 1.0,
+        Some(a) => match a.parse::<f64>() {
+            Ok(r) if (0.0..=1.0).contains(&r) => r,
+            _ => {
+                return Err(OtlpError::Variable {
+                    name: "OTEL_TRACES_SAMPLER_ARG",
+                    value: a.to_string(),
+                    reason: "expected a ratio from 0 to 1".into(),
+                })
+            }
+        },
+    };
+    let (ratio, parent_based) = match name {
+        "always_on" => (1.0, false),
+        "always_off" => (0.0, false),
+        "traceidratio" => (ratio, false),
+        "parentbased_always_on" => (1.0, true),
+        "parentbased_always_off" => (0.0, true),
+        "parentbased_traceidratio" => (ratio, true),
+        other => {
+            return Err(OtlpError::Variable {
+                name: "OTEL_TRACES_SAMPLER",
+                value: other.to_string(),
+                reason: "expected always_on, always_off, traceidratio or their parentbased_ forms"
+                    .into(),
+            })
+        }
+    };
+    Ok(Some(Sampling {
+        ratio,
+        parent_based,
+        refusals: false,
+    }))
 }
 
 /// `http://host:port[/path]`.

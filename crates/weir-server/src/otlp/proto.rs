@@ -1,7 +1,8 @@
 //! The OTLP messages the exporter writes: the subset of OpenTelemetry's
-//! `opentelemetry/proto/{collector/metrics,metrics,common,resource}/v1` it needs (a request of
-//! resource metrics, each a gauge, a monotonic cumulative sum or an explicit-bucket
-//! histogram), with the field numbers of those files. Fields left out are empty on the wire,
+//! `opentelemetry/proto/{collector/metrics,collector/trace,metrics,trace,common,resource}/v1`
+//! it needs (a request of resource metrics, each a gauge, a monotonic cumulative sum or an
+//! explicit-bucket histogram; a request of resource spans), with the field numbers of those
+//! files. Fields left out are empty on the wire,
 //! as the protocol allows; weir-server's tests decode what is sent with the OpenTelemetry
 //! project's own generated types.
 
@@ -187,23 +188,49 @@ pub struct KeyValue {
     pub value: Option<AnyValue>,
 }
 
-/// `common.v1.AnyValue`, as a string.
+/// `common.v1.AnyValue`: a string, a boolean or an integer.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct AnyValue {
-    /// The string.
-    #[prost(oneof = "StringValue", tags = "1")]
+    /// The value.
+    #[prost(oneof = "StringValue", tags = "1, 2, 3")]
     pub value: Option<StringValue>,
 }
 
-/// `common.v1.AnyValue.value`: the string case.
+/// `common.v1.AnyValue.value`: the cases written.
 #[derive(Clone, PartialEq, prost::Oneof)]
 pub enum StringValue {
     /// A string.
     #[prost(string, tag = "1")]
     String(String),
+    /// A boolean.
+    #[prost(bool, tag = "2")]
+    Bool(bool),
+    /// An integer.
+    #[prost(int64, tag = "3")]
+    Int(i64),
 }
 
 impl KeyValue {
+    /// An integer attribute.
+    pub fn int(key: impl Into<String>, value: u64) -> Self {
+        Self {
+            key: key.into(),
+            value: Some(AnyValue {
+                value: Some(StringValue::Int(i64::try_from(value).unwrap_or(i64::MAX))),
+            }),
+        }
+    }
+
+    /// A boolean attribute.
+    pub fn bool(key: impl Into<String>, value: bool) -> Self {
+        Self {
+            key: key.into(),
+            value: Some(AnyValue {
+                value: Some(StringValue::Bool(value)),
+            }),
+        }
+    }
+
     /// A string attribute.
     pub fn string(key: impl Into<String>, value: impl Into<String>) -> Self {
         Self {
@@ -213,4 +240,84 @@ impl KeyValue {
             }),
         }
     }
+}
+
+/// `collector.trace.v1.ExportTraceServiceRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ExportTraceServiceRequest {
+    /// The spans, by resource.
+    #[prost(message, repeated, tag = "1")]
+    pub resource_spans: Vec<ResourceSpans>,
+}
+
+/// `trace.v1.ResourceSpans`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ResourceSpans {
+    /// The process that exports.
+    #[prost(message, optional, tag = "1")]
+    pub resource: Option<Resource>,
+    /// The spans, by instrumentation scope.
+    #[prost(message, repeated, tag = "2")]
+    pub scope_spans: Vec<ScopeSpans>,
+}
+
+/// `trace.v1.ScopeSpans`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ScopeSpans {
+    /// Who produced them (`weir`, with its version).
+    #[prost(message, optional, tag = "1")]
+    pub scope: Option<InstrumentationScope>,
+    /// The spans.
+    #[prost(message, repeated, tag = "2")]
+    pub spans: Vec<Span>,
+}
+
+/// `trace.v1.Span.SpanKind.SPAN_KIND_INTERNAL`.
+pub const KIND_INTERNAL: i32 = 1;
+/// `trace.v1.Span.SpanKind.SPAN_KIND_SERVER`.
+pub const KIND_SERVER: i32 = 2;
+/// `trace.v1.Status.StatusCode.STATUS_CODE_ERROR`.
+pub const STATUS_ERROR: i32 = 2;
+
+/// `trace.v1.Span`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Span {
+    /// The trace (16 bytes).
+    #[prost(bytes = "vec", tag = "1")]
+    pub trace_id: Vec<u8>,
+    /// This span (8 bytes).
+    #[prost(bytes = "vec", tag = "2")]
+    pub span_id: Vec<u8>,
+    /// The parent span (8 bytes; empty for a root).
+    #[prost(bytes = "vec", tag = "4")]
+    pub parent_span_id: Vec<u8>,
+    /// What the span is.
+    #[prost(string, tag = "5")]
+    pub name: String,
+    /// [`KIND_SERVER`] or [`KIND_INTERNAL`].
+    #[prost(int32, tag = "6")]
+    pub kind: i32,
+    /// Its start, Unix nanoseconds.
+    #[prost(fixed64, tag = "7")]
+    pub start_time_unix_nano: u64,
+    /// Its end, Unix nanoseconds.
+    #[prost(fixed64, tag = "8")]
+    pub end_time_unix_nano: u64,
+    /// What was decided.
+    #[prost(message, repeated, tag = "9")]
+    pub attributes: Vec<KeyValue>,
+    /// Set for a request that could not be decided.
+    #[prost(message, optional, tag = "15")]
+    pub status: Option<Status>,
+}
+
+/// `trace.v1.Status`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Status {
+    /// Why.
+    #[prost(string, tag = "2")]
+    pub message: String,
+    /// [`STATUS_ERROR`].
+    #[prost(int32, tag = "3")]
+    pub code: i32,
 }

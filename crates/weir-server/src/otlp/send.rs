@@ -1,6 +1,7 @@
-//! The two OTLP transports: HTTP/protobuf (`POST …/v1/metrics`, `application/x-protobuf`)
-//! and gRPC (`opentelemetry.proto.collector.metrics.v1.MetricsService/Export`, one unary call
-//! framed as `grpc::frame` frames it, over h2c). Both to plain `http://` collectors.
+//! The two OTLP transports: HTTP/protobuf (`POST …/v1/metrics` or `…/v1/traces`,
+//! `application/x-protobuf`) and gRPC (`opentelemetry.proto.collector.metrics.v1.MetricsService/Export`
+//! or `….trace.v1.TraceService/Export`, one unary call framed as `grpc::frame` frames it, over
+//! h2c). Both to plain `http://` collectors.
 
 use std::time::Duration;
 
@@ -11,11 +12,14 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use prost::Message;
 
-use super::proto::ExportMetricsServiceRequest;
 use super::Protocol;
 
-/// The gRPC method of an export.
-const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
+/// The gRPC method of a metrics export.
+pub(crate) const GRPC_METRICS: &str =
+    "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
+
+/// The gRPC method of a trace export.
+pub(crate) const GRPC_TRACES: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
 /// Most bytes of a collector's answer read (a partial-success message is a few hundred).
 const MAX_ANSWER: usize = 64 * 1024;
@@ -39,13 +43,20 @@ pub(crate) struct Sender {
     protocol: Protocol,
     target: Uri,
     timeout: Duration,
+    /// The gRPC method ([`GRPC_METRICS`] or [`GRPC_TRACES`]).
+    method: &'static str,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
 impl Sender {
-    /// A client sending to `target` (the full URL of the metrics endpoint, or the collector's
-    /// address for gRPC).
-    pub(crate) fn new(protocol: Protocol, target: Uri, timeout: Duration) -> Self {
+    /// A client sending to `target` (the full URL of the signal's endpoint, or the collector's
+    /// address for gRPC, where `method` is called).
+    pub(crate) fn new(
+        protocol: Protocol,
+        target: Uri,
+        timeout: Duration,
+        method: &'static str,
+    ) -> Self {
         let mut builder = Client::builder(TokioExecutor::new());
         builder.pool_idle_timeout(Duration::from_secs(30));
         if protocol == Protocol::Grpc {
@@ -55,15 +66,13 @@ impl Sender {
             protocol,
             target,
             timeout,
+            method,
             client: builder.build_http(),
         }
     }
 
     /// Sends one export and waits for the collector's answer.
-    pub(crate) async fn send(
-        &self,
-        request: &ExportMetricsServiceRequest,
-    ) -> Result<(), SendError> {
+    pub(crate) async fn send(&self, request: &impl Message) -> Result<(), SendError> {
         let body = request.encode_to_vec();
         let req = match self.protocol {
             Protocol::HttpProtobuf => Request::post(self.target.clone())
@@ -76,7 +85,7 @@ impl Sender {
                     &u32::try_from(body.len()).unwrap_or(u32::MAX).to_be_bytes(),
                 );
                 framed.extend_from_slice(&body);
-                Request::post(grpc_uri(&self.target))
+                Request::post(grpc_uri(&self.target, self.method))
                     .header(header::CONTENT_TYPE, "application/grpc")
                     .header(header::TE, "trailers")
                     .body(Full::new(Bytes::from(framed)))
@@ -114,10 +123,10 @@ impl Sender {
     }
 }
 
-/// The export method's URL at the collector `base` (`http://host:4317`).
-fn grpc_uri(base: &Uri) -> Uri {
+/// The URL of `method` at the collector `base` (`http://host:4317`).
+fn grpc_uri(base: &Uri, method: &str) -> Uri {
     let authority = base.authority().map_or("", |a| a.as_str());
-    format!("http://{authority}{GRPC_EXPORT}")
+    format!("http://{authority}{method}")
         .parse()
         .unwrap_or_else(|_| base.clone())
 }

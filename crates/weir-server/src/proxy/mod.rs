@@ -57,6 +57,8 @@ pub struct Proxy {
     switch_file: PathBuf,
     registry: Arc<crate::admin::metrics::Metrics>,
     settings: Settings,
+    /// Records a span of sampled decisions (see [`Proxy::trace`]).
+    tracer: Option<Arc<crate::otlp::Tracer>>,
     _watcher: Watcher,
 }
 
@@ -97,8 +99,17 @@ impl Proxy {
             switch_file,
             registry,
             settings: s,
+            tracer: None,
             _watcher: watcher,
         })
+    }
+
+    /// Records a span of each decision `tracer` samples: a child of the span the request's
+    /// `traceparent` names, lasting until the response ends (when a `cost:` rule settles);
+    /// an admitted request traced goes on with the decision's span as its `traceparent`'s
+    /// parent. For the workers [`Proxy::serve`] starts from then on.
+    pub fn trace(&mut self, tracer: Arc<crate::otlp::Tracer>) {
+        self.tracer = Some(tracer);
     }
 
     /// Serves clients on `listener` and, when given, the dashboard, `/metrics` and the switch
@@ -145,6 +156,7 @@ impl Proxy {
                 layer: first.layer.clone(),
                 read_json: first.read_json.clone(),
                 budget: first.budget.clone(),
+                tracer: first.tracer.clone(),
             };
             let (slots, shutdown) = (slots.clone(), shutdown.clone());
             let spawned = std::thread::Builder::new()
@@ -206,6 +218,7 @@ impl Proxy {
             layer,
             read_json,
             budget,
+            tracer: self.tracer.clone(),
         }
     }
 
@@ -393,6 +406,7 @@ struct Worker {
     read_json: weir_tower::cost::ReadJsonLayer,
     /// The process's budget of read request bytes (shared by every worker).
     budget: Arc<crate::net::budget::Budget>,
+    tracer: Option<Arc<crate::otlp::Tracer>>,
 }
 
 impl Worker {
@@ -429,6 +443,7 @@ impl Worker {
                 layer,
                 read_json,
                 budget,
+                tracer,
             } = self;
             // Idle upstream connections close on their age or the upstream's close even when no
             // request comes to take them.
@@ -450,6 +465,7 @@ impl Worker {
                         &layer,
                         &read_json,
                         &conn_budget,
+                        tracer.clone(),
                         peer,
                     );
                     crate::net::accept::serve_http(stream, svc, timeouts, sd, conn)

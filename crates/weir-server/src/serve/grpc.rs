@@ -17,6 +17,7 @@ use weir_quota::proto::{REFRESH_PATH, RELEASE_PATH};
 use crate::grpc::batch;
 use crate::grpc::frame::{ok, status, unframe, Code, GrpcBody, MAX_MESSAGE};
 use crate::net::budget::{BodyError, Budget, ConnectionBudget};
+use crate::otlp::Tracer;
 use crate::quota::api::QuotaApi;
 use crate::rls::grpc::{decode, to_proto, PATH};
 use crate::rls::Service;
@@ -28,6 +29,7 @@ struct GrpcService {
     service: Arc<Service>,
     quota: Option<Arc<QuotaApi>>,
     budget: Arc<ConnectionBudget>,
+    tracer: Option<Arc<Tracer>>,
 }
 
 /// A unary answer framed here, or the answer of tonic's RLQS stream.
@@ -39,10 +41,11 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
     type Future = Pin<Box<dyn Future<Output = Result<Response<AnyBody>, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let (service, quota, budget) = (
+        let (service, quota, budget, tracer) = (
             self.service.clone(),
             self.quota.clone(),
             self.budget.clone(),
+            self.tracer.clone(),
         );
         if let Some(mut reflection) = crate::grpc::reflection::server_for(req.uri().path()) {
             return Box::pin(async move {
@@ -68,9 +71,11 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
             }
         }
         Box::pin(async move {
-            Ok(handle(&service, quota.as_ref(), &budget, req)
-                .await
-                .map(http_body_util::Either::Left))
+            Ok(
+                handle(&service, quota.as_ref(), &budget, tracer.as_deref(), req)
+                    .await
+                    .map(http_body_util::Either::Left),
+            )
         })
     }
 }
@@ -79,6 +84,7 @@ async fn handle<B>(
     service: &Service,
     lease_api: Option<&Arc<QuotaApi>>,
     budget: &Arc<ConnectionBudget>,
+    tracer: Option<&Tracer>,
     req: Request<B>,
 ) -> Response<GrpcBody>
 where
@@ -107,6 +113,11 @@ where
         *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
         return r;
     }
+    // Envoy's trace context, for the span of a rate-limit call.
+    let begun = match quota {
+        None if !health => super::trace::begin(tracer, req.headers()),
+        _ => None,
+    };
     // The lease API's caller token (checked against the quota file's clients section).
     let bearer = quota.and(
         weir_tower::dashboard::bearer_token(req.headers())
@@ -160,7 +171,11 @@ where
         Ok(r) => r,
         Err((code, m)) => return status(code, &m),
     };
-    match service.decide(&request).await {
+    let answer = service.decide(&request).await;
+    if let (Some(t), Some(b)) = (tracer, begun) {
+        super::trace::end(t, b, &request, &answer);
+    }
+    match answer {
         Ok(r) => ok(&to_proto(&r, service.header_style())),
         Err(e) => status(Code::InvalidArgument, &e.0),
     }
@@ -176,6 +191,7 @@ where
 pub(crate) async fn serve_grpc(
     service: Arc<Service>,
     quota: Option<Arc<QuotaApi>>,
+    tracer: Option<Arc<Tracer>>,
     listener: tokio::net::TcpListener,
     limits: crate::net::accept::Limits,
     bodies: Arc<Budget>,
@@ -191,6 +207,7 @@ pub(crate) async fn serve_grpc(
                 service: service.clone(),
                 quota: quota.clone(),
                 budget: bodies.connection(),
+                tracer: tracer.clone(),
             };
             async move {
                 let r = batch::serve(grpc_builder, stream, svc, sd, conn, limits.timeouts).await;
@@ -263,7 +280,7 @@ mod tests {
             .build()
             .unwrap();
         let budget = crate::net::budget::Budget::new(Default::default()).connection();
-        rt.block_on(handle(&service(), None, &budget, req))
+        rt.block_on(handle(&service(), None, &budget, None, req))
     }
 
     fn grpc_status(r: &Response<GrpcBody>) -> (String, String) {

@@ -12,6 +12,7 @@
 mod dashboard;
 mod grpc;
 mod http;
+mod trace;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -36,6 +37,8 @@ pub struct Server {
     quota: Option<Arc<QuotaApi>>,
     limits: Limits,
     bodies: Arc<Budget>,
+    /// Records a span of sampled decisions (see [`Server::trace`]).
+    tracer: Option<Arc<crate::otlp::Tracer>>,
 }
 
 /// Builds a [`Server`]: the bundled example configuration, in memory, with the command's
@@ -72,6 +75,12 @@ impl Server {
         }
     }
 
+    /// Records a span of each `ShouldRateLimit` call `tracer` samples, a child of the span
+    /// the call's `traceparent` names (see [`crate::otlp::trace`]); for calls served from then on.
+    pub fn trace(&mut self, tracer: Arc<crate::otlp::Tracer>) {
+        self.tracer = Some(tracer);
+    }
+
     /// The rate-limit service (decisions, reloads, the engine's counters).
     pub fn service(&self) -> &Arc<Service> {
         &self.service
@@ -95,6 +104,7 @@ impl Server {
         let serve = grpc::serve_grpc(
             self.service.clone(),
             self.quota.clone(),
+            self.tracer.clone(),
             listener,
             self.limits,
             self.bodies.clone(),
@@ -217,6 +227,7 @@ impl Builder {
             quota: self.quota,
             limits: self.limits,
             bodies,
+            tracer: None,
         })
     }
 }

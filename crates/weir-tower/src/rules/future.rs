@@ -89,10 +89,10 @@ where
             match self.as_mut().project() {
                 RulesProj::Pass { inner, guard, head } => {
                     let out = std::task::ready!(inner.poll(cx));
-                    let guard = guard.0.take();
+                    let (guard, record) = (guard.guard.take(), guard.record.take());
                     return Poll::Ready(match out {
                         Ok(mut r) => {
-                            let held = guard.map(|g| Admitted::new(g, &mut r));
+                            let held = guard.map(|g| Admitted::new(g, &mut r, record));
                             Ok(GuardBody::wrap(r, held, *head))
                         }
                         Err(e) => {
@@ -170,9 +170,13 @@ where
     C: Clock + Clone,
 {
     let head = req.method() == Method::HEAD;
+    let guard = match guard {
+        Some(g) => Pending::new(g, req.extensions()),
+        None => Pending::none(),
+    };
     RulesFuture::Pass {
         inner: svc.call(req),
-        guard: Pending(guard),
+        guard,
         head,
     }
 }
@@ -200,19 +204,40 @@ where
                 guard,
             })),
         },
-        Err((block, guard)) => match on_block(policy, fallback, req, block) {
-            Ok((req, passed)) => {
-                if passed {
-                    guard.count_fallback();
-                }
-                drop(guard);
-                pass(&mut svc, req, None)
+        Err((block, guard)) => {
+            if let Some(r) = req.extensions().get::<crate::trace::DecisionRecord>() {
+                crate::rules::service::note_refusal(r, &block, policy.pass_blocked);
             }
-            Err(answer) => RulesFuture::Blocked {
-                block: Some(Box::new(answer.block)),
-                grpc: answer.grpc,
-                fallback: answer.fallback,
-            },
+            refused_shared(block, guard, svc, req, fallback, policy)
+        }
+    }
+}
+
+/// A refusal of the shared rules: the route's fallback as for any block, or passed on.
+fn refused_shared<S, ReqB, C>(
+    block: Block,
+    guard: Guard<C>,
+    mut svc: S,
+    req: Request<ReqB>,
+    fallback: Option<Arc<Fallback>>,
+    policy: &Policy<C>,
+) -> RulesFuture<S, Request<ReqB>, C>
+where
+    S: Service<Request<ReqB>>,
+    C: Clock + Clone,
+{
+    match on_block(policy, fallback, req, block) {
+        Ok((req, passed)) => {
+            if passed {
+                guard.count_fallback();
+            }
+            drop(guard);
+            pass(&mut svc, req, None)
+        }
+        Err(answer) => RulesFuture::Blocked {
+            block: Some(Box::new(answer.block)),
+            grpc: answer.grpc,
+            fallback: answer.fallback,
         },
     }
 }

@@ -7,6 +7,7 @@ use weir_core::{Clock, MonotonicClock};
 use weir_rules::engine::{Block, Guard, RuleKind};
 
 use crate::problem;
+use crate::trace::DecisionRecord;
 
 /// The answer to a blocked request: 429 for rate rules, 403 for authority, 503 for breakers
 /// and system rules; `Retry-After` in whole seconds rounded up when the wait is known; rate
@@ -105,12 +106,18 @@ pub struct Admitted<C: Clock + Clone = MonotonicClock> {
     pub(super) reader: Option<Box<crate::cost::ActualReader>>,
     /// A 4xx: the upstream refused the call.
     pub(super) refused: bool,
+    /// Where the settled cost is noted, when a tracer asked (see [`crate::trace`]).
+    pub(super) record: Option<DecisionRecord>,
 }
 
 impl<C: Clock + Clone> Admitted<C> {
     /// Holds `guard` for the response `r`: settles a cost stated in its head, prepares the
     /// reader of one stated in its body, and tells the caller its budget (`RateLimit`).
-    pub(super) fn new<B>(guard: Guard<C>, r: &mut Response<B>) -> Self {
+    pub(super) fn new<B>(
+        guard: Guard<C>,
+        r: &mut Response<B>,
+        record: Option<DecisionRecord>,
+    ) -> Self {
         if let Some(rule) = guard.over_budget() {
             mark_over_budget(rule, r);
         }
@@ -119,13 +126,18 @@ impl<C: Clock + Clone> Admitted<C> {
                 guard: Some(guard),
                 reader: None,
                 refused: false,
+                record,
             };
         }
-        Self::costed(guard, r)
+        Self::costed(guard, r, record)
     }
 
     #[cold]
-    pub(super) fn costed<B>(mut guard: Guard<C>, r: &mut Response<B>) -> Self {
+    pub(super) fn costed<B>(
+        mut guard: Guard<C>,
+        r: &mut Response<B>,
+        record: Option<DecisionRecord>,
+    ) -> Self {
         // What was left once the estimate was held (before a settlement below).
         if let Some(b) = guard.budget() {
             let h = r.headers_mut();
@@ -139,7 +151,10 @@ impl<C: Clock + Clone> Admitted<C> {
         let mut reader = None;
         if let Some(from) = guard.cost_sources().and_then(|s| s.actual.clone()) {
             match crate::cost::response_header_cost(r.headers(), &from) {
-                Some(n) => guard.settle_cost(n),
+                Some(n) => {
+                    guard.settle_cost(n);
+                    settled(record.as_ref(), n);
+                }
                 None => reader = crate::cost::ActualReader::new(&from).map(Box::new),
             }
         }
@@ -147,6 +162,7 @@ impl<C: Clock + Clone> Admitted<C> {
             guard: Some(guard),
             reader,
             refused: r.status().is_client_error(),
+            record,
         }
     }
 }
@@ -170,8 +186,14 @@ impl<C: Clock + Clone> crate::body::Held for Admitted<C> {
         };
         if guard.holds_cost() {
             match self.reader.take().and_then(|r| r.finish()) {
-                Some(actual) => guard.settle_cost(actual),
-                None if failed || self.refused => guard.settle_cost(0),
+                Some(actual) => {
+                    guard.settle_cost(actual);
+                    settled(self.record.as_ref(), actual);
+                }
+                None if failed || self.refused => {
+                    guard.settle_cost(0);
+                    settled(self.record.as_ref(), 0);
+                }
                 None => {}
             }
         }
@@ -191,7 +213,8 @@ impl<C: Clock + Clone> Drop for Admitted<C> {
     /// the rules' `max`.
     fn drop(&mut self) {
         if let Some(guard) = self.guard.as_mut() {
-            abandoned(guard, self.reader.as_deref().and_then(|r| r.known()));
+            let known = self.reader.as_deref().and_then(|r| r.known());
+            abandoned(guard, known, self.record.as_ref());
         }
     }
 }
@@ -199,7 +222,11 @@ impl<C: Clock + Clone> Drop for Admitted<C> {
 /// Settles a call whose response will not end (the client went away): with `known`, the
 /// cost read so far, else with what bounds it (each rule's `max`) when the response was to
 /// state its cost. A call whose rules read no actual cost keeps its estimates.
-pub(crate) fn abandoned<C: Clock + Clone>(guard: &mut Guard<C>, known: Option<u64>) {
+pub(crate) fn abandoned<C: Clock + Clone>(
+    guard: &mut Guard<C>,
+    known: Option<u64>,
+    record: Option<&DecisionRecord>,
+) {
     if !guard.holds_cost() {
         return;
     }
@@ -208,6 +235,19 @@ pub(crate) fn abandoned<C: Clock + Clone>(guard: &mut Guard<C>, known: Option<u6
         Some(actual) => guard.settle_cost(actual),
         None if states_cost => guard.settle_abandoned(),
         None => {}
+    }
+    if let Some(r) = record {
+        r.note(|d| {
+            d.abandoned = true;
+            d.settled = known;
+        });
+    }
+}
+
+/// Notes the cost a call settled at.
+fn settled(record: Option<&DecisionRecord>, cost: u64) {
+    if let Some(r) = record {
+        r.note(|d| d.settled = Some(cost));
     }
 }
 
@@ -220,12 +260,34 @@ pub(super) fn is_grpc<B>(req: &http::Request<B>) -> bool {
 
 /// The guard of a call whose service is answering: dropped before the answer (the client
 /// went away while the upstream worked), the call is abandoned: charged the rules' `max`.
-pub struct Pending<C: Clock + Clone>(pub(super) Option<Guard<C>>);
+pub struct Pending<C: Clock + Clone> {
+    pub(super) guard: Option<Guard<C>>,
+    /// Where the decision is noted, when a tracer asked (see [`crate::trace`]).
+    pub(super) record: Option<DecisionRecord>,
+}
+
+impl<C: Clock + Clone> Pending<C> {
+    /// Nothing held: a request no rule applied to, or a refusal passed on.
+    pub(super) fn none() -> Self {
+        Self {
+            guard: None,
+            record: None,
+        }
+    }
+
+    /// Holds `guard` for the request with extensions `ext` (its decision record, if any).
+    pub(super) fn new(guard: Guard<C>, ext: &http::Extensions) -> Self {
+        Self {
+            guard: Some(guard),
+            record: ext.get::<DecisionRecord>().cloned(),
+        }
+    }
+}
 
 impl<C: Clock + Clone> Drop for Pending<C> {
     fn drop(&mut self) {
-        if let Some(guard) = self.0.as_mut() {
-            abandoned(guard, None);
+        if let Some(guard) = self.guard.as_mut() {
+            abandoned(guard, None, self.record.as_ref());
         }
     }
 }

@@ -16,6 +16,7 @@ use super::future::{decide_shared, Deciding, Paced, RulesFuture};
 use super::policy::{on_block, Classifier, Policy};
 use super::response::{GuardBody, Pending};
 use super::routes::{target_of, Head, Table, Target};
+use crate::trace::DecisionRecord;
 
 /// A service behind a rule set.
 pub struct RulesService<S, C: Clock + Clone = MonotonicClock> {
@@ -58,7 +59,14 @@ where
                 }
             }
         };
-        let (entry, fallback, read_json) = self.decide(&req, plain);
+        let record = req.extensions().get::<DecisionRecord>();
+        let (entry, fallback, read_json) = self.decide(&req, plain, record);
+        if entry.is_some() {
+            if let Some(r) = record.cloned() {
+                // Decided: the service behind is a child of the decision's span.
+                r.pass_on(req.headers_mut());
+            }
+        }
         // The body's JSON was read for the estimate: not held any longer than the decision.
         if read_json {
             req.extensions_mut().remove::<crate::cost::RequestJson>();
@@ -98,6 +106,7 @@ where
         &mut self,
         req: &Request<B>,
         plain: bool,
+        record: Option<&DecisionRecord>,
     ) -> (Entry<C>, Option<Arc<Fallback>>, bool) {
         let head = Head::of(req);
         let path = if plain {
@@ -110,11 +119,18 @@ where
         // With `with_fallback`, a block no route fallback answers goes on to the inner service
         // (counted as answered by a fallback).
         let pass_blocked = self.policy.pass_blocked;
-        let passed_on = |t: &Target<'_>, r: Result<Guard<C>, Block>, route: Option<&Fallback>| {
-            if let Err(b) = &r {
-                if pass_blocked && !route.is_some_and(|f| f.kinds.contains(&b.kind)) {
-                    rules.fallback_served(t.resource);
-                }
+        let passed_on = |t: &Target<'_>,
+                         r: Result<Guard<C>, Block>,
+                         route: Option<&Fallback>,
+                         cost: Option<u64>| {
+            let mut fallback =
+                route.is_some_and(|f| r.as_ref().is_err_and(|b| f.kinds.contains(&b.kind)));
+            if r.is_err() && pass_blocked && !fallback {
+                rules.fallback_served(t.resource);
+                fallback = true;
+            }
+            if let Some(record) = record {
+                note(record, t, cost, r.as_ref().err(), fallback);
             }
             r
         };
@@ -138,6 +154,7 @@ where
                         &t,
                         admit(rules, Some(&route.resolved), &t, cost),
                         fallback.as_deref(),
+                        cost,
                     )
                 })
             }
@@ -147,7 +164,7 @@ where
                 } else {
                     None
                 };
-                passed_on(&t, admit(rules, None, &t, cost), None)
+                passed_on(&t, admit(rules, None, &t, cost), None, cost)
             }),
         };
         (entry, fallback, read_json.get())
@@ -169,7 +186,7 @@ where
         match entry {
             None => RulesFuture::Pass {
                 inner: self.inner.call(req),
-                guard: Pending(None),
+                guard: Pending::none(),
                 head,
             },
             Some(Ok(guard)) if guard.has_shared() => {
@@ -187,11 +204,14 @@ where
                     })),
                 }
             }
-            Some(Ok(guard)) if guard.wait().is_zero() => RulesFuture::Pass {
-                inner: self.inner.call(req),
-                guard: Pending(Some(guard)),
-                head,
-            },
+            Some(Ok(guard)) if guard.wait().is_zero() => {
+                let guard = Pending::new(guard, req.extensions());
+                RulesFuture::Pass {
+                    inner: self.inner.call(req),
+                    guard,
+                    head,
+                }
+            }
             Some(Ok(guard)) => {
                 // Paced: wait, then call the service that was made ready (boxed: rare, and
                 // it keeps the common future small).
@@ -210,7 +230,7 @@ where
             Some(Err(block)) => match on_block(&self.policy, fallback, req, block) {
                 Ok((req, _)) => RulesFuture::Pass {
                     inner: self.inner.call(req),
-                    guard: Pending(None),
+                    guard: Pending::none(),
                     head,
                 },
                 Err(answer) => RulesFuture::Blocked {
@@ -221,6 +241,35 @@ where
             },
         }
     }
+}
+
+/// Notes a decision in the tracer's record: the resource, the caller's key, the estimate and,
+/// for a refusal, the rule.
+#[cold]
+fn note(
+    record: &DecisionRecord,
+    t: &Target<'_>,
+    cost: Option<u64>,
+    block: Option<&Block>,
+    fallback: bool,
+) {
+    record.note(|d| {
+        d.resource = Some(t.resource.to_string());
+        d.origin = t.origin.to_string();
+        d.params = t.params.iter().map(|p| p.to_string()).collect();
+        d.estimate = cost;
+    });
+    if let Some(b) = block {
+        note_refusal(record, b, fallback);
+    }
+}
+
+/// Notes a refusal by `block` (`fallback`: passed on to a fallback).
+pub(super) fn note_refusal(record: &DecisionRecord, block: &Block, fallback: bool) {
+    record.note(|d| {
+        d.refused_by = Some((block.rule.to_string(), block.kind));
+        d.fallback = fallback;
+    });
 }
 
 /// Replaces the path of `uri`, keeping its query (and scheme and authority, if any).

@@ -285,6 +285,14 @@ pub(crate) struct OtlpArgs {
     /// grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf).
     #[arg(long, value_name = "P")]
     pub(crate) otlp_protocol: Option<weir_server::otlp::Protocol>,
+    /// Send a span per decision for this share (0 to 1) of the requests that bring no sampled
+    /// traceparent; a caller's sampled traceparent is always followed (default:
+    /// OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG; no spans when neither is set).
+    #[arg(long, value_name = "RATIO")]
+    pub(crate) trace_ratio: Option<f64>,
+    /// Send a span for every refusal, whatever the ratio.
+    #[arg(long)]
+    pub(crate) trace_refusals: bool,
 }
 
 impl OtlpArgs {
@@ -293,12 +301,22 @@ impl OtlpArgs {
         &self,
         service: &str,
     ) -> Result<Option<weir_server::otlp::Settings>, weir_server::otlp::OtlpError> {
-        weir_server::otlp::Settings::from_env(
+        let settings = weir_server::otlp::Settings::from_env(
             std::env::vars(),
             self.otlp_endpoint.as_deref(),
             self.otlp_protocol,
             service,
-        )
+        )?;
+        match settings {
+            Some(mut s) => {
+                s.trace(self.trace_ratio, self.trace_refusals)?;
+                Ok(Some(s))
+            }
+            None if self.trace_ratio.is_some() || self.trace_refusals => {
+                Err(weir_server::otlp::OtlpError::NoTracesEndpoint)
+            }
+            None => Ok(None),
+        }
     }
 }
 

@@ -109,9 +109,12 @@ async fn serve(
 ) -> Result<(), proxy::StartError> {
     let (listen, admin_addr, token, drain) =
         (s.listen, s.admin, s.admin_token.is_some(), s.drain_timeout);
-    let proxy = proxy::Proxy::build(s)?;
+    let mut proxy = proxy::Proxy::build(s)?;
     proxy.connect_store().await?;
-    let _exporter = otlp.map(|o| super::serve::export(proxy.metrics().clone(), o));
+    let exporter = otlp.map(|o| super::serve::export(proxy.metrics().clone(), o));
+    if let Some(t) = exporter.as_ref().and_then(|e| e.tracer()) {
+        proxy.trace(t.clone());
+    }
     let listener = proxy::bind_shared(listen)
         .map_err(|e| proxy::StartError::Setting(format!("cannot listen on {listen}: {e}")))?;
     if let Some(addr) = admin_addr.filter(|a| !a.ip().is_loopback() && !token) {

@@ -73,7 +73,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     if let Some(q) = &quota {
         builder = builder.quota(q.clone());
     }
-    let server = match builder.build() {
+    let mut server = match builder.build() {
         Ok(s) => s,
         Err(errors) => {
             for e in errors.to_string().lines() {
@@ -83,7 +83,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     server.service().watch(RELOAD_INTERVAL);
-    let _exporter = otlp.map(|s| export(server.metrics().clone(), s));
+    let exporter = otlp.map(|s| export(server.metrics().clone(), s));
+    if let Some(t) = exporter.as_ref().and_then(|e| e.tracer()) {
+        server.trace(t.clone());
+    }
     let grpc = match bind(args.grpc_addr, "gRPC", "--grpc-addr").await {
         Ok(l) => l,
         Err(e) => return fail(e),
@@ -332,5 +335,14 @@ pub(crate) fn export(
         service = %s.service_name,
         "exporting metrics over OTLP"
     );
+    if let (Some(sampling), Some(to)) = (s.sampling, &s.traces_target) {
+        tracing::info!(
+            collector = %to,
+            ratio = sampling.ratio,
+            parent_based = sampling.parent_based,
+            refusals = sampling.refusals,
+            "exporting decision spans over OTLP"
+        );
+    }
     weir_server::otlp::spawn(metrics, s)
 }

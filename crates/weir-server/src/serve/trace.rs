@@ -1,0 +1,84 @@
+//! The span of a `ShouldRateLimit` call: a server span, child of the span Envoy names in the
+//! call's `traceparent` metadata, with the domain, the verdict, the rules over their limit,
+//! the descriptors' values digested and the units asked, settled or given back.
+
+use weir_tower::trace::TraceParent;
+
+use crate::otlp::proto::{KeyValue, Status, KIND_SERVER, STATUS_ERROR};
+use crate::otlp::trace::{Begun, Tracer};
+use crate::rls::{BadRequest, Request, Response};
+
+/// The span's name: the method, as OpenTelemetry names RPC server spans.
+const NAME: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// Begins the span of a call with `headers`, if it may be exported.
+pub(super) fn begin(tracer: Option<&Tracer>, headers: &http::HeaderMap) -> Option<Begun> {
+    tracer?.begin(TraceParent::from_headers(headers))
+}
+
+/// Ends the span of `request`, decided as `answer`.
+pub(super) fn end(
+    tracer: &Tracer,
+    begun: Begun,
+    request: &Request,
+    answer: &Result<Response, BadRequest>,
+) {
+    let mut a = vec![
+        KeyValue::string("rpc.system", "grpc"),
+        KeyValue::string("rpc.service", "envoy.service.ratelimit.v3.RateLimitService"),
+        KeyValue::string("rpc.method", "ShouldRateLimit"),
+        KeyValue::string("weir.domain", request.domain.as_str()),
+        KeyValue::int("weir.descriptors", request.descriptors.len() as u64),
+    ];
+    let values = request
+        .descriptors
+        .iter()
+        .flat_map(|d| d.matched_entries().iter().map(|(_, v)| v.as_str()));
+    a.push(KeyValue::string("weir.key.digest", tracer.digest(values)));
+    let (mut asked, mut settled, mut refunded) = (0u64, 0u64, 0u64);
+    for d in &request.descriptors {
+        let hits = d
+            .hits_addend
+            .unwrap_or(u64::from(request.hits_addend.max(1)));
+        match d.settlement() {
+            None => asked = asked.saturating_add(hits),
+            Some(false) => settled = settled.saturating_add(hits),
+            Some(true) => refunded = refunded.saturating_add(hits),
+        }
+    }
+    a.push(KeyValue::int("weir.hits", asked));
+    if settled > 0 {
+        a.push(KeyValue::int("weir.cost.settled", settled));
+    }
+    if refunded > 0 {
+        a.push(KeyValue::int("weir.cost.refunded", refunded));
+    }
+    let (refused, status) = match answer {
+        Ok(r) => {
+            a.push(KeyValue::string(
+                "weir.verdict",
+                if r.over_limit { "over_limit" } else { "ok" },
+            ));
+            let over = r
+                .statuses
+                .iter()
+                .filter(|s| s.over_limit)
+                .filter_map(|s| s.limit.as_ref())
+                .map(|l| &*l.policy)
+                .collect::<Vec<_>>();
+            if let Some(rule) = over.first() {
+                a.push(KeyValue::string("weir.rule", *rule));
+            }
+            (r.over_limit, None)
+        }
+        Err(e) => {
+            a.push(KeyValue::string("weir.verdict", "invalid"));
+            let status = Status {
+                message: e.0.clone(),
+                code: STATUS_ERROR,
+            };
+            (false, Some(status))
+        }
+    };
+    tracer.end(begun, refused, NAME, KIND_SERVER, a, status);
+}
