@@ -116,7 +116,19 @@ struct CostStats {
     owed: AtomicU64,
     /// Spenders by units charged (a hot-parameter value, else the origin).
     top: parking_lot::Mutex<weir_core::TopK>,
+    /// What each call whose cost became known used, per [`USAGE_BUCKETS`] bucket (+Inf last).
+    usage: [AtomicU64; USAGE_BUCKETS.len() + 1],
+    /// Their sum.
+    usage_sum: AtomicU64,
 }
+
+/// Upper bounds of the usage histogram's buckets, in the rules' units (tokens for LLM calls):
+/// the powers of 4 from 1 to 4^13 that OpenTelemetry's GenAI semantic conventions advise for
+/// `gen_ai.client.token.usage` (+Inf implicit).
+pub const USAGE_BUCKETS: [u64; 14] = [
+    1, 4, 16, 64, 256, 1_024, 4_096, 16_384, 65_536, 262_144, 1_048_576, 4_194_304, 16_777_216,
+    67_108_864,
+];
 
 impl Default for CostStats {
     fn default() -> Self {
@@ -125,6 +137,8 @@ impl Default for CostStats {
             refunded: AtomicU64::new(0),
             owed: AtomicU64::new(0),
             top: parking_lot::Mutex::new(weir_core::TopK::new(TOP_SPENDERS)),
+            usage: Default::default(),
+            usage_sum: AtomicU64::new(0),
         }
     }
 }
@@ -141,6 +155,15 @@ pub struct CostSnapshot {
     /// The heaviest spenders by units charged (a hot-parameter value, else the origin), most
     /// first.
     pub top: Vec<weir_core::top_k::Heavy>,
+    /// Calls whose cost became known, per [`USAGE_BUCKETS`] bucket by what they used (+Inf
+    /// last; not cumulative). Calls abandoned before their cost was known are not in it.
+    pub usage: Vec<u64>,
+    /// What those calls used, in all.
+    pub usage_sum: u64,
+    /// What the resource's `actual_from` counts: `input` or `output` tokens when its field or
+    /// header names them (`prompt_tokens`, `input_tokens`, `completion_tokens`,
+    /// `output_tokens`), else `total`; `None` without `actual_from`.
+    pub usage_kind: Option<&'static str>,
 }
 
 impl ResourceStats {
@@ -169,10 +192,16 @@ impl ResourceStats {
         self.learned.get()?.quantiles()
     }
 
-    /// A call under `cost:` rules that held `estimate` cost `actual` (charged to `spender`).
-    pub(crate) fn cost(&self, spender: &str, estimate: u64, actual: u64) {
+    /// A call under `cost:` rules that held `estimate` cost `actual` (charged to `spender`;
+    /// `known`: what it really used, not a bound charged for a call abandoned).
+    pub(crate) fn cost(&self, spender: &str, estimate: u64, actual: u64, known: bool) {
         let c = &self.cost;
         self.touch();
+        if known {
+            let bucket = USAGE_BUCKETS.partition_point(|&b| b < actual);
+            c.usage[bucket].fetch_add(1, Ordering::Relaxed);
+            c.usage_sum.fetch_add(actual, Ordering::Relaxed);
+        }
         c.admitted.fetch_add(estimate, Ordering::Relaxed);
         if actual < estimate {
             c.refunded.fetch_add(estimate - actual, Ordering::Relaxed);
@@ -259,6 +288,14 @@ impl ResourceStats {
                 refunded: self.cost.refunded.load(Ordering::Relaxed),
                 owed: self.cost.owed.load(Ordering::Relaxed),
                 top: self.cost.top.lock().top(),
+                usage: self
+                    .cost
+                    .usage
+                    .iter()
+                    .map(|u| u.load(Ordering::Relaxed))
+                    .collect(),
+                usage_sum: self.cost.usage_sum.load(Ordering::Relaxed),
+                usage_kind: None,
             },
         }
     }

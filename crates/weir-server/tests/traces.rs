@@ -376,6 +376,18 @@ http:
     assert_eq!(attr(&span, "weir.cost.settled").as_deref(), Some("42"));
     assert!(attr(&span, "weir.key.digest").is_some());
     assert!(!format!("{span:?}").contains("ann"), "{span:?}");
+    // The call's usage, as the GenAI semantic conventions record it.
+    let text = proxy
+        .metrics()
+        .render_as(weir_server::admin::metrics::Format::Prometheus);
+    for line in [
+        r#"gen_ai_client_token_usage_bucket{le="64.0",resource="chat",gen_ai_token_type="total"} 1"#,
+        r#"gen_ai_client_token_usage_bucket{le="16.0",resource="chat",gen_ai_token_type="total"} 0"#,
+        r#"gen_ai_client_token_usage_sum{resource="chat",gen_ai_token_type="total"} 42.0"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+    }
+    common::promtool_check("weir proxy with token usage and traces", &text);
 
     // Not sampled: admitted without a span, and the caller's traceparent passes untouched.
     let unsampled = format!("00-{TRACE}-{PARENT}-00");

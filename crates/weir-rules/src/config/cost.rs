@@ -119,6 +119,27 @@ pub enum ActualFrom {
     Sse(String),
 }
 
+impl ActualFrom {
+    /// What the source counts, by its name's last part: `input` (`prompt_tokens`,
+    /// `input_tokens`), `output` (`completion_tokens`, `output_tokens`), else `total`.
+    pub fn usage_kind(&self) -> &'static str {
+        let name = match self {
+            ActualFrom::Header(n)
+            | ActualFrom::Trailer(n)
+            | ActualFrom::Json(n)
+            | ActualFrom::Sse(n) => n,
+        };
+        let last = name.rsplit('.').next().unwrap_or(name).to_ascii_lowercase();
+        if last.contains("input") || last.contains("prompt") {
+            "input"
+        } else if last.contains("output") || last.contains("completion") {
+            "output"
+        } else {
+            "total"
+        }
+    }
+}
+
 /// A cost source as written: one key of `header`, `trailer`, `json`, `sse`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -260,7 +260,7 @@ impl<C: Clock + Clone> Guard<C> {
             c.settle(a, now);
         }
         res.stats
-            .cost(spender.as_deref().unwrap_or(""), estimate, first);
+            .cost(spender.as_deref().unwrap_or(""), estimate, first, known);
         if known && res.learns {
             res.stats.learn(first);
         }
@@ -591,7 +591,8 @@ impl<C: Clock> Guard<C> {
                 if let (Some(first), Some(r)) = (extra.costs.first(), &res) {
                     // Never settled: each rule keeps its estimate.
                     let e = first.held.estimate;
-                    r.stats.cost(extra.spender.as_deref().unwrap_or(""), e, e);
+                    r.stats
+                        .cost(extra.spender.as_deref().unwrap_or(""), e, e, false);
                 }
                 extra.system
             }

@@ -370,7 +370,13 @@ impl<C: Clock + Clone> Rules<C> {
         };
         for name in names {
             let r = &c.resources[name];
-            out.resources.push(r.stats.snapshot(name));
+            let mut snap = r.stats.snapshot(name);
+            snap.cost.usage_kind = r
+                .cost_sources
+                .as_ref()
+                .and_then(|c| c.actual.as_ref())
+                .map(|a| a.usage_kind());
+            out.resources.push(snap);
             if changed_only && out.resources.last().is_some_and(|s| s.in_flight > 0) {
                 // Calls in flight show in every second until they end.
                 r.stats.keep_touched();

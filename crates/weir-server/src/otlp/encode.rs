@@ -182,12 +182,14 @@ impl Family {
                 aggregation_temporality: CUMULATIVE,
             }),
         };
-        Some(Metric {
+        let mut metric = Metric {
             name: self.name,
             description: self.help,
             unit: self.unit,
             data: Some(data),
-        })
+        };
+        conventional(&mut metric);
+        Some(metric)
     }
 
     /// The points of the samples named `NAME{suffix}`.
@@ -252,6 +254,44 @@ impl Family {
     }
 }
 
+/// Families that follow an OpenTelemetry semantic convention: their Prometheus name, the
+/// convention's name and unit, and their labels' attribute names there.
+const CONVENTIONS: [Convention; 1] = [(
+    "gen_ai_client_token_usage",
+    "gen_ai.client.token.usage",
+    "{token}",
+    &[
+        ("gen_ai_token_type", "gen_ai.token.type"),
+        ("resource", "weir.resource"),
+    ],
+)];
+
+/// A family's Prometheus name, its convention's name and unit, and label → attribute names.
+type Convention = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
+/// Names `m` as its semantic convention does, if it follows one.
+fn conventional(m: &mut Metric) {
+    let Some((_, name, unit, labels)) = CONVENTIONS.iter().find(|c| c.0 == m.name) else {
+        return;
+    };
+    m.name = (*name).to_string();
+    m.unit = (*unit).to_string();
+    if let Some(Data::Histogram(h)) = &mut m.data {
+        for p in &mut h.data_points {
+            for a in &mut p.attributes {
+                if let Some((_, to)) = labels.iter().find(|(from, _)| *from == a.key) {
+                    a.key = (*to).to_string();
+                }
+            }
+        }
+    }
+}
+
 fn number(s: &Sample) -> Value {
     if s.whole && s.value.abs() < 9.0e15 {
         Value::AsInt(s.value as i64)
@@ -269,6 +309,26 @@ fn attributes(labels: &[(String, String)]) -> Vec<KeyValue> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn token_usage_is_named_as_the_genai_conventions_name_it() {
+        let text = "# HELP gen_ai_client_token_usage U.\n# TYPE gen_ai_client_token_usage histogram\ngen_ai_client_token_usage_bucket{le=\"4.0\",resource=\"chat\",gen_ai_token_type=\"output\"} 1\ngen_ai_client_token_usage_bucket{le=\"+Inf\",resource=\"chat\",gen_ai_token_type=\"output\"} 1\ngen_ai_client_token_usage_sum{resource=\"chat\",gen_ai_token_type=\"output\"} 3.0\ngen_ai_client_token_usage_count{resource=\"chat\",gen_ai_token_type=\"output\"} 1\n# EOF\n";
+        let m = metrics(text, Times { start: 1, now: 2 });
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].name, "gen_ai.client.token.usage");
+        assert_eq!(m[0].unit, "{token}");
+        let Some(Data::Histogram(h)) = &m[0].data else {
+            panic!("a histogram: {:?}", m[0].data);
+        };
+        let keys: Vec<&str> = h.data_points[0]
+            .attributes
+            .iter()
+            .map(|a| a.key.as_str())
+            .collect();
+        assert_eq!(keys, ["weir.resource", "gen_ai.token.type"]);
+        assert_eq!(h.data_points[0].count, 1);
+    }
+
     use super::*;
     use crate::otlp::proto::StringValue;
 

@@ -427,7 +427,12 @@ mod tests {
 
     #[test]
     fn a_full_queue_drops_and_counts() {
-        let t = tracer(1.0, false, false);
+        let sampling = Sampling {
+            ratio: 1.0,
+            parent_based: false,
+            refusals: false,
+        };
+        let (t, _rx) = Tracer::new(sampling, &Metrics::default());
         for _ in 0..MAX_QUEUED + 10 {
             let b = t.begin(None).expect("sampled");
             t.end(b, false, "x", KIND_INTERNAL, Vec::new(), None);

@@ -146,6 +146,23 @@ impl Scrape {
                 .iter()
                 .map(|r| (label(r), r.rt_sum.as_secs_f64(), per_bucket(&r.rt_buckets))),
         )?;
+        // What each call used, as OpenTelemetry's GenAI semantic conventions record LLM token
+        // usage (the OTLP export names it gen_ai.client.token.usage).
+        histograms(
+            enc,
+            "gen_ai_client_token_usage",
+            "Units each call of a resource with cost rules used, once known (tokens for LLM calls; calls abandoned before their cost was known are left out); gen_ai_token_type: what actual_from counts (input, output, total).",
+            resources.iter().filter_map(|r| {
+                let kind = r.cost.usage_kind?;
+                let bounds = weir_rules::metrics::USAGE_BUCKETS
+                    .iter()
+                    .map(|&b| b as f64)
+                    .chain([f64::INFINITY]);
+                let buckets = bounds.zip(r.cost.usage.iter().copied()).collect();
+                let labels = [("resource", r.name.as_str()), ("gen_ai_token_type", kind)];
+                Some((labels, r.cost.usage_sum as f64, buckets))
+            }),
+        )?;
         // What is certain of each heavy spender's count, and beside it the sketch's possible
         // overcount (units of the values it replaced): one-off names cannot claim the top.
         for (name, help, of) in [
@@ -339,6 +356,15 @@ mod tests {
                         count: 550,
                         error: 30,
                     }],
+                    usage: {
+                        // Two calls of 3 and 40 units (buckets ≤ 4 and ≤ 64).
+                        let mut u = vec![0; weir_rules::metrics::USAGE_BUCKETS.len() + 1];
+                        u[1] = 1;
+                        u[3] = 1;
+                        u
+                    },
+                    usage_sum: 43,
+                    usage_kind: Some("output"),
                 },
             }],
             rules: vec![RuleSnapshot {
@@ -372,6 +398,11 @@ mod tests {
             "weir_resource_cost_owed_total{resource=\"a\\\"b\"} 50",
             "weir_resource_cost_top_spender{resource=\"a\\\"b\",spender=\"ann\"} 520",
             "weir_resource_cost_top_spender_error{resource=\"a\\\"b\",spender=\"ann\"} 30",
+            "gen_ai_client_token_usage_bucket{le=\"1.0\",resource=\"a\\\"b\",gen_ai_token_type=\"output\"} 0",
+            "gen_ai_client_token_usage_bucket{le=\"4.0\",resource=\"a\\\"b\",gen_ai_token_type=\"output\"} 1",
+            "gen_ai_client_token_usage_bucket{le=\"64.0\",resource=\"a\\\"b\",gen_ai_token_type=\"output\"} 2",
+            "gen_ai_client_token_usage_sum{resource=\"a\\\"b\",gen_ai_token_type=\"output\"} 43.0",
+            "gen_ai_client_token_usage_count{resource=\"a\\\"b\",gen_ai_token_type=\"output\"} 2",
             "# EOF",
         ] {
             assert!(
