@@ -176,7 +176,7 @@ async fn weir_serve_continues_envoys_trace() {
         "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
     );
     let metrics = Arc::new(Metrics::new());
-    let mut server = Server::builder()
+    let server = Server::builder()
         .config_file(config)
         .store(MemoryStore::default())
         .metrics(metrics.clone())
@@ -189,10 +189,16 @@ async fn weir_serve_continues_envoys_trace() {
     server.trace(exporter.tracer().expect("traces asked for").clone());
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc_addr = grpc.local_addr().unwrap();
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http_addr = http.local_addr().unwrap();
     let server = Arc::new(server);
     {
         let server = server.clone();
         tokio::spawn(async move { server.serve_grpc(grpc, std::future::pending()).await });
+    }
+    {
+        let server = server.clone();
+        tokio::spawn(async move { server.serve_http(http, None, std::future::pending()).await });
     }
 
     // Envoy sampled its span: the decision is its child, in its trace.
@@ -256,6 +262,21 @@ async fn weir_serve_continues_envoys_trace() {
     let fresh = next(&mut spans).await;
     assert_ne!(hex(&fresh.trace_id), TRACE);
     assert!(fresh.parent_span_id.is_empty());
+
+    // Lyft's JSON front end is traced alike.
+    let other = format!("00-{TRACE}-{}-01", "1111111111111111");
+    let a = common::request(
+        http_addr,
+        "POST",
+        "/json",
+        &[("traceparent", &other), ("content-type", "application/json")],
+        r#"{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"10.9.9.9"}]}]}"#,
+    )
+    .await;
+    assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+    let json = next(&mut spans).await;
+    assert_eq!(hex(&json.parent_span_id), "1111111111111111");
+    assert_eq!(attr(&json, "weir.verdict").as_deref(), Some("ok"));
 
     let text = metrics.render();
     assert!(

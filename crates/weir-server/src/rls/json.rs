@@ -217,6 +217,7 @@ async fn json_handler(
 ) -> axum::response::Response {
     let error =
         |status: StatusCode, e: String| (status, axum::Json(json!({"error": e}))).into_response();
+    let begun = service.begin_span(request.headers());
     let body = match budget.read(request.into_body(), MAX_JSON_BODY).await {
         Ok(b) => b,
         Err(e) => {
@@ -239,7 +240,7 @@ async fn json_handler(
             return error(StatusCode::BAD_REQUEST, e.0);
         }
     };
-    match service.decide(&request).await {
+    match service.decide_traced(&request, begun).await {
         Ok(r) => {
             let status = if r.over_limit {
                 StatusCode::TOO_MANY_REQUESTS

@@ -15,6 +15,7 @@ pub(crate) mod request;
 pub(crate) mod service;
 pub(crate) mod settlement;
 pub mod store;
+mod trace;
 pub(crate) mod tree;
 
 pub use engine::{Engine, EngineClock};

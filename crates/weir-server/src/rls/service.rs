@@ -16,6 +16,7 @@ use super::options::EngineOptions;
 use super::request::{BadRequest, HeaderStyle, Request, Response};
 use super::store::Store;
 use crate::admin::metrics::Metrics;
+use crate::otlp::trace::{Begun, Tracer};
 use crate::reload::Reloads;
 
 /// The bundled example configuration (served without `--config`).
@@ -37,6 +38,8 @@ pub struct Service {
     last_reload: parking_lot::Mutex<Option<weir_tower::dashboard::Reload>>,
     /// The configuration's watcher, once [`Service::watch`] started it.
     watcher: parking_lot::Mutex<Option<weir_rules::watch::Watcher>>,
+    /// Records a span of sampled decisions, once [`Service::trace`] gave it.
+    tracer: std::sync::OnceLock<Arc<Tracer>>,
 }
 
 impl Service {
@@ -62,6 +65,7 @@ impl Service {
             latency: super::latency::Latency::default(),
             last_reload: parking_lot::Mutex::new(None),
             watcher: parking_lot::Mutex::new(None),
+            tracer: std::sync::OnceLock::new(),
         })
     }
 
@@ -104,6 +108,32 @@ impl Service {
     /// The current engine.
     pub fn engine(&self) -> Arc<Engine> {
         self.engine.read().clone()
+    }
+
+    /// Records a span of each decision `tracer` samples from now on, a child of the span the
+    /// request's `traceparent` names (see [`crate::otlp::trace`]). Once: a later tracer is
+    /// ignored.
+    pub fn trace(&self, tracer: Arc<Tracer>) {
+        let _ = self.tracer.set(tracer);
+    }
+
+    /// The span of a request with `headers`, begun if it may be exported (`None` without a
+    /// tracer: one load).
+    pub fn begin_span(&self, headers: &http::HeaderMap) -> Option<Begun> {
+        super::trace::begin(self.tracer.get().map(|t| &**t), headers)
+    }
+
+    /// Decides a request as [`Service::decide`] does, and ends its span `begun`.
+    pub async fn decide_traced(
+        &self,
+        request: &Request,
+        begun: Option<Begun>,
+    ) -> Result<Response, BadRequest> {
+        let answer = self.decide(request).await;
+        if let (Some(t), Some(b)) = (self.tracer.get(), begun) {
+            super::trace::end(t, b, request, &answer);
+        }
+        answer
     }
 
     /// Decides a request, recording the latency.

@@ -17,7 +17,6 @@ use weir_quota::proto::{REFRESH_PATH, RELEASE_PATH};
 use crate::grpc::batch;
 use crate::grpc::frame::{ok, status, unframe, Code, GrpcBody, MAX_MESSAGE};
 use crate::net::budget::{BodyError, Budget, ConnectionBudget};
-use crate::otlp::Tracer;
 use crate::quota::api::QuotaApi;
 use crate::rls::grpc::{decode, to_proto, PATH};
 use crate::rls::Service;
@@ -29,7 +28,6 @@ struct GrpcService {
     service: Arc<Service>,
     quota: Option<Arc<QuotaApi>>,
     budget: Arc<ConnectionBudget>,
-    tracer: Option<Arc<Tracer>>,
 }
 
 /// A unary answer framed here, or the answer of tonic's RLQS stream.
@@ -41,11 +39,10 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
     type Future = Pin<Box<dyn Future<Output = Result<Response<AnyBody>, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let (service, quota, budget, tracer) = (
+        let (service, quota, budget) = (
             self.service.clone(),
             self.quota.clone(),
             self.budget.clone(),
-            self.tracer.clone(),
         );
         if let Some(mut reflection) = crate::grpc::reflection::server_for(req.uri().path()) {
             return Box::pin(async move {
@@ -71,11 +68,9 @@ impl hyper::service::Service<Request<Incoming>> for GrpcService {
             }
         }
         Box::pin(async move {
-            Ok(
-                handle(&service, quota.as_ref(), &budget, tracer.as_deref(), req)
-                    .await
-                    .map(http_body_util::Either::Left),
-            )
+            Ok(handle(&service, quota.as_ref(), &budget, req)
+                .await
+                .map(http_body_util::Either::Left))
         })
     }
 }
@@ -84,7 +79,6 @@ async fn handle<B>(
     service: &Service,
     lease_api: Option<&Arc<QuotaApi>>,
     budget: &Arc<ConnectionBudget>,
-    tracer: Option<&Tracer>,
     req: Request<B>,
 ) -> Response<GrpcBody>
 where
@@ -115,7 +109,7 @@ where
     }
     // Envoy's trace context, for the span of a rate-limit call.
     let begun = match quota {
-        None if !health => super::trace::begin(tracer, req.headers()),
+        None if !health => service.begin_span(req.headers()),
         _ => None,
     };
     // The lease API's caller token (checked against the quota file's clients section).
@@ -171,11 +165,7 @@ where
         Ok(r) => r,
         Err((code, m)) => return status(code, &m),
     };
-    let answer = service.decide(&request).await;
-    if let (Some(t), Some(b)) = (tracer, begun) {
-        super::trace::end(t, b, &request, &answer);
-    }
-    match answer {
+    match service.decide_traced(&request, begun).await {
         Ok(r) => ok(&to_proto(&r, service.header_style())),
         Err(e) => status(Code::InvalidArgument, &e.0),
     }
@@ -191,7 +181,6 @@ where
 pub(crate) async fn serve_grpc(
     service: Arc<Service>,
     quota: Option<Arc<QuotaApi>>,
-    tracer: Option<Arc<Tracer>>,
     listener: tokio::net::TcpListener,
     limits: crate::net::accept::Limits,
     bodies: Arc<Budget>,
@@ -207,7 +196,6 @@ pub(crate) async fn serve_grpc(
                 service: service.clone(),
                 quota: quota.clone(),
                 budget: bodies.connection(),
-                tracer: tracer.clone(),
             };
             async move {
                 let r = batch::serve(grpc_builder, stream, svc, sd, conn, limits.timeouts).await;
@@ -280,7 +268,7 @@ mod tests {
             .build()
             .unwrap();
         let budget = crate::net::budget::Budget::new(Default::default()).connection();
-        rt.block_on(handle(&service(), None, &budget, None, req))
+        rt.block_on(handle(&service(), None, &budget, req))
     }
 
     fn grpc_status(r: &Response<GrpcBody>) -> (String, String) {

@@ -12,7 +12,6 @@
 mod dashboard;
 mod grpc;
 mod http;
-mod trace;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -37,8 +36,6 @@ pub struct Server {
     quota: Option<Arc<QuotaApi>>,
     limits: Limits,
     bodies: Arc<Budget>,
-    /// Records a span of sampled decisions (see [`Server::trace`]).
-    tracer: Option<Arc<crate::otlp::Tracer>>,
 }
 
 /// Builds a [`Server`]: the bundled example configuration, in memory, with the command's
@@ -75,10 +72,10 @@ impl Server {
         }
     }
 
-    /// Records a span of each `ShouldRateLimit` call `tracer` samples, a child of the span
-    /// the call's `traceparent` names (see [`crate::otlp::trace`]); for calls served from then on.
-    pub fn trace(&mut self, tracer: Arc<crate::otlp::Tracer>) {
-        self.tracer = Some(tracer);
+    /// Records a span of each decision `tracer` samples (`ShouldRateLimit` and `POST /json`),
+    /// a child of the span the request's `traceparent` names (see [`crate::otlp::trace`]).
+    pub fn trace(&self, tracer: Arc<crate::otlp::Tracer>) {
+        self.service.trace(tracer);
     }
 
     /// The rate-limit service (decisions, reloads, the engine's counters).
@@ -104,7 +101,6 @@ impl Server {
         let serve = grpc::serve_grpc(
             self.service.clone(),
             self.quota.clone(),
-            self.tracer.clone(),
             listener,
             self.limits,
             self.bodies.clone(),
@@ -227,7 +223,6 @@ impl Builder {
             quota: self.quota,
             limits: self.limits,
             bodies,
-            tracer: None,
         })
     }
 }

@@ -73,7 +73,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     if let Some(q) = &quota {
         builder = builder.quota(q.clone());
     }
-    let mut server = match builder.build() {
+    let server = match builder.build() {
         Ok(s) => s,
         Err(errors) => {
             for e in errors.to_string().lines() {

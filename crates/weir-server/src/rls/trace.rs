@@ -1,23 +1,24 @@
-//! The span of a `ShouldRateLimit` call: a server span, child of the span Envoy names in the
-//! call's `traceparent` metadata, with the domain, the verdict, the rules over their limit,
+//! The span of a rate-limit decision (a `ShouldRateLimit` call, or `POST /json`): a server
+//! span, child of the span the caller names in its `traceparent` (Envoy: in the call's gRPC
+//! metadata), with the domain, the verdict, the rules over their limit,
 //! the descriptors' values digested and the units asked, settled or given back.
 
 use weir_tower::trace::TraceParent;
 
+use super::request::{BadRequest, Request, Response};
 use crate::otlp::proto::{KeyValue, Status, KIND_SERVER, STATUS_ERROR};
 use crate::otlp::trace::{Begun, Tracer};
-use crate::rls::{BadRequest, Request, Response};
 
 /// The span's name: the method, as OpenTelemetry names RPC server spans.
 const NAME: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// Begins the span of a call with `headers`, if it may be exported.
-pub(super) fn begin(tracer: Option<&Tracer>, headers: &http::HeaderMap) -> Option<Begun> {
+pub(crate) fn begin(tracer: Option<&Tracer>, headers: &http::HeaderMap) -> Option<Begun> {
     tracer?.begin(TraceParent::from_headers(headers))
 }
 
 /// Ends the span of `request`, decided as `answer`.
-pub(super) fn end(
+pub(crate) fn end(
     tracer: &Tracer,
     begun: Begun,
     request: &Request,
