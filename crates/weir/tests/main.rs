@@ -31,3 +31,4 @@ mod report_cli;
 mod rlqs_e2e;
 mod serve_cli;
 mod simulate_cli;
+mod traces_e2e;

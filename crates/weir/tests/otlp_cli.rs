@@ -13,15 +13,15 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// One request the receiver took: its path, content type and body.
-struct Export {
-    path: String,
-    content_type: String,
-    body: Vec<u8>,
+pub(crate) struct Export {
+    pub(crate) path: String,
+    pub(crate) content_type: String,
+    pub(crate) body: Vec<u8>,
 }
 
 /// An HTTP/1.1 receiver on a free loopback port answering 200 to every request (keep-alive),
 /// sending each to the channel.
-fn receiver() -> (u16, mpsc::Receiver<Export>) {
+pub(crate) fn receiver() -> (u16, mpsc::Receiver<Export>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let (tx, rx) = mpsc::channel();
@@ -37,7 +37,7 @@ fn receiver() -> (u16, mpsc::Receiver<Export>) {
                         return;
                     }
                     let path = line.split(' ').nth(1).unwrap_or_default().to_string();
-                    let (mut length, mut content_type) = (0, String::new());
+                    let (mut length, mut content_type, mut chunked) = (0, String::new(), false);
                     loop {
                         let mut h = String::new();
                         if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
@@ -47,13 +47,23 @@ fn receiver() -> (u16, mpsc::Receiver<Export>) {
                         match name.to_ascii_lowercase().as_str() {
                             "content-length" => length = value.trim().parse().unwrap_or(0),
                             "content-type" => content_type = value.trim().to_string(),
+                            "transfer-encoding" => chunked = value.trim() == "chunked",
                             _ => {}
                         }
                     }
-                    let mut body = vec![0; length];
-                    if r.read_exact(&mut body).is_err() {
-                        return;
-                    }
+                    let body = if chunked {
+                        // Envoy's exporters send their bodies chunked.
+                        let Some(body) = read_chunked(&mut r) else {
+                            return;
+                        };
+                        body
+                    } else {
+                        let mut body = vec![0; length];
+                        if r.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        body
+                    };
                     let _ = tx.send(Export {
                         path,
                         content_type,
@@ -69,6 +79,29 @@ fn receiver() -> (u16, mpsc::Receiver<Export>) {
         }
     });
     (port, rx)
+}
+
+/// A chunked body (its trailers skipped).
+fn read_chunked(r: &mut impl BufRead) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let mut size = String::new();
+        r.read_line(&mut size).ok()?;
+        let n = usize::from_str_radix(size.trim().split(';').next()?, 16).ok()?;
+        if n == 0 {
+            loop {
+                let mut t = String::new();
+                if r.read_line(&mut t).ok()? == 0 || t == "\r\n" {
+                    return Some(body);
+                }
+            }
+        }
+        let start = body.len();
+        body.resize(start + n, 0);
+        r.read_exact(&mut body[start..]).ok()?;
+        let mut crlf = [0u8; 2];
+        r.read_exact(&mut crlf).ok()?;
+    }
 }
 
 /// Starts the binary with `args` and `env`, waiting for its first line (where it listens).
