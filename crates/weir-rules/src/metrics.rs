@@ -166,6 +166,17 @@ pub struct CostSnapshot {
     pub usage_kind: Option<&'static str>,
 }
 
+impl CostSnapshot {
+    /// Nothing was held, settled or used yet (a resource without `cost:` rules stays so).
+    pub fn is_empty(&self) -> bool {
+        self.admitted == 0
+            && self.refunded == 0
+            && self.owed == 0
+            && self.top.is_empty()
+            && self.usage.iter().all(|&n| n == 0)
+    }
+}
+
 impl ResourceStats {
     pub(crate) fn new() -> Self {
         Self {
@@ -504,5 +515,37 @@ mod tests {
         assert_eq!(b[14].1, 3);
         assert!(b[14].0.is_infinite());
         assert_eq!(sum, Duration::from_nanos(30_001_400_000));
+    }
+
+    #[test]
+    fn usage_counts_known_costs_only_in_inclusive_buckets() {
+        let r = ResourceStats::new();
+        r.cost("ann", 100, 4, true); // exactly 4: the ≤ 4 bucket
+        r.cost("ann", 100, 5, true); // ≤ 16
+        r.cost("bob", 100, 100_000_000, true); // past 4^13: +Inf
+        r.cost("bob", 100, 4_000, false); // abandoned: charged, not used
+        let c = r.snapshot("r").cost;
+        assert_eq!(c.usage[1], 1);
+        assert_eq!(c.usage[2], 1);
+        assert_eq!(c.usage[USAGE_BUCKETS.len()], 1);
+        assert_eq!(c.usage.iter().sum::<u64>(), 3);
+        assert_eq!(c.usage_sum, 100_000_009);
+        assert!(!c.is_empty());
+        assert!(ResourceStats::new().snapshot("s").cost.is_empty());
+    }
+
+    #[test]
+    fn the_kind_of_usage_is_read_from_the_sources_name() {
+        use crate::config::ActualFrom;
+        for (from, kind) in [
+            (ActualFrom::Sse("usage.total_tokens".into()), "total"),
+            (ActualFrom::Json("usage.completion_tokens".into()), "output"),
+            (ActualFrom::Json("usage.output_tokens".into()), "output"),
+            (ActualFrom::Sse("usage.prompt_tokens".into()), "input"),
+            (ActualFrom::Header("x-input-tokens".into()), "input"),
+            (ActualFrom::Trailer("x-tokens-used".into()), "total"),
+        ] {
+            assert_eq!(from.usage_kind(), kind, "{from:?}");
+        }
     }
 }

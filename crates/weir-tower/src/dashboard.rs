@@ -277,7 +277,7 @@ impl Dashboard {
         let heavy = std::mem::take(&mut sample.heavy);
         let costs: Vec<(String, CostSnapshot)> = resources
             .iter()
-            .filter(|r| r.cost != CostSnapshot::default())
+            .filter(|r| !r.cost.is_empty())
             .map(|r| (r.name.clone(), r.cost.clone()))
             .collect();
         let mut st = self.state.lock();

@@ -1,5 +1,5 @@
 //! Trace context for rule decisions: the W3C `traceparent` header ([`TraceParent`]) and the
-//! record a [`RulesLayer`](crate::rules::RulesLayer) writes its decision into
+//! record a rules layer (`RulesLayer`) writes its decision into
 //! ([`DecisionRecord`]), so a tracer in front of the layer can turn each decision into a span
 //! that is a child of the caller's.
 //!
@@ -171,6 +171,14 @@ impl DecisionRecord {
     pub fn note(&self, f: impl FnOnce(&mut Decided)) {
         let mut d = self.0.decided.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut d);
+    }
+
+    /// Notes a refusal by the rule `rule` of `kind` (`fallback`: passed on to a fallback).
+    pub fn refused(&self, rule: &str, kind: RuleKind, fallback: bool) {
+        self.note(|d| {
+            d.refused_by = Some((rule.to_string(), kind));
+            d.fallback = fallback;
+        });
     }
 
     /// What was noted so far.

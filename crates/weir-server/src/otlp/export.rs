@@ -4,15 +4,15 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use weir_core::log_gate::LogGate;
 
 use super::encode::{metrics, Times};
 use super::proto::{
-    ExportMetricsServiceRequest, InstrumentationScope, KeyValue, Resource, ResourceMetrics,
-    ScopeMetrics,
+    ExportMetricsServiceRequest, InstrumentationScope, ResourceMetrics, ScopeMetrics,
 };
+use super::resource::{monotonic_nanos, resource, unix_nanos};
 use super::send::Sender;
 use super::trace::Tracer;
 use super::Settings;
@@ -160,27 +160,4 @@ async fn run(registry: Arc<Metrics>, settings: Settings, stats: Arc<Stats>) {
             in_flight.store(false, Ordering::Release);
         });
     }
-}
-
-pub(super) fn resource(s: &Settings) -> Resource {
-    let mut attributes = vec![KeyValue::string("service.name", s.service_name.as_str())];
-    attributes.extend(
-        s.resource
-            .iter()
-            .filter(|(k, _)| k != "service.name")
-            .map(|(k, v)| KeyValue::string(k.as_str(), v.as_str())),
-    );
-    Resource { attributes }
-}
-
-pub(super) fn unix_nanos() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
-
-pub(super) fn monotonic_nanos() -> u64 {
-    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
-    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }

@@ -3,7 +3,8 @@
 //! Prometheus scrape, not instead of it.
 //!
 //! - `proto`: the OTLP messages written; `encode`: the exposition as OTLP metrics;
-//!   `send`: the HTTP/protobuf and gRPC transports; `export`: the loop; [`trace`]: spans of
+//!   `send`: the HTTP/protobuf and gRPC transports; `resource`: the process and the clocks
+//!   exports carry; `export`: the loop; [`trace`]: spans of
 //!   decisions, sampled, queued and sent in batches.
 //! - The exporter never blocks a decision: it renders the registry as a scrape does (the
 //!   collectors read atomics), on its own task, with at most one export in flight — a tick
@@ -22,6 +23,7 @@
 mod encode;
 mod export;
 pub(crate) mod proto;
+mod resource;
 mod send;
 pub mod trace;
 

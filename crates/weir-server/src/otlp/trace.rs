@@ -24,11 +24,11 @@ use tokio::sync::mpsc;
 use weir_core::log_gate::LogGate;
 use weir_tower::trace::{push_hex, Decided, DecisionRecord, TraceParent};
 
-use super::export::{monotonic_nanos, resource, unix_nanos};
 use super::proto::{
     ExportTraceServiceRequest, InstrumentationScope, KeyValue, ResourceSpans, ScopeSpans, Span,
     KIND_INTERNAL,
 };
+use super::resource::{monotonic_nanos, resource, unix_nanos};
 use super::send::{Sender, GRPC_TRACES};
 use super::{Sampling, Settings};
 use crate::admin::metrics::{counters, Collector, Encoder, Metrics};

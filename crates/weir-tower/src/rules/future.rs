@@ -206,7 +206,7 @@ where
         },
         Err((block, guard)) => {
             if let Some(r) = req.extensions().get::<crate::trace::DecisionRecord>() {
-                crate::rules::service::note_refusal(r, &block, policy.pass_blocked);
+                r.refused(&block.rule, block.kind, policy.pass_blocked);
             }
             refused_shared(block, guard, svc, req, fallback, policy)
         }

@@ -260,16 +260,8 @@ fn note(
         d.estimate = cost;
     });
     if let Some(b) = block {
-        note_refusal(record, b, fallback);
+        record.refused(&b.rule, b.kind, fallback);
     }
-}
-
-/// Notes a refusal by `block` (`fallback`: passed on to a fallback).
-pub(super) fn note_refusal(record: &DecisionRecord, block: &Block, fallback: bool) {
-    record.note(|d| {
-        d.refused_by = Some((block.rule.to_string(), block.kind));
-        d.fallback = fallback;
-    });
 }
 
 /// Replaces the path of `uri`, keeping its query (and scheme and authority, if any).
