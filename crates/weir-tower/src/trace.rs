@@ -167,6 +167,12 @@ impl DecisionRecord {
         }))
     }
 
+    /// Whether an admitted request's span is exported (it was sampled: the record carries a
+    /// child context); a record not sampled matters only if the request is refused.
+    pub fn sampled(&self) -> bool {
+        self.0.child.is_some()
+    }
+
     /// Notes with `f`.
     pub fn note(&self, f: impl FnOnce(&mut Decided)) {
         let mut d = self.0.decided.lock().unwrap_or_else(|e| e.into_inner());

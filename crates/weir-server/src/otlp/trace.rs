@@ -160,6 +160,20 @@ impl Tracer {
         })
     }
 
+    /// Whether the span of `begun` will be queued: it was sampled, or it is a refusal traced as
+    /// such, and the queue has room (a full queue counts it dropped). Ask before building its
+    /// attributes: a span that cannot be sent costs nothing more.
+    pub fn wants(&self, begun: &Begun, refused: bool) -> bool {
+        if !(begun.sampled || refused && self.sampling.refusals) {
+            return false;
+        }
+        if self.queue.capacity() == 0 {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
     /// Queues the span of `begun` (named `name`, of `kind`, with `attributes`) when it was
     /// sampled or is a refusal traced as such; a full queue drops it (counted).
     pub(crate) fn end(
@@ -211,6 +225,9 @@ impl Tracer {
             return;
         };
         let refused = d.refused_by.is_some();
+        if !self.wants(&begun, refused) {
+            return;
+        }
         let verdict = match (&d.refused_by, d.fallback) {
             (None, _) => "admitted",
             (Some(_), true) => "fallback",

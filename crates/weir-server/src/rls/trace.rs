@@ -12,6 +12,22 @@ use crate::otlp::trace::{Begun, Tracer};
 /// The span's name: the method, as OpenTelemetry names RPC server spans.
 const NAME: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
+/// Most bytes of a caller's text a span carries (a domain, a refusal's reason): a span queued
+/// for export stays small whatever a caller sends.
+const MAX_TEXT: usize = 256;
+
+/// `text` cut to [`MAX_TEXT`] bytes, on a character boundary.
+fn bounded(text: &str) -> &str {
+    if text.len() <= MAX_TEXT {
+        return text;
+    }
+    let mut end = MAX_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// Begins the span of a call with `headers`, if it may be exported.
 pub(crate) fn begin(tracer: Option<&Tracer>, headers: &http::HeaderMap) -> Option<Begun> {
     tracer?.begin(TraceParent::from_headers(headers))
@@ -24,11 +40,16 @@ pub(crate) fn end(
     request: &Request,
     answer: &Result<Response, BadRequest>,
 ) {
+    let refused = answer.as_ref().is_ok_and(|r| r.over_limit);
+    if !tracer.wants(&begun, refused) {
+        return;
+    }
     let mut a = vec![
         KeyValue::string("rpc.system", "grpc"),
         KeyValue::string("rpc.service", "envoy.service.ratelimit.v3.RateLimitService"),
         KeyValue::string("rpc.method", "ShouldRateLimit"),
-        KeyValue::string("weir.domain", request.domain.as_str()),
+        // The domain is the caller's: cut to a bound, as the error below.
+        KeyValue::string("weir.domain", bounded(&request.domain)),
         KeyValue::int("weir.descriptors", request.descriptors.len() as u64),
     ];
     let values = request
@@ -75,11 +96,25 @@ pub(crate) fn end(
         Err(e) => {
             a.push(KeyValue::string("weir.verdict", "invalid"));
             let status = Status {
-                message: e.0.clone(),
+                message: bounded(&e.0).to_string(),
                 code: STATUS_ERROR,
             };
             (false, Some(status))
         }
     };
     tracer.end(begun, refused, NAME, KIND_SERVER, a, status);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_callers_text_is_cut_to_its_bound_on_a_character() {
+        assert_eq!(bounded("edge"), "edge");
+        let long = "é".repeat(1_000);
+        let cut = bounded(&long);
+        assert!(cut.len() <= MAX_TEXT && cut.len() >= MAX_TEXT - 1);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
 }

@@ -130,7 +130,9 @@ where
                 fallback = true;
             }
             if let Some(record) = record {
-                note(record, t, cost, r.as_ref().err(), fallback);
+                // A decision left to shared rules may still be refused.
+                let pending = r.as_ref().is_ok_and(|g| g.has_shared());
+                note(record, t, cost, r.as_ref().err(), fallback, pending);
             }
             r
         };
@@ -244,7 +246,7 @@ where
 }
 
 /// Notes a decision in the tracer's record: the resource, the caller's key, the estimate and,
-/// for a refusal, the rule.
+/// for a refusal, the rule (`pending`: shared rules decide next).
 #[cold]
 fn note(
     record: &DecisionRecord,
@@ -252,7 +254,12 @@ fn note(
     cost: Option<u64>,
     block: Option<&Block>,
     fallback: bool,
+    pending: bool,
 ) {
+    if block.is_none() && !pending && !record.sampled() {
+        // Admitted and not sampled: no span will be sent.
+        return;
+    }
     record.note(|d| {
         d.resource = Some(t.resource.to_string());
         d.origin = t.origin.to_string();
