@@ -35,7 +35,8 @@ async fn upstream() -> SocketAddr {
                     // Requests without bodies: one answer per head.
                     while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                         buf.drain(..end + 4);
-                        let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                        let answer =
+                            b"HTTP/1.1 200 OK\r\nx-tokens-used: 7\r\nContent-Length: 2\r\n\r\nok";
                         if s.write_all(answer).await.is_err() {
                             return;
                         }
@@ -62,7 +63,8 @@ fn file(name: &str, text: &str) -> std::path::PathBuf {
 }
 
 /// A rule file: `limit` requests a minute to /api, and /chat under a cost rule (each call
-/// holds 100 units of a budget of a million a minute, charged to its caller).
+/// holds 100 units of a budget of a million a minute, settled to what the upstream's
+/// `x-tokens-used` says, charged to its caller).
 fn rules(limit: u64) -> String {
     format!(
         "resources:
@@ -71,7 +73,7 @@ fn rules(limit: u64) -> String {
       - {{id: api-rate, qps: {limit}, window: 60s}}
   - name: chat
     flow:
-      - {{id: chat-tokens, qps: 1000000, window: 60s, algorithm: gcra, cost: {{estimate: 100}}}}
+      - {{id: chat-tokens, qps: 1000000, window: 60s, algorithm: gcra, cost: {{estimate: 100, actual_from: {{header: x-tokens-used}}}}}}
 http:
   origin_header: x-caller
   routes:
@@ -122,6 +124,7 @@ async fn the_proxy_forwards_refuses_reloads_and_reports() {
         "weir_rule_blocks_total{rule=\"api-rate\",kind=\"flow\",resource=\"api\"} 1",
         "weir_proxy_forwarded_total 4",
         "weir_resource_cost_admitted_total{resource=\"chat\"} 100",
+        "gen_ai_client_token_usage_count{resource=\"chat\",gen_ai_token_type=\"total\"} 1",
         "weir_rules_reloads_total{result=\"applied\"} 0",
     ] {
         assert!(

@@ -108,9 +108,15 @@ pub fn check_dashboard(name: &str, exposition: &str) {
         assert!(!targets.is_empty(), "{name}: {title}: no query");
         for t in targets {
             let expr = t["expr"].as_str().expect("a PromQL expression");
-            let series: Vec<&str> = expr
-                .match_indices("weir_")
-                .map(|(i, _)| {
+            // Weir's families, and those named by an OpenTelemetry convention.
+            let mut at: Vec<usize> = ["weir_", "gen_ai_"]
+                .iter()
+                .flat_map(|p| expr.match_indices(p).map(|(i, _)| i))
+                .collect();
+            at.sort_unstable();
+            let series: Vec<&str> = at
+                .into_iter()
+                .map(|i| {
                     let rest = &expr[i..];
                     let end = rest
                         .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
