@@ -1,18 +1,19 @@
-//! Trace context for rule decisions: the W3C `traceparent` header ([`TraceParent`]) and the
-//! record a rules layer (`RulesLayer`) writes its decision into
-//! ([`DecisionRecord`]), so a tracer in front of the layer can turn each decision into a span
-//! that is a child of the caller's.
+//! Trace context for rule decisions: the W3C `traceparent` header ([`TraceParent`]), the
+//! tracer a rules layer asks about each decision ([`DecisionTracer`], given with
+//! `RulesLayer::with_tracer`) and the record an admitted call's decision is noted in until
+//! its response ends ([`DecisionRecord`]), so that each decision can become a span, a child
+//! of the caller's.
 //!
-//! - Whoever traces (`weir proxy`, or an application's own layer) puts a [`DecisionRecord`]
-//!   in the request's extensions before the rules layer; the layer notes the resource, the
-//!   verdict, the rule that refused, the caller's key and the cost estimate, and later the
-//!   settled cost; when the last holder lets go (the response ended, or the refusal was
-//!   answered) the record's `on_end` receives what was noted.
-//! - When the record carries a child context ([`DecisionRecord::with_child`]) and the call is
-//!   decided and admitted, the layer replaces the request's `traceparent` with it, so the
-//!   service behind is a child of the decision's span. Requests no rule applies to keep
-//!   their `traceparent` untouched.
-//! - Requests without a record cost one extension lookup.
+//! - A refusal is handed to [`DecisionTracer::refused`] at once, with what was decided
+//!   ([`Decided`]): the resource, the rule, the caller's key, the cost estimate.
+//! - An admitted call gets a record from [`DecisionTracer::admitted`] only when the tracer
+//!   wants its span (sampled, or shared rules may still refuse it); the layer notes the
+//!   decision in it, and the settled cost when the response ends; when the last holder lets go
+//!   the record's `on_end` receives what was noted.
+//! - When the record carries a child context ([`DecisionRecord::with_child`]), the layer
+//!   replaces the request's `traceparent` with it, so the service behind is a child of the
+//!   decision's span. Requests no rule applies to, or not traced, keep their `traceparent`.
+//! - Without a tracer, nothing of this runs.
 //!
 //! Who may call it: the record is put in by server code; `traceparent` comes from any client
 //! and is only parsed: 55 bytes exactly, lowercase hex, no all-zero ids — anything else is
@@ -111,6 +112,19 @@ pub fn push_hex(s: &mut String, bytes: &[u8]) {
         s.push(char::from(DIGITS[usize::from(b >> 4)]));
         s.push(char::from(DIGITS[usize::from(b & 15)]));
     }
+}
+
+/// What a rules layer asks about its decisions (`RulesLayer::with_tracer`). Called on the
+/// decision's path: an implementation decides cheaply whether it traces the request and
+/// never waits.
+pub trait DecisionTracer: Send + Sync + 'static {
+    /// A request with `headers` was admitted (`pending`: shared rules decide next and may
+    /// still refuse it): the record its decision is noted in until the response ends, when
+    /// its span is wanted.
+    fn admitted(&self, headers: &HeaderMap, pending: bool) -> Option<DecisionRecord>;
+
+    /// A request with `headers` was refused, as `decided` says.
+    fn refused(&self, headers: &HeaderMap, decided: Decided);
 }
 
 /// A rules layer's decision on one request, as noted in its [`DecisionRecord`].

@@ -140,24 +140,34 @@ impl Tracer {
     /// `parent`; `None` when it will not be exported whatever the verdict.
     #[inline]
     pub fn begin(&self, parent: Option<TraceParent>) -> Option<Begun> {
-        let (trace_id, parent_id) = match parent {
-            Some(p) => (p.trace_id, Some(p.span_id)),
-            None => (new_trace_id(), None),
-        };
+        let (trace_id, sampled) = self.sample(parent.as_ref());
+        if !sampled && !self.sampling.refusals {
+            return None;
+        }
+        Some(self.start(trace_id, parent, sampled))
+    }
+
+    /// The trace a decision belongs to (the caller's, or a new one) and whether it is sampled:
+    /// by the caller's flag (parent-based), else by the ratio on the trace id.
+    #[inline]
+    fn sample(&self, parent: Option<&TraceParent>) -> ([u8; 16], bool) {
+        let trace_id = parent.map_or_else(new_trace_id, |p| p.trace_id);
         let sampled = match parent {
             Some(p) if self.sampling.parent_based => p.sampled(),
             _ => random_part(&trace_id) < self.bound,
         };
-        if !sampled && !self.sampling.refusals {
-            return None;
-        }
-        Some(Begun {
+        (trace_id, sampled)
+    }
+
+    /// A span of the trace `trace_id`, begun now.
+    fn start(&self, trace_id: [u8; 16], parent: Option<TraceParent>, sampled: bool) -> Begun {
+        Begun {
             trace_id,
             span_id: new_span_id(),
-            parent: parent_id,
+            parent: parent.map(|p| p.span_id),
             sampled,
             start: unix_nanos(),
-        })
+        }
     }
 
     /// Whether the span of `begun` will be queued: it was sampled, or it is a refusal traced as
@@ -204,15 +214,23 @@ impl Tracer {
         }
     }
 
-    /// The record a rules layer notes a decision in, for a request whose `traceparent` is
-    /// `parent`; `None` when it will not be traced. Admitted, the request goes on as a child
-    /// of the decision's span when that span is sampled; the span ends when the record's last
-    /// holder lets go (the response ended, or the refusal was answered).
-    pub fn record(self: &Arc<Self>, parent: Option<TraceParent>) -> Option<DecisionRecord> {
-        let begun = self.begin(parent)?;
+    /// The record an admitted request's decision is noted in until its response ends, for a
+    /// request whose `traceparent` is `parent`: when its span is sampled (the request then
+    /// goes on as a child of the decision's span), or when it is `pending` shared rules that
+    /// may still refuse it and refusals are traced.
+    pub fn record(
+        self: &Arc<Self>,
+        parent: Option<TraceParent>,
+        pending: bool,
+    ) -> Option<DecisionRecord> {
+        let (trace_id, sampled) = self.sample(parent.as_ref());
+        if !(sampled || pending && self.sampling.refusals) {
+            return None;
+        }
+        let begun = self.start(trace_id, parent, sampled);
         let tracer = self.clone();
         let on_end = move |d: Decided| tracer.end_decided(begun, d);
-        Some(if begun.sampled {
+        Some(if sampled {
             DecisionRecord::with_child(begun.child(), on_end)
         } else {
             DecisionRecord::new(on_end)
@@ -274,6 +292,24 @@ impl Tracer {
     /// Spans dropped so far (the queue was full).
     pub fn dropped(&self) -> u64 {
         self.stats.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// A rules layer's tracer: a refusal's span at once, an admission's through its record.
+///
+/// `weir proxy`'s rules layer calls it (`Proxy::trace`); the headers are the client's, of
+/// which only `traceparent` is read.
+pub struct LayerTracer(pub Arc<Tracer>);
+
+impl weir_tower::trace::DecisionTracer for LayerTracer {
+    fn admitted(&self, headers: &http::HeaderMap, pending: bool) -> Option<DecisionRecord> {
+        self.0.record(TraceParent::from_headers(headers), pending)
+    }
+
+    fn refused(&self, headers: &http::HeaderMap, decided: Decided) {
+        if let Some(begun) = self.0.begin(TraceParent::from_headers(headers)) {
+            self.0.end_decided(begun, decided);
+        }
     }
 }
 
@@ -458,7 +494,8 @@ mod tests {
     }
 
     #[test]
-    fn an_unsampled_admission_is_not_queued_but_its_refusal_is() {
+    fn an_unsampled_admission_is_not_recorded_but_its_refusal_is_sent() {
+        use weir_tower::trace::DecisionTracer;
         let (t, mut rx) = Tracer::new(
             Sampling {
                 ratio: 0.0,
@@ -467,21 +504,33 @@ mod tests {
             },
             &Metrics::default(),
         );
-        let admitted = t.record(None).expect("recorded: it may be refused");
-        admitted.note(|d| d.resource = Some("r".into()));
-        drop(admitted);
-        assert!(rx.try_recv().is_err(), "admitted and not sampled: no span");
-        let refused = t.record(Some(parent(false))).expect("recorded");
-        refused.note(|d| {
-            d.resource = Some("r".into());
-            d.refused_by = Some(("q".into(), weir_rules::engine::RuleKind::Flow));
-            d.origin = "10.0.0.1".into();
-        });
-        drop(refused);
+        let layer = LayerTracer(t.clone());
+        let mut headers = http::HeaderMap::new();
+        headers.insert("traceparent", parent(false).header_value());
+        assert!(
+            layer.admitted(&headers, false).is_none(),
+            "admitted, not sampled: nothing to note"
+        );
+        layer.refused(
+            &headers,
+            Decided {
+                resource: Some("r".into()),
+                refused_by: Some(("q".into(), weir_rules::engine::RuleKind::Flow)),
+                origin: "10.0.0.1".into(),
+                ..Decided::default()
+            },
+        );
         let span = rx.try_recv().expect("the refusal's span");
         assert_eq!(span.parent_span_id, vec![9; 8]);
         let text = format!("{:?}", span.attributes);
         assert!(text.contains("refused") && text.contains("weir.key.digest"));
         assert!(!text.contains("10.0.0.1"), "{text}");
+        // Pending shared rules: recorded, since they may still refuse; admitted in the end,
+        // not sampled: no span.
+        let pending = layer.admitted(&headers, true).expect("recorded");
+        assert!(!pending.sampled());
+        pending.note(|d| d.resource = Some("r".into()));
+        drop(pending);
+        assert!(rx.try_recv().is_err());
     }
 }

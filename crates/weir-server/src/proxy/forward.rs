@@ -593,7 +593,6 @@ pub(super) fn client_service(
     layer: &RulesLayer<weir_core::AnyClock>,
     read_json: &weir_tower::cost::ReadJsonLayer,
     budget: &Arc<crate::net::budget::ConnectionBudget>,
-    tracer: Option<Arc<crate::otlp::Tracer>>,
     peer: SocketAddr,
 ) -> impl Service<
     Request<Incoming>,
@@ -630,12 +629,6 @@ pub(super) fn client_service(
     let rules = ServiceBuilder::new()
         .map_request(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(PeerAddr(peer));
-            if let Some(t) = &tracer {
-                let parent = weir_tower::trace::TraceParent::from_headers(req.headers());
-                if let Some(record) = t.record(parent) {
-                    req.extensions_mut().insert(record);
-                }
-            }
             req
         })
         .layer(read_json.clone())

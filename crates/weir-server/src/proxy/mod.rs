@@ -156,7 +156,6 @@ impl Proxy {
                 layer: first.layer.clone(),
                 read_json: first.read_json.clone(),
                 budget: first.budget.clone(),
-                tracer: first.tracer.clone(),
             };
             let (slots, shutdown) = (slots.clone(), shutdown.clone());
             let spawned = std::thread::Builder::new()
@@ -200,7 +199,10 @@ impl Proxy {
     /// rules' layer, the JSON body reader and the process's body budget.
     fn worker(&self) -> Worker {
         let s = &self.settings;
-        let layer = RulesLayer::new(self.rules.clone());
+        let mut layer = RulesLayer::new(self.rules.clone());
+        if let Some(t) = &self.tracer {
+            layer = layer.with_tracer(Arc::new(crate::otlp::trace::LayerTracer(t.clone())));
+        }
         // JSON request bodies are read first only for routes whose resource takes its
         // estimate from the body, and within the budgets every connection draws on.
         let routes = layer.clone();
@@ -218,7 +220,6 @@ impl Proxy {
             layer,
             read_json,
             budget,
-            tracer: self.tracer.clone(),
         }
     }
 
@@ -406,7 +407,6 @@ struct Worker {
     read_json: weir_tower::cost::ReadJsonLayer,
     /// The process's budget of read request bytes (shared by every worker).
     budget: Arc<crate::net::budget::Budget>,
-    tracer: Option<Arc<crate::otlp::Tracer>>,
 }
 
 impl Worker {
@@ -443,7 +443,6 @@ impl Worker {
                 layer,
                 read_json,
                 budget,
-                tracer,
             } = self;
             // Idle upstream connections close on their age or the upstream's close even when no
             // request comes to take them.
@@ -465,7 +464,6 @@ impl Worker {
                         &layer,
                         &read_json,
                         &conn_budget,
-                        tracer.clone(),
                         peer,
                     );
                     crate::net::accept::serve_http(stream, svc, timeouts, sd, conn)

@@ -114,14 +114,16 @@ pub fn check_dashboard(name: &str, exposition: &str) {
                 .flat_map(|p| expr.match_indices(p).map(|(i, _)| i))
                 .collect();
             at.sort_unstable();
+            // A series name is followed by its selector (`{job=~"$job"}`); a label by a
+            // comma or a parenthesis.
             let series: Vec<&str> = at
                 .into_iter()
-                .map(|i| {
+                .filter_map(|i| {
                     let rest = &expr[i..];
                     let end = rest
                         .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                         .unwrap_or(rest.len());
-                    &rest[..end]
+                    rest[end..].starts_with('{').then(|| &rest[..end])
                 })
                 .collect();
             assert!(

@@ -33,6 +33,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
                 classifier: Arc::new(Classifier::Routes(Routes::new(rules.clone()))),
                 rules,
                 pass_blocked: false,
+                tracer: None,
             },
         }
     }
@@ -44,6 +45,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
                 rules,
                 classifier: Arc::new(Classifier::Custom(Box::new(classify))),
                 pass_blocked: false,
+                tracer: None,
             },
         }
     }
@@ -54,6 +56,13 @@ impl<C: Clock + Clone + Send + Sync + 'static> RulesLayer<C> {
     /// answered by a fallback.
     pub fn with_fallback(mut self) -> Self {
         self.policy.pass_blocked = true;
+        self
+    }
+
+    /// Tells `tracer` of each decision: refusals as they happen, admissions it wants a span of
+    /// through a record noted until the response ends (see [`crate::trace`]).
+    pub fn with_tracer(mut self, tracer: Arc<dyn crate::trace::DecisionTracer>) -> Self {
+        self.policy.tracer = Some(tracer);
         self
     }
 

@@ -26,6 +26,8 @@ pub(super) struct Policy<C: Clock + Clone> {
     pub(super) classifier: Arc<Classifier<C>>,
     /// Blocked requests go on to the inner service with [`Degraded`] (see `with_fallback`).
     pub(super) pass_blocked: bool,
+    /// Told of each decision (see `with_tracer`).
+    pub(super) tracer: Option<Arc<dyn crate::trace::DecisionTracer>>,
 }
 
 impl<C: Clock + Clone> Clone for Policy<C> {
@@ -34,6 +36,7 @@ impl<C: Clock + Clone> Clone for Policy<C> {
             rules: self.rules.clone(),
             classifier: self.classifier.clone(),
             pass_blocked: self.pass_blocked,
+            tracer: self.tracer.clone(),
         }
     }
 }

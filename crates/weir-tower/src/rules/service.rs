@@ -16,7 +16,7 @@ use super::future::{decide_shared, Deciding, Paced, RulesFuture};
 use super::policy::{on_block, Classifier, Policy};
 use super::response::{GuardBody, Pending};
 use super::routes::{target_of, Head, Table, Target};
-use crate::trace::DecisionRecord;
+use crate::trace::{Decided, DecisionRecord, DecisionTracer};
 
 /// A service behind a rule set.
 pub struct RulesService<S, C: Clock + Clone = MonotonicClock> {
@@ -59,13 +59,11 @@ where
                 }
             }
         };
-        let record = req.extensions().get::<DecisionRecord>();
-        let (entry, fallback, read_json) = self.decide(&req, plain, record);
-        if entry.is_some() {
-            if let Some(r) = record.cloned() {
-                // Decided: the service behind is a child of the decision's span.
-                r.pass_on(req.headers_mut());
-            }
+        let (entry, fallback, read_json, record) = self.decide(&req, plain);
+        if let Some(r) = record {
+            // Traced: the service behind is a child of the decision's span.
+            r.pass_on(req.headers_mut());
+            req.extensions_mut().insert(r);
         }
         // The body's JSON was read for the estimate: not held any longer than the decision.
         if read_json {
@@ -106,8 +104,12 @@ where
         &mut self,
         req: &Request<B>,
         plain: bool,
-        record: Option<&DecisionRecord>,
-    ) -> (Entry<C>, Option<Arc<Fallback>>, bool) {
+    ) -> (
+        Entry<C>,
+        Option<Arc<Fallback>>,
+        bool,
+        Option<DecisionRecord>,
+    ) {
         let head = Head::of(req);
         let path = if plain {
             std::borrow::Cow::Borrowed(req.uri().path())
@@ -119,6 +121,9 @@ where
         // With `with_fallback`, a block no route fallback answers goes on to the inner service
         // (counted as answered by a fallback).
         let pass_blocked = self.policy.pass_blocked;
+        // The tracer told of the decision, and the record of an admission it traces.
+        let tracer = self.policy.tracer.as_ref();
+        let record = std::cell::Cell::new(None);
         let passed_on = |t: &Target<'_>,
                          r: Result<Guard<C>, Block>,
                          route: Option<&Fallback>,
@@ -129,10 +134,8 @@ where
                 rules.fallback_served(t.resource);
                 fallback = true;
             }
-            if let Some(record) = record {
-                // A decision left to shared rules may still be refused.
-                let pending = r.as_ref().is_ok_and(|g| g.has_shared());
-                note(record, t, cost, r.as_ref().err(), fallback, pending);
+            if let Some(tracer) = tracer {
+                record.set(traced(&**tracer, head.headers, t, cost, &r, fallback));
             }
             r
         };
@@ -169,7 +172,7 @@ where
                 passed_on(&t, admit(rules, None, &t, cost), None, cost)
             }),
         };
-        (entry, fallback, read_json.get())
+        (entry, fallback, read_json.get(), record.into_inner())
     }
 
     /// The future of a decided request: the inner call (now, after the shared store or a
@@ -245,29 +248,38 @@ where
     }
 }
 
-/// Notes a decision in the tracer's record: the resource, the caller's key, the estimate and,
-/// for a refusal, the rule (`pending`: shared rules decide next).
+/// Tells `tracer` of a decision `r` on the request with `headers` for `t` (with `cost`):
+/// a refusal at once, an admission through the record it returns, if it traces it.
 #[cold]
-fn note(
-    record: &DecisionRecord,
+fn traced<C: Clock + Clone>(
+    tracer: &dyn DecisionTracer,
+    headers: &http::HeaderMap,
     t: &Target<'_>,
     cost: Option<u64>,
-    block: Option<&Block>,
+    r: &Result<Guard<C>, Block>,
     fallback: bool,
-    pending: bool,
-) {
-    if block.is_none() && !pending && !record.sampled() {
-        // Admitted and not sampled: no span will be sent.
-        return;
-    }
-    record.note(|d| {
-        d.resource = Some(t.resource.to_string());
-        d.origin = t.origin.to_string();
-        d.params = t.params.iter().map(|p| p.to_string()).collect();
-        d.estimate = cost;
-    });
-    if let Some(b) = block {
-        record.refused(&b.rule, b.kind, fallback);
+) -> Option<DecisionRecord> {
+    let decided = |refused_by| Decided {
+        resource: Some(t.resource.to_string()),
+        refused_by,
+        fallback,
+        origin: t.origin.to_string(),
+        params: t.params.iter().map(|p| p.to_string()).collect(),
+        estimate: cost,
+        ..Decided::default()
+    };
+    match r {
+        Err(b) => {
+            tracer.refused(headers, decided(Some((b.rule.to_string(), b.kind))));
+            None
+        }
+        // A decision left to shared rules may still be refused.
+        Ok(g) => {
+            let record = tracer.admitted(headers, g.has_shared())?;
+            let d = decided(None);
+            record.note(|n| *n = d);
+            Some(record)
+        }
     }
 }
 
