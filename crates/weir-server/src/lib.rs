@@ -25,6 +25,9 @@
 //! - [`proxy`]: the reverse proxy applying weir-rules to any HTTP service, with its metrics,
 //!   per-address upstream slots, paced request bodies and `h1_client` (bodiless requests to
 //!   the upstream on the caller's task).
+//! - [`xds`]: `weir serve` as an xDS client of rate-limit configuration (envoyproxy/ratelimit's
+//!   `RateLimitConfig` over the aggregated stream, as Envoy Gateway pushes it), put in force
+//!   in the rate-limit service as a file's reload is.
 //! - [`serve`]: the top floor, the `weir serve` process — [`serve::Server::builder`] composes
 //!   the rate-limit service and a lease server on one gRPC port (one router for every gRPC
 //!   service) and one HTTP port (JSON API, health, `/metrics`, the dashboard, the lease API).
@@ -86,6 +89,7 @@ pub mod reload;
 pub mod rls;
 pub mod serve;
 pub mod state_file;
+pub mod xds;
 
 pub use admin::metrics::Metrics;
 pub use proxy::Proxy;

@@ -711,6 +711,24 @@ pub fn load(path: &Path, merge_domains: bool) -> Result<Vec<DomainConfig>, Vec<C
             Err(e) => errors.extend(e),
         }
     }
+    match merge(domains, merge_domains) {
+        Ok(merged) if errors.is_empty() => Ok(merged),
+        Ok(_) => Err(errors),
+        Err(e) => {
+            errors.extend(e);
+            Err(errors)
+        }
+    }
+}
+
+/// The domains of `sources` (each with where it came from), a domain given twice being an
+/// error unless `merge_domains` joins their descriptors (a descriptor defined in both is
+/// then the error).
+pub fn merge(
+    domains: Vec<(PathBuf, DomainConfig)>,
+    merge_domains: bool,
+) -> Result<Vec<DomainConfig>, Vec<ConfigError>> {
+    let mut errors = Vec::new();
     let mut merged: Vec<(PathBuf, DomainConfig)> = Vec::with_capacity(domains.len());
     for (f, d) in domains {
         let Some((first, into)) = merged.iter_mut().find(|(_, m)| m.domain == d.domain) else {

@@ -40,6 +40,8 @@ pub struct Service {
     watcher: parking_lot::Mutex<Option<weir_rules::watch::Watcher>>,
     /// Records a span of sampled decisions, once [`Service::trace`] gave it.
     tracer: std::sync::OnceLock<Arc<Tracer>>,
+    /// The configuration is pushed ([`Service::apply`]), not read from a file.
+    pushed: std::sync::atomic::AtomicBool,
 }
 
 impl Service {
@@ -66,6 +68,31 @@ impl Service {
             last_reload: parking_lot::Mutex::new(None),
             watcher: parking_lot::Mutex::new(None),
             tracer: std::sync::OnceLock::new(),
+            pushed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// A service whose configuration is pushed ([`Service::apply`], by [`crate::xds`]): no
+    /// domain until the first push (every request is answered OK, as an unknown domain is).
+    pub fn pushed(
+        store: Arc<dyn Store>,
+        options: EngineOptions,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, LoadError> {
+        let engine = Engine::build(&[], options, store, None).map_err(LoadError::Engine)?;
+        Ok(Self {
+            engine: RwLock::new(Arc::new(engine)),
+            options,
+            config: None,
+            metrics,
+            bad_requests: AtomicU64::new(0),
+            reloads: Arc::default(),
+            headers: HeaderStyle::None,
+            latency: super::latency::Latency::default(),
+            last_reload: parking_lot::Mutex::new(None),
+            watcher: parking_lot::Mutex::new(None),
+            tracer: std::sync::OnceLock::new(),
+            pushed: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -163,10 +190,46 @@ impl Service {
     }
 
     fn try_reload(&self) -> Result<(), LoadError> {
+        if self.pushed.load(Ordering::Relaxed) {
+            // The configuration is pushed (xDS): there is nothing to read.
+            return Ok(());
+        }
         let domains = load(self.config.as_deref(), self.options.merge_domains)?;
+        self.put_in_force(&domains)
+    }
+
+    /// Puts `domains` in force in place of the configuration read so far, the counters of the
+    /// rules they keep kept (as a file's reload keeps them); from then on the configuration
+    /// is pushed, never read from a file. On error the previous configuration stays. Counted
+    /// as a reload (`weir_rls_reloads_total`, the dashboard).
+    pub fn apply(&self, domains: &[DomainConfig]) -> Result<(), LoadError> {
+        self.pushed.store(true, Ordering::Relaxed);
+        let result = self.put_in_force(domains);
+        let counter = match &result {
+            Ok(()) => &self.reloads.applied,
+            Err(_) => &self.reloads.rejected,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        *self.last_reload.lock() = Some(weir_tower::dashboard::Reload {
+            t: weir_tower::dashboard::unix_now(),
+            ok: result.is_ok(),
+            error: result
+                .as_ref()
+                .err()
+                .map(|e| e.to_string().lines().collect::<Vec<_>>().join("; ")),
+        });
+        result
+    }
+
+    /// The domains configured now.
+    pub fn domains(&self) -> Vec<String> {
+        self.engine().domains().map(str::to_string).collect()
+    }
+
+    fn put_in_force(&self, domains: &[DomainConfig]) -> Result<(), LoadError> {
         let current = self.engine();
         let store = current.store().clone();
-        let engine = Engine::build(&domains, self.options, store, Some(&current))
+        let engine = Engine::build(domains, self.options, store, Some(&current))
             .map_err(LoadError::Engine)?;
         *self.engine.write() = Arc::new(engine);
         Ok(())

@@ -49,6 +49,8 @@ pub struct Builder {
     bodies: BodyLimits,
     metrics: Arc<Metrics>,
     quota: Option<Arc<QuotaApi>>,
+    /// The configuration is pushed ([`Builder::pushed`]).
+    pushed: bool,
 }
 
 /// Why a [`Server`] could not be built: every error of the rate-limit configuration, each
@@ -69,6 +71,7 @@ impl Server {
             bodies: BodyLimits::default(),
             metrics: Arc::default(),
             quota: None,
+            pushed: false,
         }
     }
 
@@ -206,10 +209,22 @@ impl Builder {
         self
     }
 
+    /// The configuration is pushed, not read: the server starts with no domain (every
+    /// request answered OK) until [`crate::xds::XdsClient`] (or [`Service::apply`]) puts one in
+    /// force. Takes the place of [`Builder::config_file`].
+    pub fn pushed(mut self) -> Self {
+        self.pushed = true;
+        self
+    }
+
     /// Loads the configuration and builds the engine.
     pub fn build(self) -> Result<Server, BuildError> {
-        let service = Service::new(self.config, self.store, self.options, self.metrics)?
-            .with_headers(self.headers);
+        let service = if self.pushed {
+            Service::pushed(self.store, self.options, self.metrics)?
+        } else {
+            Service::new(self.config, self.store, self.options, self.metrics)?
+        }
+        .with_headers(self.headers);
         let service = Arc::new(service);
         let metrics = service.metrics();
         metrics.register(crate::rls::metrics::RlsCollector(Arc::downgrade(&service)));
