@@ -179,14 +179,26 @@ pub(crate) fn parse_breaker(text: &str) -> Result<weir_core::breaker::BreakerCon
 #[derive(clap::Args)]
 pub(crate) struct ServeArgs {
     /// A Lyft-format YAML file or a directory of them (default: the bundled example).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "xds_server")]
     pub(crate) config: Option<PathBuf>,
+    /// Take the configuration over xDS from this management server, HOST:PORT (envoyproxy/
+    /// ratelimit's RateLimitConfig resources on the aggregated stream, as Envoy Gateway serves
+    /// them); no domain until the first push. Not with --config.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) xds_server: Option<String>,
+    /// The node id sent to the xDS server.
+    #[arg(long, value_name = "ID", default_value = "weir")]
+    pub(crate) xds_node_id: String,
     /// gRPC listen address (Envoy's rate-limit cluster points here).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8081")]
     pub(crate) grpc_addr: std::net::SocketAddr,
     /// HTTP listen address (POST /json, GET /healthz, GET /metrics, the dashboard at /).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub(crate) http_addr: std::net::SocketAddr,
+    /// A second address serving the same HTTP API, for a scraper that expects /metrics on a
+    /// port of its own (envoyproxy/ratelimit's PROMETHEUS_ADDR).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
     /// With it, the HTTP listener answers 401 to requests for the dashboard's data and
     /// /metrics without `Authorization: Bearer TOKEN` (/json, /healthz and the page stay open).
     #[arg(

@@ -3,5 +3,6 @@
 pub(crate) mod args;
 pub(crate) mod check;
 pub(crate) mod proxy;
+pub(crate) mod ratelimit_env;
 pub(crate) mod run;
 pub(crate) mod serve;

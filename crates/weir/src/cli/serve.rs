@@ -67,6 +67,17 @@ async fn serve(args: ServeArgs) -> ExitCode {
             total: args.max_buffered_bytes,
             ..budget::BodyLimits::default()
         });
+    let xds = match &args.xds_server {
+        Some(server) => match weir_server::xds::Settings::new(server, &args.xds_node_id) {
+            Ok(mut s) => {
+                s.merge_domains = args.merge_domains;
+                builder = builder.pushed();
+                Some(s)
+            }
+            Err(e) => return fail(e),
+        },
+        None => None,
+    };
     if let Some(path) = &args.config {
         builder = builder.config_file(path.clone());
     }
@@ -83,6 +94,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     server.service().watch(RELOAD_INTERVAL);
+    let _xds = xds.map(|s| {
+        tracing::info!(server = %s.server, node = %s.node_id, "configuration over xDS");
+        weir_server::xds::XdsClient::spawn(server.service().clone(), s)
+    });
     let exporter = otlp.map(|s| export(server.metrics().clone(), s));
     if let Some(t) = exporter.as_ref().and_then(|e| e.tracer()) {
         server.trace(t.clone());
@@ -94,6 +109,13 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let http = match bind(args.http_addr, "HTTP", "--http-addr").await {
         Ok(l) => l,
         Err(e) => return fail(e),
+    };
+    let metrics = match args.metrics_addr {
+        Some(a) => match bind(a, "metrics", "--metrics-addr").await {
+            Ok(l) => Some(l),
+            Err(e) => return fail(e),
+        },
+        None => None,
     };
     let (g, h) = (
         grpc.local_addr().map_or(args.grpc_addr, |a| a),
@@ -111,9 +133,16 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let (trigger, shutdown) = accept::shutdown();
     let stopped = |mut s: accept::Shutdown| async move { s.stopping().await };
     let servers = async {
+        let second = async {
+            if let Some(l) = metrics {
+                let token = admin_token.clone();
+                server.serve_http(l, token, stopped(shutdown.clone())).await;
+            }
+        };
         tokio::join!(
             server.serve_grpc(grpc, stopped(shutdown.clone())),
-            server.serve_http(http, admin_token, stopped(shutdown)),
+            server.serve_http(http, admin_token.clone(), stopped(shutdown.clone())),
+            second,
         );
     };
     accept::run_until_stopped("weir serve", servers, trigger, args.drain_timeout).await;
@@ -281,12 +310,11 @@ fn failover(args: &ServeArgs) -> Result<weir_server::quota::ha::Ha, ExitCode> {
 /// The lines that say where everything is served.
 fn announce(args: &ServeArgs, server: &Server, g: SocketAddr, h: SocketAddr) {
     let service = server.service();
-    let config = args
-        .config
-        .as_ref()
-        .map_or("the bundled example".to_string(), |p| {
-            p.display().to_string()
-        });
+    let config = match (&args.config, &args.xds_server) {
+        (Some(p), _) => p.display().to_string(),
+        (None, Some(x)) => format!("xDS from {x} as node {}", args.xds_node_id),
+        (None, None) => "the bundled example".to_string(),
+    };
     let domain = service
         .engine()
         .domains()
