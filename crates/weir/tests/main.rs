@@ -9,6 +9,9 @@
 #[path = "../../weir-redis/tests/support/mod.rs"]
 mod support;
 
+#[path = "../../weir-server/tests/ads/mod.rs"]
+mod ads;
+
 mod common;
 
 mod cost_e2e;
@@ -32,3 +35,4 @@ mod rlqs_e2e;
 mod serve_cli;
 mod simulate_cli;
 mod traces_e2e;
+mod xds_e2e;
