@@ -16,7 +16,7 @@ use weir_server::xds::proto::{RateLimitConfig, RateLimitDescriptor, RateLimitPol
 use weir_server::xds::{Settings, XdsClient};
 
 mod ads;
-use ads::{next, serve, Ads};
+use ads::{next, serve, serve_tls, Ads, Certs};
 
 /// One resource, encoded: `per_minute` calls per `unit` for each `remote_address`.
 fn config(name: &str, per_minute: u32, unit: i32) -> Vec<u8> {
@@ -146,4 +146,132 @@ async fn pushed_limits_apply_with_counters_kept_and_bad_pushes_are_nacked() {
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
     }
+}
+
+/// Mutual TLS both ways, as Envoy Gateway runs it: the xDS stream with a client certificate,
+/// and `ShouldRateLimit` over TLS with one; a client without a certificate gets no answer, and
+/// a renewed server certificate is served from the next connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_sides_over_mutual_tls() {
+    use weir_server::net::tls::{ServerTls, TlsFiles};
+    let dir = std::env::temp_dir().join(format!("weir-server-xds-tls-{}", std::process::id()));
+    let certs = Certs::new(&dir);
+    let (push, snapshot) = watch::channel(("v1".to_string(), vec![config("edge", 2, 2)]));
+    let (ads, mut seen) = Ads::new(snapshot);
+    let addr: SocketAddr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let _ads = serve_tls(ads, addr, certs.server_mtls());
+
+    let mut server = Server::builder()
+        .store(MemoryStore::default())
+        .pushed()
+        .build()
+        .unwrap();
+    let tls = ServerTls::load(TlsFiles {
+        cert: certs.server_cert.clone(),
+        key: certs.server_key.clone(),
+        client_ca: Some(certs.ca.clone()),
+    })
+    .unwrap();
+    tls.watch(Duration::from_millis(50));
+    server.grpc_tls(tls);
+    let settings = Settings::new(&format!("localhost:{}", addr.port()), "tls-node")
+        .unwrap()
+        .with_tls(weir_server::xds::ClientTls {
+            ca: certs.ca.clone(),
+            identity: Some((certs.client_cert.clone(), certs.client_key.clone())),
+            server_name: None,
+        });
+    settings.check().unwrap();
+    let _client = XdsClient::spawn(server.service().clone(), settings);
+    let first = next(&mut seen).await;
+    assert_eq!(first.node, "tls-node");
+    let ack = next(&mut seen).await;
+    assert_eq!((ack.version.as_str(), ack.error.as_deref()), ("v1", None));
+    drop(push);
+
+    // ShouldRateLimit over mutual TLS, through tonic's own client.
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_addr = grpc.local_addr().unwrap();
+    let server = std::sync::Arc::new(server);
+    {
+        let server = server.clone();
+        tokio::spawn(async move { server.serve_grpc(grpc, std::future::pending()).await });
+    }
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let client_tls = |identity: bool| {
+        let mut c = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(read(&certs.ca)))
+            .domain_name("localhost");
+        if identity {
+            c = c.identity(tonic::transport::Identity::from_pem(
+                read(&certs.client_cert),
+                read(&certs.client_key),
+            ));
+        }
+        c
+    };
+    let call = |identity: bool| {
+        let tls = client_tls(identity);
+        async move {
+            use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+                rate_limit_descriptor::Entry, RateLimitDescriptor,
+            };
+            use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+            use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+            let channel = tonic::transport::Endpoint::from_shared(format!(
+                "https://localhost:{}",
+                grpc_addr.port()
+            ))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+            let answer = RateLimitServiceClient::new(channel)
+                .should_rate_limit(RateLimitRequest {
+                    domain: "edge".into(),
+                    descriptors: vec![RateLimitDescriptor {
+                        entries: vec![Entry {
+                            key: "remote_address".into(),
+                            value: "10.9.9.9".into(),
+                        }],
+                        ..Default::default()
+                    }],
+                    hits_addend: 1,
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<i32, String>(answer.into_inner().overall_code)
+        }
+    };
+    assert_eq!(call(true).await, Ok(1), "OK over mutual TLS");
+    assert!(call(false).await.is_err(), "no client certificate: refused");
+
+    // A renewed certificate (a new key) is served from the next connection.
+    let renewed = Certs::new(&dir.join("renewed"));
+    std::fs::copy(&renewed.ca, &certs.ca).unwrap();
+    std::fs::copy(&renewed.server_cert, &certs.server_cert).unwrap();
+    std::fs::copy(&renewed.server_key, &certs.server_key).unwrap();
+    std::fs::copy(&renewed.client_cert, &certs.client_cert).unwrap();
+    std::fs::copy(&renewed.client_key, &certs.client_key).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = server.metrics().render();
+        if text.contains(r#"weir_tls_reloads_total{result="applied"} "#)
+            && !text.contains(r#"weir_tls_reloads_total{result="applied"} 0"#)
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no reload:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        call(true).await,
+        Ok(1),
+        "the renewed chain, from the next connection"
+    );
 }

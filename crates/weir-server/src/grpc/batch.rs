@@ -27,10 +27,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use futures_util::stream::{FuturesUnordered, Stream};
+use crate::net::tls::Stream;
+use futures_util::stream::{FuturesUnordered, Stream as _};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 /// Buffered bytes above which a write goes to the socket at once (and a writer waits for
 /// the socket rather than grow the buffer): memory per connection stays bounded.
@@ -66,7 +66,7 @@ where
 }
 
 struct Shared {
-    stream: TcpStream,
+    stream: Stream,
     out: Vec<u8>,
     /// Bytes of `out` already written.
     sent: usize,
@@ -239,7 +239,7 @@ impl<C: Future<Output = Result<(), hyper::Error>>> Future for Drain<C> {
 /// GOAWAY, finishes the streams it has and closes.
 pub async fn serve<S, B>(
     builder: impl FnOnce(ConnectionExecutor) -> hyper::server::conn::http2::Builder<ConnectionExecutor>,
-    stream: TcpStream,
+    stream: Stream,
     service: S,
     mut shutdown: crate::net::accept::Shutdown,
     connection: Arc<crate::net::conn::Connection>,
@@ -358,7 +358,7 @@ mod tests {
                     b.timer(hyper_util::rt::TokioTimer::new());
                     b
                 },
-                s,
+                Stream::Plain(s),
                 svc,
                 shutdown,
                 crate::net::conn::Connection::new(),
@@ -366,7 +366,7 @@ mod tests {
             )
             .await;
         });
-        let stream = TcpStream::connect(addr).await.unwrap();
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (sender, conn) = hyper::client::conn::http2::handshake(
             hyper_util::rt::TokioExecutor::new(),
             hyper_util::rt::TokioIo::new(stream),

@@ -1,13 +1,15 @@
 //! Connection plumbing shared by every server: [`accept`] (listeners, connection caps per
 //! process and per address, graceful stop), [`conn`] (per-connection idle and header
 //! timeouts), [`budget`] (request-body bounds per body and in all), `dormant` (signals waited
-//! for beside a connection's I/O without polling them on every wake-up), and [`points_at`]
+//! for beside a connection's I/O without polling them on every wake-up), [`tls`] (TLS on a
+//! listener, reloaded with its files; the plain-or-TLS stream), and [`points_at`]
 //! (whether an address a server is told to call is its own).
 
 pub mod accept;
 pub mod budget;
 pub mod conn;
 pub(crate) mod dormant;
+pub mod tls;
 
 /// Whether `target` (an `http://HOST:PORT` URI) names `listen`, an address this process
 /// listens on: the same port on the same IP, or on a loopback or unspecified listen address.

@@ -17,6 +17,7 @@ use weir_quota::proto::{REFRESH_PATH, RELEASE_PATH};
 use crate::grpc::batch;
 use crate::grpc::frame::{ok, status, unframe, Code, GrpcBody, MAX_MESSAGE};
 use crate::net::budget::{BodyError, Budget, ConnectionBudget};
+use crate::net::tls::{ServerTls, Stream};
 use crate::quota::api::QuotaApi;
 use crate::rls::grpc::{decode, to_proto, PATH};
 use crate::rls::Service;
@@ -184,6 +185,7 @@ pub(crate) async fn serve_grpc(
     listener: tokio::net::TcpListener,
     limits: crate::net::accept::Limits,
     bodies: Arc<Budget>,
+    tls: Option<Arc<ServerTls>>,
     shutdown: crate::net::accept::Shutdown,
 ) {
     crate::net::accept::serve(
@@ -191,13 +193,25 @@ pub(crate) async fn serve_grpc(
         limits.max_connections,
         "gRPC",
         shutdown,
-        move |stream, _, sd, conn| {
+        move |tcp, peer, sd, conn| {
             let svc = GrpcService {
                 service: service.clone(),
                 quota: quota.clone(),
                 budget: bodies.connection(),
             };
+            let tls = tls.clone();
             async move {
+                let stream = match tls {
+                    // The handshake within the first request's time.
+                    Some(tls) => match tls.accept(tcp, limits.timeouts.first_request).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                    },
+                    None => Stream::Plain(tcp),
+                };
                 let r = batch::serve(grpc_builder, stream, svc, sd, conn, limits.timeouts).await;
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "gRPC connection ended with an error");

@@ -36,6 +36,8 @@ pub struct Server {
     quota: Option<Arc<QuotaApi>>,
     limits: Limits,
     bodies: Arc<Budget>,
+    /// TLS on the gRPC listener.
+    tls: Option<Arc<crate::net::tls::ServerTls>>,
 }
 
 /// Builds a [`Server`]: the bundled example configuration, in memory, with the command's
@@ -107,9 +109,18 @@ impl Server {
             listener,
             self.limits,
             self.bodies.clone(),
+            self.tls.clone(),
             shutdown,
         );
         until(serve, stop, trigger).await;
+    }
+
+    /// Serves gRPC over TLS from now on (`serve_grpc` calls after this): the certificates of
+    /// `tls`, reloaded as its files change; with a client CA, mutual TLS. Its reloads are
+    /// counted in the server's metrics (`weir_tls_reloads_total`).
+    pub fn grpc_tls(&mut self, tls: Arc<crate::net::tls::ServerTls>) {
+        self.metrics().register(tls.collector());
+        self.tls = Some(tls);
     }
 
     /// Serves the HTTP API (`POST /json`, `GET /healthz`, `GET /metrics`) and the dashboard
@@ -238,6 +249,7 @@ impl Builder {
             quota: self.quota,
             limits: self.limits,
             bodies,
+            tls: None,
         })
     }
 }

@@ -94,10 +94,15 @@ async fn stream(
     stats: &Stats,
     accepted: &mut Accepted,
 ) -> Result<(), String> {
-    let endpoint = tonic::transport::Endpoint::from(s.server.clone())
+    let mut endpoint = tonic::transport::Endpoint::from(uri(s))
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(10));
+    if let Some(tls) = &s.tls {
+        endpoint = endpoint
+            .tls_config(tls_config(s, tls)?)
+            .map_err(|e| error_chain(&e))?;
+    }
     let channel = endpoint.connect().await.map_err(|e| error_chain(&e))?;
     let mut client =
         AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(s.max_message);
@@ -201,6 +206,41 @@ fn take(service: &Service, s: &Settings, response: &DiscoveryResponse) -> Result
             .join("\n")
     })?;
     service.apply(&domains).map_err(|e| e.to_string())
+}
+
+/// The server's URI, `https` when TLS is on.
+fn uri(s: &Settings) -> http::Uri {
+    if s.tls.is_none() || s.server.scheme_str() == Some("https") {
+        return s.server.clone();
+    }
+    let authority = s.server.authority().map_or("", |a| a.as_str());
+    format!("https://{authority}")
+        .parse()
+        .unwrap_or_else(|_| s.server.clone())
+}
+
+/// The client's TLS, its files read now.
+fn tls_config(
+    s: &Settings,
+    tls: &super::ClientTls,
+) -> Result<tonic::transport::ClientTlsConfig, String> {
+    let read = |f: &std::path::Path| std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()));
+    let mut config = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(read(&tls.ca)?));
+    if let Some((cert, key)) = &tls.identity {
+        config = config.identity(tonic::transport::Identity::from_pem(
+            read(cert)?,
+            read(key)?,
+        ));
+    }
+    let name = tls
+        .server_name
+        .clone()
+        .or_else(|| s.server.host().map(str::to_string));
+    if let Some(n) = name {
+        config = config.domain_name(n);
+    }
+    Ok(config)
 }
 
 fn node(s: &Settings) -> Node {

@@ -53,6 +53,21 @@ pub struct Settings {
     pub max_message: usize,
     /// One domain in two resources joins them (`MERGE_DOMAIN_CONFIG`); else it is an error.
     pub merge_domains: bool,
+    /// TLS to the management server (`None`: plain gRPC).
+    pub tls: Option<ClientTls>,
+}
+
+/// TLS to the management server: the CA its certificate must chain to and, for mutual TLS
+/// (what Envoy Gateway asks), this client's certificate and key. The files are read at each
+/// connection, so rotated certificates apply from the next stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    /// The CA, PEM.
+    pub ca: std::path::PathBuf,
+    /// This client's certificate chain and key, PEM (both or neither).
+    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// The name the server's certificate must carry (default: the server's host).
+    pub server_name: Option<String>,
 }
 
 impl Settings {
@@ -86,7 +101,34 @@ impl Settings {
             backoff_jitter: 0.5,
             max_message: 4 << 20,
             merge_domains: false,
+            tls: None,
         })
+    }
+
+    /// Speaks TLS to the server as `tls` says.
+    pub fn with_tls(mut self, tls: ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Checks what cannot be known before connecting: an `https://` server needs TLS files.
+    pub fn check(&self) -> Result<(), XdsError> {
+        if self.server.scheme_str() == Some("https") && self.tls.is_none() {
+            return Err(XdsError::Server(format!(
+                "{}: https needs the CA its certificate chains to (--xds-tls-ca)",
+                self.server
+            )));
+        }
+        if let Some(t) = &self.tls {
+            let mut files = vec![&t.ca];
+            if let Some((c, k)) = &t.identity {
+                files.extend([c, k]);
+            }
+            for f in files {
+                std::fs::metadata(f).map_err(|e| XdsError::Tls(format!("{}: {e}", f.display())))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -96,6 +138,9 @@ pub enum XdsError {
     /// The management server's address cannot be used.
     #[error("xDS server {0}")]
     Server(String),
+    /// A TLS file that cannot be read.
+    #[error("xDS TLS {0}")]
+    Tls(String),
 }
 
 /// What the client did, counted.

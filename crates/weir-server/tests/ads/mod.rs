@@ -174,6 +174,19 @@ impl Drop for Killable {
 }
 
 pub fn serve(ads: Ads, addr: SocketAddr) -> Killable {
+    serve_with(ads, addr, None)
+}
+
+/// [`serve`] over TLS (mutual when `tls` names a client CA).
+pub fn serve_tls(ads: Ads, addr: SocketAddr, tls: tonic::transport::ServerTlsConfig) -> Killable {
+    serve_with(ads, addr, Some(tls))
+}
+
+fn serve_with(
+    ads: Ads,
+    addr: SocketAddr,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+) -> Killable {
     let (kill, killed) = std::sync::mpsc::channel::<()>();
     let (ready, bound) = std::sync::mpsc::channel::<()>();
     let thread = std::thread::spawn(move || {
@@ -194,7 +207,11 @@ pub fn serve(ads: Ads, addr: SocketAddr) -> Killable {
                 let accepted = l.accept().await.map(|(s, _)| s);
                 Some((accepted, l))
             });
-            let _ = tonic::transport::Server::builder()
+            let mut server = tonic::transport::Server::builder();
+            if let Some(tls) = tls {
+                server = server.tls_config(tls).expect("a TLS configuration");
+            }
+            let _ = server
                 .add_service(AggregatedDiscoveryServiceServer::new(ads))
                 .serve_with_incoming(incoming)
                 .await;
@@ -216,4 +233,60 @@ pub async fn next(seen: &mut mpsc::UnboundedReceiver<Seen>) -> Seen {
         .expect("the server runs");
     assert_eq!(s.nonce, s.sent, "a request echoes the nonce it answers");
     s
+}
+
+/// A CA, a server certificate for `localhost` and 127.0.0.1 and a client certificate signed by
+/// it, written as PEM files into `dir`.
+pub struct Certs {
+    pub ca: std::path::PathBuf,
+    pub server_cert: std::path::PathBuf,
+    pub server_key: std::path::PathBuf,
+    pub client_cert: std::path::PathBuf,
+    pub client_key: std::path::PathBuf,
+}
+
+impl Certs {
+    pub fn new(dir: &std::path::Path) -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        std::fs::create_dir_all(dir).unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "weir test CA");
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let leaf = |names: Vec<String>| {
+            let key = KeyPair::generate().unwrap();
+            let cert = CertificateParams::new(names)
+                .unwrap()
+                .signed_by(&key, &ca)
+                .unwrap();
+            (cert.pem(), key.serialize_pem())
+        };
+        let (server_cert, server_key) = leaf(vec!["localhost".into(), "127.0.0.1".into()]);
+        let (client_cert, client_key) = leaf(vec!["envoy-ratelimit".into()]);
+        let write = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        Self {
+            ca: write("ca.crt", &ca.pem()),
+            server_cert: write("server.crt", &server_cert),
+            server_key: write("server.key", &server_key),
+            client_cert: write("client.crt", &client_cert),
+            client_key: write("client.key", &client_key),
+        }
+    }
+
+    /// A server TLS configuration with these certificates, asking clients for one of the CA's.
+    pub fn server_mtls(&self) -> tonic::transport::ServerTlsConfig {
+        let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+        tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(
+                read(&self.server_cert),
+                read(&self.server_key),
+            ))
+            .client_ca_root(tonic::transport::Certificate::from_pem(read(&self.ca)))
+    }
 }
