@@ -28,8 +28,8 @@ fn main() -> ExitCode {
         init_logging(None);
     }
     match cli.command {
-        Command::Simulate(args) => cli::run::run_simulate(args),
-        Command::Serve(args) => cli::serve::run_serve(args),
+        Command::Simulate(args) => cli::run::run_simulate(*args),
+        Command::Serve(args) => cli::serve::run_serve(*args),
         Command::CheckConfig(args) => cli::check::run_check_config(args),
         Command::Proxy(args) => cli::proxy::run_proxy(*args),
         Command::Quota(QuotaCommand::Allocate(args)) => cli::run::run_allocate(args),
@@ -68,7 +68,7 @@ fn as_ratelimit() -> ExitCode {
     match Cli::try_parse_from(&argv) {
         Ok(Cli {
             command: Command::Serve(args),
-        }) => cli::serve::run_serve(args),
+        }) => cli::serve::run_serve(*args),
         Ok(_) => fail("the ratelimit variables did not make a serve command"),
         Err(e) => fail(format_args!(
             "the ratelimit variables make {:?}: {}",

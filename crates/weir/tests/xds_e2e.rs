@@ -5,9 +5,10 @@
 //! generates it for a `BackendTrafficPolicy` with two global rules (per client IP, per
 //! `x-user-id` value); a real Envoy enforces it. A pushed update applies within 1 s with the
 //! counters kept, a bad one is NACKed while the old one serves, and the xDS server killed and
-//! restarted costs no decision. (Plain gRPC: TLS is not supported yet.)
+//! restarted costs no decision. Over mutual TLS both ways, as Envoy Gateway runs it: the xDS
+//! stream with weir's client certificate, and Envoy's calls to weir with Envoy's.
 
-use crate::ads::{next, serve, Ads, Snapshot, TYPE_URL};
+use crate::ads::{next, serve_tls, Ads, Certs, Snapshot, TYPE_URL};
 use crate::common;
 
 use std::io::{BufRead, BufReader};
@@ -61,8 +62,8 @@ fn generated(per_ip: u32, per_user: u32, unit: i32) -> Vec<u8> {
 }
 
 /// The Envoy of `deploy/envoy/ratelimit.yaml` with the route's rate limits as Envoy Gateway
-/// writes them for the two rules.
-fn envoy_config(port: u16, admin: u16, upstream: u16, grpc: u16) -> String {
+/// writes them for the two rules, calling weir over mutual TLS.
+fn envoy_config(port: u16, admin: u16, upstream: u16, grpc: u16, certs: &Certs) -> String {
     let doc =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy/ratelimit.yaml");
     let mut yaml = std::fs::read_to_string(doc).unwrap();
@@ -80,12 +81,36 @@ fn envoy_config(port: u16, admin: u16, upstream: u16, grpc: u16) -> String {
 "
     );
     yaml.replace_range(start..end, &limits);
+    let tls = format!(
+        "    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          alpn_protocols: [h2]
+          tls_certificates:
+          - certificate_chain: {{filename: {}}}
+            private_key: {{filename: {}}}
+          validation_context:
+            trusted_ca: {{filename: {}}}
+            match_typed_subject_alt_names:
+            - san_type: DNS
+              matcher: {{exact: localhost}}
+    load_assignment:
+      cluster_name: ratelimit
+",
+        certs.client_cert.display(),
+        certs.client_key.display(),
+        certs.ca.display()
+    );
     for (from, to) in [
         ("port_value: 9901}", format!("port_value: {admin}}}")),
         ("port_value: 10000}", format!("port_value: {port}}}")),
         ("port_value: 8000}", format!("port_value: {upstream}}}")),
         ("port_value: 8081}", format!("port_value: {grpc}}}")),
         ("domain: example", format!("domain: \"{DOMAIN}\"")),
+        ("    load_assignment:\n      cluster_name: ratelimit\n", tls),
     ] {
         assert!(yaml.contains(from), "{from} in deploy/envoy/ratelimit.yaml");
         yaml = yaml.replacen(from, &to, 1);
@@ -117,10 +142,11 @@ async fn envoy_gateways_ratelimit_deployment_runs_weir() {
     let (push, snapshot) =
         tokio::sync::watch::channel::<Snapshot>(("1".into(), vec![generated(100, 2, MINUTE)]));
     let (ads, mut seen) = Ads::new(snapshot);
-    let killable = serve(ads, ads_addr);
+    let dir = common::tempdir("xds-e2e");
+    let certs = Certs::new(&dir.join("certs"));
+    let killable = serve_tls(ads, ads_addr, certs.server_mtls());
 
     // The binary as Envoy Gateway's Deployment runs it: /bin/ratelimit.
-    let dir = common::tempdir("xds-e2e");
     let ratelimit = dir.join("ratelimit");
     let _ = std::fs::remove_file(&ratelimit);
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_weir"), &ratelimit).unwrap();
@@ -129,6 +155,7 @@ async fn envoy_gateways_ratelimit_deployment_runs_weir() {
         common::free_port(),
         common::free_port(),
     );
+    let path = |p: &std::path::Path| p.display().to_string();
     let mut child = Command::new(&ratelimit)
         .envs([
             ("HOST", "127.0.0.1".to_string()),
@@ -145,8 +172,14 @@ async fn envoy_gateways_ratelimit_deployment_runs_weir() {
             ("CONFIG_GRPC_XDS_SERVER_URL", ads_addr.to_string()),
             ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".into()),
             ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()),
-            ("GRPC_SERVER_USE_TLS", "false".into()),
-            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "false".into()),
+            ("GRPC_SERVER_USE_TLS", "true".into()),
+            ("GRPC_SERVER_TLS_CERT", path(&certs.server_cert)),
+            ("GRPC_SERVER_TLS_KEY", path(&certs.server_key)),
+            ("GRPC_SERVER_TLS_CA_CERT", path(&certs.ca)),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".into()),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", path(&certs.client_cert)),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", path(&certs.client_key)),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", path(&certs.ca)),
             ("USE_PROMETHEUS", "true".into()),
             ("PROMETHEUS_ADDR", format!("127.0.0.1:{metrics}")),
         ])
@@ -172,7 +205,7 @@ async fn envoy_gateways_ratelimit_deployment_runs_weir() {
     let upstream = common::http1_upstream(|_, _| "upstream".to_string());
     let (port, admin) = (common::free_port(), common::free_port());
     let file = dir.join("envoy.yaml");
-    std::fs::write(&file, envoy_config(port, admin, upstream, grpc)).unwrap();
+    std::fs::write(&file, envoy_config(port, admin, upstream, grpc, &certs)).unwrap();
     let _envoy = Killed(common::start_envoy(&file, admin, port));
 
     // Two a minute per user: the third of ann's is refused by weir through Envoy.
@@ -213,7 +246,7 @@ async fn envoy_gateways_ratelimit_deployment_runs_weir() {
     let (push4, snapshot4) =
         tokio::sync::watch::channel::<Snapshot>(("4".into(), vec![generated(100, 1000, MINUTE)]));
     let (again, mut seen) = Ads::new(snapshot4);
-    let _again = serve(again, ads_addr);
+    let _again = serve_tls(again, ads_addr, certs.server_mtls());
     let first = next(&mut seen).await;
     assert_eq!(
         first.version, "2",

@@ -23,9 +23,9 @@ pub(crate) struct Cli {
 #[derive(Subcommand)]
 pub(crate) enum Command {
     /// Run a CSV trace (t_ms,key,cost) through a rate-limiting algorithm on virtual time.
-    Simulate(SimulateArgs),
+    Simulate(Box<SimulateArgs>),
     /// Run the Envoy rate-limit service (gRPC RLS v3) with an HTTP API and metrics.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check a configuration: a weir rule file, a Lyft-format rate-limit YAML file (or a
     /// directory of them) or a quota file; the format is told by the top-level keys.
     CheckConfig(CheckConfigArgs),
@@ -189,6 +189,28 @@ pub(crate) struct ServeArgs {
     /// The node id sent to the xDS server.
     #[arg(long, value_name = "ID", default_value = "weir")]
     pub(crate) xds_node_id: String,
+    /// Speak TLS to the xDS server, trusting this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) xds_tls_ca: Option<PathBuf>,
+    /// This client's certificate for mutual TLS to the xDS server (PEM; with --xds-tls-key).
+    #[arg(long, value_name = "FILE", requires_all = ["xds_tls_key", "xds_tls_ca"])]
+    pub(crate) xds_tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "xds_tls_cert")]
+    pub(crate) xds_tls_key: Option<PathBuf>,
+    /// The name the xDS server's certificate must carry (default: its host).
+    #[arg(long, value_name = "NAME", requires = "xds_tls_ca")]
+    pub(crate) xds_tls_server_name: Option<String>,
+    /// Serve gRPC over TLS with this certificate chain (PEM; with --grpc-tls-key); reloaded
+    /// when the file changes.
+    #[arg(long, value_name = "FILE", requires = "grpc_tls_key")]
+    pub(crate) grpc_tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
+    pub(crate) grpc_tls_key: Option<PathBuf>,
+    /// Mutual TLS: gRPC clients must present a certificate chaining to this CA (PEM).
+    #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
+    pub(crate) grpc_tls_client_ca: Option<PathBuf>,
     /// gRPC listen address (Envoy's rate-limit cluster points here).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8081")]
     pub(crate) grpc_addr: std::net::SocketAddr,

@@ -3,7 +3,7 @@
 //! rate-limit Deployment) reads them, so Weir's image runs where ratelimit's does. Each
 //! variable is supported (mapped to a flag), ignored with a warning (nothing in Weir needs
 //! it), or refused at start with one line and exit code 2 (Weir cannot do what it asks);
-//! docs/serve.md has the table.
+//! docs/envoy-gateway.md has the table.
 
 use std::collections::HashMap;
 
@@ -148,15 +148,7 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
             ))
         }
     }
-    for name in [
-        "GRPC_SERVER_USE_TLS",
-        "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-        "REDIS_TLS",
-    ] {
-        if on(name) {
-            return Err(format!("{name}=true: TLS is not supported yet"));
-        }
-    }
+    tls(vars, &mut t)?;
     if let Some(uds) = var("GRPC_UDS") {
         return Err(format!("GRPC_UDS={uds:?}: a Unix socket listener is not supported; use GRPC_HOST and GRPC_PORT"));
     }
@@ -235,6 +227,55 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
     Ok(t)
 }
 
+/// The TLS flags of the gRPC listener and the xDS client.
+fn tls(vars: &HashMap<String, String>, t: &mut Translation) -> Result<(), String> {
+    let var = |name: &str| vars.get(name).map(String::as_str).filter(|v| !v.is_empty());
+    let on = |name: &str| var(name).is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    let need = |name: &str, why: &str| {
+        var(name)
+            .map(str::to_string)
+            .ok_or_else(|| format!("{name} is not set ({why})"))
+    };
+    if on("GRPC_SERVER_USE_TLS") {
+        let cert = need("GRPC_SERVER_TLS_CERT", "GRPC_SERVER_USE_TLS=true")?;
+        let key = need("GRPC_SERVER_TLS_KEY", "GRPC_SERVER_USE_TLS=true")?;
+        t.args
+            .extend(["--grpc-tls-cert".into(), cert, "--grpc-tls-key".into(), key]);
+        // envoyproxy/ratelimit's name, and Envoy Gateway's.
+        if let Some(ca) = var("GRPC_CLIENT_TLS_CACERT").or(var("GRPC_SERVER_TLS_CA_CERT")) {
+            t.args.extend(["--grpc-tls-client-ca".into(), ca.into()]);
+        }
+        if var("GRPC_CLIENT_TLS_SAN").is_some() {
+            return Err("GRPC_CLIENT_TLS_SAN: checking a client certificate's name is not supported (clients are checked against the CA)".into());
+        }
+    }
+    if on("CONFIG_GRPC_XDS_SERVER_USE_TLS") {
+        let ca = need(
+            "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+            "CONFIG_GRPC_XDS_SERVER_USE_TLS=true",
+        )?;
+        t.args.extend(["--xds-tls-ca".into(), ca]);
+        if let (Some(cert), Some(key)) = (
+            var("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+            var("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+        ) {
+            t.args.extend([
+                "--xds-tls-cert".into(),
+                cert.into(),
+                "--xds-tls-key".into(),
+                key.into(),
+            ]);
+        }
+        if let Some(san) = var("CONFIG_GRPC_XDS_SERVER_TLS_SAN") {
+            t.args.extend(["--xds-tls-server-name".into(), san.into()]);
+        }
+    }
+    if on("REDIS_TLS") {
+        return Err("REDIS_TLS=true: TLS to Redis is not supported".into());
+    }
+    Ok(())
+}
+
 /// `--store` from the Redis variables (`REDIS_URL` unset: counters in memory, with a warning).
 fn store(vars: &HashMap<String, String>, t: &mut Translation) -> Result<(), String> {
     let var = |name: &str| vars.get(name).map(String::as_str).filter(|v| !v.is_empty());
@@ -280,10 +321,18 @@ mod tests {
             .collect()
     }
 
-    /// What Envoy Gateway sets (without TLS, which is not supported yet).
+    /// What Envoy Gateway sets.
     #[test]
     fn envoy_gateways_settings_become_flags() {
         let t = translate(&vars(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
             ("RUNTIME_ROOT", "/data"),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
             ("RUNTIME_IGNOREDOTFILES", "true"),
@@ -312,6 +361,18 @@ mod tests {
                 "envoy-gateway:18001",
                 "--xds-node-id",
                 "envoy-ratelimit",
+                "--grpc-tls-cert",
+                "/certs/tls.crt",
+                "--grpc-tls-key",
+                "/certs/tls.key",
+                "--grpc-tls-client-ca",
+                "/certs/ca.crt",
+                "--xds-tls-ca",
+                "/certs/ca.crt",
+                "--xds-tls-cert",
+                "/certs/tls.crt",
+                "--xds-tls-key",
+                "/certs/tls.key",
                 "--store",
                 "redis://redis.redis-system.svc.cluster.local:6379",
             ]
@@ -355,8 +416,9 @@ mod tests {
             ),
             (
                 vec![("GRPC_SERVER_USE_TLS", "true")],
-                "GRPC_SERVER_USE_TLS=true",
+                "GRPC_SERVER_TLS_CERT is not set",
             ),
+            (vec![("REDIS_TLS", "true")], "REDIS_TLS=true"),
             (vec![("REDIS_URL", "/var/run/r.sock")], "REDIS_SOCKET_TYPE"),
             (
                 vec![("BACKEND_TYPE", "memcache")],

@@ -68,9 +68,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
             ..budget::BodyLimits::default()
         });
     let xds = match &args.xds_server {
-        Some(server) => match weir_server::xds::Settings::new(server, &args.xds_node_id) {
-            Ok(mut s) => {
-                s.merge_domains = args.merge_domains;
+        Some(server) => match xds_settings(&args, server) {
+            Ok(s) => {
                 builder = builder.pushed();
                 Some(s)
             }
@@ -84,7 +83,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     if let Some(q) = &quota {
         builder = builder.quota(q.clone());
     }
-    let server = match builder.build() {
+    let mut server = match builder.build() {
         Ok(s) => s,
         Err(errors) => {
             for e in errors.to_string().lines() {
@@ -93,6 +92,20 @@ async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(cert) = &args.grpc_tls_cert {
+        let files = weir_server::net::tls::TlsFiles {
+            cert: cert.clone(),
+            key: args.grpc_tls_key.clone().unwrap_or_default(),
+            client_ca: args.grpc_tls_client_ca.clone(),
+        };
+        match weir_server::net::tls::ServerTls::load(files) {
+            Ok(tls) => {
+                tls.watch(RELOAD_INTERVAL);
+                server.grpc_tls(tls);
+            }
+            Err(e) => return fail(e),
+        }
+    }
     server.service().watch(RELOAD_INTERVAL);
     let _xds = xds.map(|s| {
         tracing::info!(server = %s.server, node = %s.node_id, "configuration over xDS");
@@ -150,6 +163,24 @@ async fn serve(args: ServeArgs) -> ExitCode {
         q.resign().await;
     }
     ExitCode::SUCCESS
+}
+
+/// The xDS client's settings from the flags.
+fn xds_settings(
+    args: &ServeArgs,
+    server: &str,
+) -> Result<weir_server::xds::Settings, weir_server::xds::XdsError> {
+    let mut s = weir_server::xds::Settings::new(server, &args.xds_node_id)?;
+    s.merge_domains = args.merge_domains;
+    if let Some(ca) = &args.xds_tls_ca {
+        s = s.with_tls(weir_server::xds::ClientTls {
+            ca: ca.clone(),
+            identity: args.xds_tls_cert.clone().zip(args.xds_tls_key.clone()),
+            server_name: args.xds_tls_server_name.clone(),
+        });
+    }
+    s.check()?;
+    Ok(s)
 }
 
 /// The counters' store `--store` names; `--instances` divides only a shared one.
