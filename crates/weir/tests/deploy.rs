@@ -210,6 +210,8 @@ fn the_systemd_unit_and_the_dockerfile_command_lines_run() {
     // The Dockerfile: what it copies exists, and its entry point with its CMD runs.
     let docker = std::fs::read_to_string(repo("deploy/docker/Dockerfile")).unwrap();
     assert!(docker.contains("COPY crates/weir-server/config/example.yaml /etc/weir/ratelimit.yaml"));
+    // Envoy Gateway runs /bin/ratelimit (/bin is /usr/bin on Debian): the link to weir.
+    assert!(docker.contains("RUN ln -s /usr/local/bin/weir /usr/bin/ratelimit"));
     let json = |prefix: &str| -> Vec<String> {
         let line = docker.lines().find_map(|l| l.strip_prefix(prefix)).unwrap();
         serde_json::from_str(line.trim()).unwrap()
@@ -222,4 +224,20 @@ fn the_systemd_unit_and_the_dockerfile_command_lines_run() {
     let http = ports.iter().find(|(old, _)| *old == 8080).unwrap().1;
     drop(run_until_healthy(&args, http));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The Helm values for Envoy Gateway: the rate-limit image and a Redis backend, at the keys
+/// gateway-helm reads.
+#[test]
+fn envoy_gateway_values_name_the_image_and_redis() {
+    let text = std::fs::read_to_string(repo("deploy/envoy-gateway/values.yaml")).unwrap();
+    let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+    let image = &v["global"]["images"]["ratelimit"]["image"];
+    assert!(
+        image.as_str().is_some_and(|i| i.contains("weir")),
+        "{image:?}"
+    );
+    let backend = &v["config"]["envoyGateway"]["rateLimit"]["backend"];
+    assert_eq!(backend["type"].as_str(), Some("Redis"));
+    assert!(backend["redis"]["url"].as_str().is_some());
 }

@@ -3,7 +3,7 @@
 //! rate-limit Deployment) reads them, so Weir's image runs where ratelimit's does. Each
 //! variable is supported (mapped to a flag), ignored with a warning (nothing in Weir needs
 //! it), or refused at start with one line and exit code 2 (Weir cannot do what it asks);
-//! docs/envoy-gateway.md has the table.
+//! docs/serve.md has the table.
 
 use std::collections::HashMap;
 
@@ -20,79 +20,136 @@ pub(crate) struct Translation {
     pub(crate) warnings: Vec<String>,
 }
 
-/// Variables Weir ignores, with why (warned about when set to something else than ratelimit's
-/// default or a value Weir already behaves as).
-const IGNORED: [(&str, &str); 22] = [
-    (
-        "DEBUG_HOST",
-        "no debug port: /metrics, /healthcheck and the dashboard are on PORT",
-    ),
-    (
-        "DEBUG_PORT",
-        "no debug port: /metrics, /healthcheck and the dashboard are on PORT",
-    ),
-    (
-        "USE_STATSD",
-        "no statsd: metrics are on /metrics (and OTLP)",
-    ),
-    ("STATSD_HOST", "no statsd"),
-    ("STATSD_PORT", "no statsd"),
-    (
-        "PROMETHEUS_MAPPER_YAML",
-        "Weir's metric names are its own (docs/observability.md)",
-    ),
-    ("EXTRA_TAGS", "no statsd"),
-    ("STATS_FLUSH_INTERVAL", "metrics are read when scraped"),
-    (
-        "RUNTIME_IGNOREDOTFILES",
-        "Weir reads the directory's *.yaml and *.yml files",
-    ),
-    (
-        "RUNTIME_WATCH_ROOT",
-        "Weir watches the configuration directory by content",
-    ),
-    (
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        "Weir always starts before the first push (every request OK until then)",
-    ),
-    (
-        "GRPC_MAX_CONNECTION_AGE",
-        "connections are bounded by weir serve's own limits",
-    ),
-    (
-        "GRPC_MAX_CONNECTION_AGE_GRACE",
-        "connections are bounded by weir serve's own limits",
-    ),
-    ("NEAR_LIMIT_RATIO", "near-limit counts use 80 %"),
-    (
-        "EXPIRATION_JITTER_MAX_SECONDS",
-        "counters expire with their window",
-    ),
-    (
-        "LOCAL_CACHE_SIZE_IN_BYTES",
-        "no over-limit cache: every decision is counted",
-    ),
-    (
-        "CACHE_KEY_PREFIX",
-        "Weir's Redis keys have their own prefix",
-    ),
-    ("REDIS_POOL_SIZE", "one multiplexed connection per node"),
-    (
-        "REDIS_PIPELINE_WINDOW",
-        "Redis calls are batched per connection",
-    ),
-    (
-        "REDIS_PIPELINE_LIMIT",
-        "Redis calls are batched per connection",
-    ),
-    (
-        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-        "the xDS client reconnects after 0.5 s doubling to 30 s, ± 50 %",
-    ),
-    (
-        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
-        "the xDS client reconnects after 0.5 s doubling to 30 s, ± 50 %",
-    ),
+/// What Weir does with a variable envoyproxy/ratelimit reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handling {
+    /// Mapped to a flag.
+    Supported,
+    /// Nothing in Weir needs it: set, it is warned about once at start.
+    Ignored,
+    /// Weir cannot do what it asks: set (to anything but its default), the start fails.
+    Refused,
+}
+
+/// Every variable envoyproxy/ratelimit reads (its `src/settings/settings.go`), and Envoy
+/// Gateway's `GRPC_SERVER_TLS_CA_CERT`: how Weir takes it, and what it does (the table of
+/// docs/serve.md, which a test holds equal to this one).
+pub(crate) const VARIABLES: [(&str, Handling, &str); 115] = [
+    ("HOST", Handling::Supported, "with PORT: `--http-addr` (default 0.0.0.0:8080): /json, /healthcheck, /metrics, the dashboard"),
+    ("PORT", Handling::Supported, "see HOST"),
+    ("DEBUG_HOST", Handling::Ignored, "no debug port: /metrics, /healthcheck and the dashboard are on PORT"),
+    ("DEBUG_PORT", Handling::Ignored, "no debug port: /metrics, /healthcheck and the dashboard are on PORT"),
+    ("GRPC_UDS", Handling::Refused, "a Unix socket listener is not supported; use GRPC_HOST and GRPC_PORT"),
+    ("GRPC_HOST", Handling::Supported, "with GRPC_PORT: `--grpc-addr` (default 0.0.0.0:8081)"),
+    ("GRPC_PORT", Handling::Supported, "see GRPC_HOST"),
+    ("GRPC_MAX_CONNECTION_AGE", Handling::Ignored, "connections are bounded by `weir serve`'s own limits (docs/limits.md)"),
+    ("GRPC_MAX_CONNECTION_AGE_GRACE", Handling::Ignored, "connections are bounded by `weir serve`'s own limits (docs/limits.md)"),
+    ("GRPC_SERVER_USE_TLS", Handling::Supported, "true: `--grpc-tls-cert`, `--grpc-tls-key` (reloaded when the files change)"),
+    ("GRPC_SERVER_TLS_CERT", Handling::Supported, "`--grpc-tls-cert` (needed with GRPC_SERVER_USE_TLS)"),
+    ("GRPC_SERVER_TLS_KEY", Handling::Supported, "`--grpc-tls-key` (needed with GRPC_SERVER_USE_TLS)"),
+    ("GRPC_CLIENT_TLS_CACERT", Handling::Supported, "`--grpc-tls-client-ca`: clients must present a certificate of this CA"),
+    ("GRPC_SERVER_TLS_CA_CERT", Handling::Supported, "Envoy Gateway's name for GRPC_CLIENT_TLS_CACERT"),
+    ("GRPC_CLIENT_TLS_SAN", Handling::Refused, "checking a client certificate's name is not supported (clients are checked against the CA)"),
+    ("LOG_LEVEL", Handling::Supported, "the log filter (`WEIR_LOG` takes precedence)"),
+    ("LOG_FORMAT", Handling::Ignored, "logs are text lines"),
+    ("CONFIG_TYPE", Handling::Supported, "FILE: `--config` RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY; GRPC_XDS_SOTW: `--xds-server`; anything else refused"),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", Handling::Ignored, "weir always starts before the first push (every request OK until then)"),
+    ("CONFIG_GRPC_XDS_NODE_ID", Handling::Supported, "`--xds-node-id` (default `default`)"),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", Handling::Refused, "the xDS client sends the node id only"),
+    ("CONFIG_GRPC_XDS_SERVER_URL", Handling::Supported, "`--xds-server` (default localhost:18000)"),
+    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Handling::Ignored, "the xDS client reconnects after 0.5 s doubling to 30 s, ± 50 %"),
+    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Handling::Refused, "the xDS client sends no extra headers"),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Handling::Supported, "true: `--xds-tls-ca` (and the client certificate below)"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Handling::Supported, "`--xds-tls-cert` (mutual TLS)"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Handling::Supported, "`--xds-tls-key`"),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Handling::Supported, "`--xds-tls-ca` (needed with CONFIG_GRPC_XDS_SERVER_USE_TLS)"),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", Handling::Supported, "`--xds-tls-server-name`"),
+    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Handling::Ignored, "the xDS client reconnects after 0.5 s doubling to 30 s, ± 50 %"),
+    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Handling::Ignored, "the xDS client reconnects after 0.5 s doubling to 30 s, ± 50 %"),
+    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Handling::Ignored, "the xDS client reconnects after 0.5 s doubling to 30 s, ± 50 %"),
+    ("XDS_CLIENT_BACKOFF_JITTER", Handling::Ignored, "the xDS client reconnects after 0.5 s doubling to 30 s, ± 50 %"),
+    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Handling::Ignored, "responses of up to 4 MiB are taken"),
+    ("USE_DOG_STATSD", Handling::Ignored, "no statsd: metrics are on /metrics (and OTLP)"),
+    ("USE_DOG_STATSD_MOGRIFIERS", Handling::Ignored, "no statsd"),
+    ("USE_STATSD", Handling::Ignored, "no statsd: metrics are on /metrics (and OTLP)"),
+    ("STATSD_HOST", Handling::Ignored, "no statsd"),
+    ("STATSD_PORT", Handling::Ignored, "no statsd"),
+    ("EXTRA_TAGS", Handling::Ignored, "no statsd"),
+    ("STATS_FLUSH_INTERVAL", Handling::Ignored, "metrics are read when scraped"),
+    ("DISABLE_STATS", Handling::Ignored, "metrics cost nothing unless scraped"),
+    ("USE_PROMETHEUS", Handling::Supported, "true: `--metrics-addr` PROMETHEUS_ADDR (the HTTP API with /metrics there too)"),
+    ("PROMETHEUS_ADDR", Handling::Supported, "see USE_PROMETHEUS (default :9090)"),
+    ("PROMETHEUS_PATH", Handling::Ignored, "metrics are served at /metrics"),
+    ("PROMETHEUS_MAPPER_YAML", Handling::Ignored, "Weir's metric names are its own (docs/observability.md)"),
+    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Handling::Ignored, "times are in seconds, as Prometheus names them"),
+    ("RUNTIME_ROOT", Handling::Supported, "see CONFIG_TYPE (default /srv/runtime_data/current)"),
+    ("RUNTIME_SUBDIRECTORY", Handling::Supported, "see CONFIG_TYPE"),
+    ("RUNTIME_APPDIRECTORY", Handling::Supported, "see CONFIG_TYPE (default `config`)"),
+    ("RUNTIME_IGNOREDOTFILES", Handling::Ignored, "the directory's *.yaml and *.yml files are read"),
+    ("RUNTIME_WATCH_ROOT", Handling::Ignored, "the configuration directory is watched by content"),
+    ("EXPIRATION_JITTER_MAX_SECONDS", Handling::Ignored, "counters expire with their window"),
+    ("LOCAL_CACHE_SIZE_IN_BYTES", Handling::Ignored, "no over-limit cache on the memory store; on Redis, weir-redis's own (docs/serve.md)"),
+    ("NEAR_LIMIT_RATIO", Handling::Ignored, "near-limit counts use 80 %"),
+    ("CACHE_KEY_PREFIX", Handling::Ignored, "Weir's Redis keys have their own prefix"),
+    ("BACKEND_TYPE", Handling::Supported, "redis (the default); anything else refused"),
+    ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Handling::Ignored, "per rule: `count_denied: false` (docs/serve.md)"),
+    ("LIMIT_RESPONSE_HEADERS_ENABLED", Handling::Supported, "true: `--response-headers draft03` (X-RateLimit-Limit, -Remaining, -Reset)"),
+    ("LIMIT_LIMIT_HEADER", Handling::Ignored, "the header names are fixed"),
+    ("LIMIT_REMAINING_HEADER", Handling::Ignored, "the header names are fixed"),
+    ("LIMIT_RESET_HEADER", Handling::Ignored, "the header names are fixed"),
+    ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Handling::Ignored, "/healthcheck answers OK once listening"),
+    ("REDIS_SOCKET_TYPE", Handling::Supported, "tcp; unix refused"),
+    ("REDIS_TYPE", Handling::Supported, "SINGLE: `--store redis://`; CLUSTER: `--store redis+cluster://`; SENTINEL refused"),
+    ("REDIS_URL", Handling::Supported, "HOST:PORT (comma-separated for a cluster) into `--store`; unset: counters in memory, with a warning"),
+    ("REDIS_POOL_SIZE", Handling::Ignored, "one multiplexed connection per node"),
+    ("REDIS_AUTH", Handling::Supported, "the password (or `user:password`) in `--store`"),
+    ("REDIS_TLS", Handling::Refused, "TLS to Redis is not supported"),
+    ("REDIS_TLS_CLIENT_CERT", Handling::Ignored, "only with REDIS_TLS"),
+    ("REDIS_TLS_CLIENT_KEY", Handling::Ignored, "only with REDIS_TLS"),
+    ("REDIS_TLS_CACERT", Handling::Ignored, "only with REDIS_TLS"),
+    ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", Handling::Ignored, "only with REDIS_TLS"),
+    ("REDIS_PIPELINE_WINDOW", Handling::Ignored, "Redis calls are batched per connection"),
+    ("REDIS_PIPELINE_LIMIT", Handling::Ignored, "Redis calls are batched per connection"),
+    ("REDIS_CLUSTER_PIPELINE_PARALLELISM", Handling::Ignored, "Redis calls are batched per connection"),
+    ("REDIS_PERSECOND", Handling::Refused, "a second Redis for per-second limits is not supported"),
+    ("REDIS_PERSECOND_SOCKET_TYPE", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_PERSECOND_TYPE", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_PERSECOND_URL", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_PERSECOND_POOL_SIZE", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_PERSECOND_AUTH", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_PERSECOND_TLS", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_SENTINEL_AUTH", Handling::Ignored, "Sentinel is not supported (REDIS_TYPE)"),
+    ("REDIS_PERSECOND_SENTINEL_AUTH", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_PERSECOND_PIPELINE_WINDOW", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_PERSECOND_PIPELINE_LIMIT", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Handling::Ignored, "a Redis that fails is seen at the next call (local fallback)"),
+    ("REDIS_TIMEOUT", Handling::Ignored, "Redis calls time out after 30 ms, then the local fallback decides (docs/redis.md)"),
+    ("REDIS_PERSECOND_TIMEOUT", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_POOL_ON_EMPTY_BEHAVIOR", Handling::Ignored, "one multiplexed connection per node"),
+    ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", Handling::Ignored, "only with REDIS_PERSECOND"),
+    ("REDIS_STARTUP_INITIAL_INTERVAL", Handling::Ignored, "a Redis not reachable at start stops the process (exit 2)"),
+    ("REDIS_STARTUP_MAX_INTERVAL", Handling::Ignored, "a Redis not reachable at start stops the process (exit 2)"),
+    ("REDIS_STARTUP_MAX_ELAPSED_TIME", Handling::Ignored, "a Redis not reachable at start stops the process (exit 2)"),
+    ("MEMCACHE_HOST_PORT", Handling::Ignored, "only with BACKEND_TYPE=memcache, which is refused"),
+    ("MEMCACHE_MAX_IDLE_CONNS", Handling::Ignored, "only with BACKEND_TYPE=memcache, which is refused"),
+    ("MEMCACHE_SRV", Handling::Ignored, "only with BACKEND_TYPE=memcache, which is refused"),
+    ("MEMCACHE_SRV_REFRESH", Handling::Ignored, "only with BACKEND_TYPE=memcache, which is refused"),
+    ("MEMCACHE_TLS", Handling::Ignored, "only with BACKEND_TYPE=memcache, which is refused"),
+    ("MEMCACHE_TLS_CLIENT_CERT", Handling::Ignored, "only with BACKEND_TYPE=memcache, which is refused"),
+    ("MEMCACHE_TLS_CLIENT_KEY", Handling::Ignored, "only with BACKEND_TYPE=memcache, which is refused"),
+    ("MEMCACHE_TLS_CACERT", Handling::Ignored, "only with BACKEND_TYPE=memcache, which is refused"),
+    ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", Handling::Ignored, "only with BACKEND_TYPE=memcache, which is refused"),
+    ("SHADOW_MODE", Handling::Supported, "true: `--shadow`"),
+    ("QUOTA_MODE", Handling::Refused, "a global quota mode is not supported; set `quota_mode` on the descriptors"),
+    ("RESPONSE_DYNAMIC_METADATA", Handling::Supported, "true: `--response-metadata`"),
+    ("MERGE_DOMAIN_CONFIG", Handling::Supported, "true: `--merge-domains`"),
+    ("TRACING_ENABLED", Handling::Supported, "true: `--trace-ratio` TRACING_SAMPLING_RATE, to OTEL_EXPORTER_OTLP_ENDPOINT (docs/observability.md)"),
+    ("TRACING_SERVICE_NAME", Handling::Ignored, "use OTEL_SERVICE_NAME"),
+    ("TRACING_SERVICE_NAMESPACE", Handling::Ignored, "use OTEL_RESOURCE_ATTRIBUTES"),
+    ("TRACING_SERVICE_INSTANCE_ID", Handling::Ignored, "use OTEL_RESOURCE_ATTRIBUTES"),
+    ("TRACING_EXPORTER_PROTOCOL", Handling::Supported, "`--otlp-protocol` (grpc, else http/protobuf)"),
+    ("TRACING_SAMPLING_RATE", Handling::Supported, "see TRACING_ENABLED (default 1)"),
 ];
 
 /// The arguments `vars` ask for, or the first variable Weir cannot honour.
@@ -102,6 +159,14 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
         var(name).is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"))
     };
     let mut t = Translation::default();
+    for (name, handling, why) in VARIABLES {
+        // Refused unless it asks for nothing (false, 0, empty).
+        let asks =
+            var(name).is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "false" | "0"));
+        if handling == Handling::Refused && asks {
+            return Err(format!("{name}: not supported ({why})"));
+        }
+    }
     let addr = |host: &str, port: &str, default_port: &str| {
         let host = var(host).unwrap_or("0.0.0.0");
         let port = var(port).unwrap_or(default_port);
@@ -131,16 +196,6 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
             let node = var("CONFIG_GRPC_XDS_NODE_ID").unwrap_or("default");
             t.args.extend(["--xds-server".into(), server.into()]);
             t.args.extend(["--xds-node-id".into(), node.into()]);
-            for name in [
-                "CONFIG_GRPC_XDS_NODE_METADATA",
-                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-            ] {
-                if var(name).is_some() {
-                    return Err(format!(
-                        "{name}: not supported yet (the xDS client sends the node id only)"
-                    ));
-                }
-            }
         }
         other => {
             return Err(format!(
@@ -149,9 +204,6 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
         }
     }
     tls(vars, &mut t)?;
-    if let Some(uds) = var("GRPC_UDS") {
-        return Err(format!("GRPC_UDS={uds:?}: a Unix socket listener is not supported; use GRPC_HOST and GRPC_PORT"));
-    }
     match var("BACKEND_TYPE").unwrap_or("redis") {
         "redis" => store(vars, &mut t)?,
         other => {
@@ -159,11 +211,6 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
                 "BACKEND_TYPE={other:?}: expected redis (Weir counts in memory or on Redis)"
             ))
         }
-    }
-    if on("REDIS_PERSECOND") {
-        return Err(
-            "REDIS_PERSECOND=true: a second Redis for per-second limits is not supported".into(),
-        );
     }
     for (name, flag) in [
         ("SHADOW_MODE", "--shadow"),
@@ -178,9 +225,6 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
         t.args
             .extend(["--response-headers".into(), "draft03".into()]);
         t.warnings.push("LIMIT_RESPONSE_HEADERS_ENABLED: the headers are X-RateLimit-Limit, -Remaining and -Reset (LIMIT_*_HEADER names are not read)".into());
-    }
-    if on("QUOTA_MODE") {
-        return Err("QUOTA_MODE=true: a global quota mode is not supported; set quota_mode on the descriptors".into());
     }
     if on("USE_PROMETHEUS") {
         let addr = var("PROMETHEUS_ADDR").unwrap_or(":9090");
@@ -201,9 +245,6 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
         "error" | "fatal" | "panic" => "error".into(),
         _ => "info".into(),
     });
-    if var("LOG_FORMAT").is_some_and(|f| f != "text") {
-        t.warnings.push("LOG_FORMAT: logs are text lines".into());
-    }
     if on("TRACING_ENABLED") {
         let rate = var("TRACING_SAMPLING_RATE").unwrap_or("1");
         t.args.extend(["--trace-ratio".into(), rate.into()]);
@@ -212,15 +253,21 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
             t.args.extend(["--otlp-protocol".into(), p.into()]);
         }
     }
-    for (name, why) in IGNORED {
-        let default = matches!(
+    for (name, handling, why) in VARIABLES {
+        // Values that ask for what Weir does anyway are not worth a warning.
+        let as_weir = matches!(
             (name, var(name)),
             ("USE_STATSD", Some("false"))
-                | ("FORCE_START_WITHOUT_INITIAL_CONFIG", _)
-                | ("RUNTIME_WATCH_ROOT", _)
-                | ("RUNTIME_IGNOREDOTFILES", _)
+                | (
+                    "FORCE_START_WITHOUT_INITIAL_CONFIG"
+                        | "RUNTIME_WATCH_ROOT"
+                        | "RUNTIME_IGNOREDOTFILES",
+                    _
+                )
+                | ("PROMETHEUS_PATH", Some("/metrics"))
+                | ("LOG_FORMAT", Some("text"))
         );
-        if var(name).is_some() && !default {
+        if handling == Handling::Ignored && var(name).is_some() && !as_weir {
             t.warnings.push(format!("{name}: ignored ({why})"));
         }
     }
@@ -245,9 +292,6 @@ fn tls(vars: &HashMap<String, String>, t: &mut Translation) -> Result<(), String
         if let Some(ca) = var("GRPC_CLIENT_TLS_CACERT").or(var("GRPC_SERVER_TLS_CA_CERT")) {
             t.args.extend(["--grpc-tls-client-ca".into(), ca.into()]);
         }
-        if var("GRPC_CLIENT_TLS_SAN").is_some() {
-            return Err("GRPC_CLIENT_TLS_SAN: checking a client certificate's name is not supported (clients are checked against the CA)".into());
-        }
     }
     if on("CONFIG_GRPC_XDS_SERVER_USE_TLS") {
         let ca = need(
@@ -269,9 +313,6 @@ fn tls(vars: &HashMap<String, String>, t: &mut Translation) -> Result<(), String
         if let Some(san) = var("CONFIG_GRPC_XDS_SERVER_TLS_SAN") {
             t.args.extend(["--xds-tls-server-name".into(), san.into()]);
         }
-    }
-    if on("REDIS_TLS") {
-        return Err("REDIS_TLS=true: TLS to Redis is not supported".into());
     }
     Ok(())
 }
@@ -418,7 +459,7 @@ mod tests {
                 vec![("GRPC_SERVER_USE_TLS", "true")],
                 "GRPC_SERVER_TLS_CERT is not set",
             ),
-            (vec![("REDIS_TLS", "true")], "REDIS_TLS=true"),
+            (vec![("REDIS_TLS", "true")], "REDIS_TLS: not supported"),
             (vec![("REDIS_URL", "/var/run/r.sock")], "REDIS_SOCKET_TYPE"),
             (
                 vec![("BACKEND_TYPE", "memcache")],
@@ -435,6 +476,36 @@ mod tests {
         ] {
             let e = translate(&vars(&pairs)).unwrap_err();
             assert!(e.contains(message), "{e} lacks {message}");
+        }
+    }
+
+    /// docs/serve.md's table names every variable once, as this file takes it.
+    #[test]
+    fn the_table_of_the_docs_is_this_one() {
+        let docs = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/serve.md"),
+        )
+        .unwrap();
+        let rows: Vec<(String, String)> = docs
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                let handling = cells.get(2)?;
+                name.chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_' || c.is_ascii_digit())
+                    .then(|| (name.to_string(), handling.to_string()))
+            })
+            .collect();
+        assert_eq!(rows.len(), VARIABLES.len(), "one row per variable");
+        for (name, handling, _) in VARIABLES {
+            let row = rows.iter().find(|(n, _)| n == name);
+            let expected = format!("{handling:?}").to_lowercase();
+            assert_eq!(
+                row.map(|(_, h)| h.as_str()),
+                Some(expected.as_str()),
+                "{name}"
+            );
         }
     }
 }
