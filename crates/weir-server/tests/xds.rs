@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 use tokio::sync::watch;
+use weir_server::rls::config::Unit;
 use weir_server::rls::{MemoryStore, Request, RequestDescriptor};
 use weir_server::serve::Server;
 use weir_server::xds::proto::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, TYPE_URL};
@@ -274,4 +275,194 @@ async fn both_sides_over_mutual_tls() {
         Ok(1),
         "the renewed chain, from the next connection"
     );
+}
+
+/// A `RateLimitConfig` of `domain` with one descriptor per `(key, unit, requests)`, encoded.
+fn domain(domain: &str, limits: &[(&str, i32, u32)]) -> Vec<u8> {
+    RateLimitConfig {
+        name: domain.into(),
+        domain: domain.into(),
+        descriptors: limits
+            .iter()
+            .map(|&(key, unit, n)| RateLimitDescriptor {
+                key: key.into(),
+                rate_limit: Some(RateLimitPolicy {
+                    unit,
+                    requests_per_unit: n,
+                    ..RateLimitPolicy::default()
+                }),
+                ..RateLimitDescriptor::default()
+            })
+            .collect(),
+    }
+    .encode_to_vec()
+}
+
+/// envoyproxy/ratelimit's `initialXdsBasicConfig` (test/integration/xds_sotw_integration_test.go).
+fn ratelimits_initial_config() -> Vec<Vec<u8>> {
+    let (second, minute, hour, day) = (1, 2, 3, 4);
+    vec![
+        domain(
+            "basic",
+            &[
+                ("key1", second, 50),
+                ("key1_local", second, 50),
+                ("one_per_minute", minute, 1),
+            ],
+        ),
+        domain(
+            "another",
+            &[
+                ("key2", minute, 20),
+                ("key3", hour, 10),
+                ("key2_local", minute, 20),
+                ("key3_local", hour, 10),
+                ("key4", day, 20),
+                ("key4_local", day, 20),
+            ],
+        ),
+    ]
+}
+
+/// A request of `descriptors` (each a list of entries), one hit each.
+async fn ask(
+    server: &Server,
+    domain: &str,
+    descriptors: &[&[(&str, &str)]],
+) -> weir_server::rls::Response {
+    let request = Request {
+        domain: domain.into(),
+        descriptors: descriptors
+            .iter()
+            .map(|d| RequestDescriptor {
+                entries: d
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..RequestDescriptor::default()
+            })
+            .collect(),
+        hits_addend: 1,
+    };
+    server.service().decide(&request).await.unwrap()
+}
+
+/// A status as (over, requests per unit, unit, remaining); `None` for no limit.
+fn limit_of(s: &weir_server::rls::Status) -> Option<(bool, u64, Unit, u64)> {
+    let l = s.limit.as_ref()?;
+    Some((s.over_limit, l.requests_per_unit, l.unit, s.remaining))
+}
+
+/// envoyproxy/ratelimit's xDS integration test (`testXdsProviderBasicConfig` running
+/// `testBasicBaseConfig`, then `testXdsProviderBasicConfigReload` running `testConfigReload`),
+/// its expectations ported: the configuration its test pushes, the answers it expects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoyproxy_ratelimits_xds_expectations() {
+    // Minute and hour windows on the wall clock: the counting must not straddle a minute's end.
+    let into_minute = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        % 60;
+    if into_minute > 45 {
+        tokio::time::sleep(Duration::from_secs(61 - into_minute)).await;
+    }
+    let (push, snapshot) = watch::channel(("1".to_string(), ratelimits_initial_config()));
+    let (ads, mut seen) = Ads::new(snapshot);
+    let addr: SocketAddr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let _ads = serve(ads, addr);
+    let server = Server::builder()
+        .store(MemoryStore::default())
+        .pushed()
+        .build()
+        .unwrap();
+    let _client = XdsClient::spawn(
+        server.service().clone(),
+        Settings::new(&addr.to_string(), "init-test-node").unwrap(),
+    );
+    next(&mut seen).await;
+    assert_eq!(next(&mut seen).await.version, "1");
+
+    // testBasicBaseConfig: an unknown domain has no limit.
+    let r = ask(&server, "foo", &[&[("hello", "world")]]).await;
+    assert!(!r.over_limit && r.statuses[0].limit.is_none());
+    let r = ask(&server, "basic", &[&[("key1", "foo")]]).await;
+    assert_eq!(
+        limit_of(&r.statuses[0]),
+        Some((false, 50, Unit::Second, 49))
+    );
+    // 25 hits on 20 a minute: 19 … 0 left, then OVER_LIMIT with 0.
+    for i in 0..25u64 {
+        let r = ask(&server, "another", &[&[("key2", "4242")]]).await;
+        let over = i >= 20;
+        let left = if over { 0 } else { 20 - (i + 1) };
+        assert_eq!(r.over_limit, over, "hit {i}");
+        assert_eq!(
+            limit_of(&r.statuses[0]),
+            Some((over, 20, Unit::Minute, left)),
+            "hit {i}"
+        );
+    }
+    // Two keys of one domain: key3 (10 an hour) goes over first; key2 keeps counting.
+    for i in 0..15u64 {
+        let r = ask(&server, "another", &[&[("key2", "77")], &[("key3", "77")]]).await;
+        let over = i >= 10;
+        assert_eq!(r.over_limit, over, "hit {i}");
+        assert_eq!(
+            limit_of(&r.statuses[0]),
+            Some((false, 20, Unit::Minute, 20 - (i + 1)))
+        );
+        let left = if over { 0 } else { 10 - (i + 1) };
+        assert_eq!(
+            limit_of(&r.statuses[1]),
+            Some((over, 10, Unit::Hour, left)),
+            "hit {i}"
+        );
+    }
+    // The time until reset counts down between two hits of one key.
+    let first = ask(&server, "another", &[&[("key4", "durTest")]])
+        .await
+        .statuses[0]
+        .reset;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = ask(&server, "another", &[&[("key4", "durTest")]])
+        .await
+        .statuses[0]
+        .reset;
+    assert!(second < first, "{second:?} < {first:?}");
+
+    // testConfigReload: the domain `reload` comes with version 2 and goes with version 3.
+    let r = ask(&server, "reload", &[&[("block", "foo")]]).await;
+    assert!(!r.over_limit && r.statuses[0].limit.is_none());
+    let mut with_reload = ratelimits_initial_config();
+    with_reload.push(domain(
+        "reload",
+        &[("key1", 1, 50), ("block", 1, 0), ("one_per_minute", 2, 1)],
+    ));
+    push.send(("2".into(), with_reload)).unwrap();
+    assert_eq!(next(&mut seen).await.version, "2");
+    let r = ask(&server, "reload", &[&[("key1", "foo")]]).await;
+    assert_eq!(
+        limit_of(&r.statuses[0]),
+        Some((false, 50, Unit::Second, 49))
+    );
+    assert!(
+        ask(&server, "reload", &[&[("block", "foo")]])
+            .await
+            .over_limit
+    );
+    push.send(("3".into(), ratelimits_initial_config()))
+        .unwrap();
+    assert_eq!(next(&mut seen).await.version, "3");
+    let r = ask(&server, "reload", &[&[("key1", "foo")]]).await;
+    assert!(
+        r.statuses[0].limit.is_none(),
+        "the domain went with version 3"
+    );
+    // The other domains' counters were kept through both pushes.
+    let r = ask(&server, "another", &[&[("key2", "4242")]]).await;
+    assert_eq!(limit_of(&r.statuses[0]), Some((true, 20, Unit::Minute, 0)));
 }
