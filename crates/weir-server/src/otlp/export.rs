@@ -2,13 +2,14 @@
 //! encoded and sent on a task of its own; at most one export is in flight, a tick that finds
 //! one is dropped, and failures are logged at most once a minute.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use weir_core::log_gate::LogGate;
 
 use super::encode::{metrics, Times};
+use super::outcomes::{Outcomes, OutcomesCollector};
 use super::proto::{
     ExportMetricsServiceRequest, InstrumentationScope, ResourceMetrics, ScopeMetrics,
 };
@@ -16,43 +17,13 @@ use super::resource::{monotonic_nanos, resource, unix_nanos};
 use super::send::Sender;
 use super::trace::Tracer;
 use super::Settings;
-use crate::admin::metrics::{counters, Collector, Encoder, Metrics};
-
-/// What the exporter did, counted.
-#[derive(Debug, Default)]
-struct Stats {
-    ok: AtomicU64,
-    failed: AtomicU64,
-    dropped: AtomicU64,
-}
-
-/// The exporter's counts as a collector of the registry it exports.
-#[derive(Debug)]
-struct StatsCollector(Arc<Stats>);
-
-impl Collector for StatsCollector {
-    fn encode(&self, mut enc: Encoder) -> std::fmt::Result {
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let s = &self.0;
-        counters(
-            &mut enc,
-            "weir_otlp_exports",
-            "OTLP metric exports, by result (ok; failed: not taken, or no answer in time; dropped: the previous export was still unanswered at the interval).",
-            [
-                ("ok", load(&s.ok)),
-                ("failed", load(&s.failed)),
-                ("dropped", load(&s.dropped)),
-            ]
-            .map(|(result, v)| ([("result", result)], v)),
-        )
-    }
-}
+use crate::admin::metrics::Metrics;
 
 /// A running exporter; dropping it stops the exports.
 #[derive(Debug)]
 pub struct Exporter {
     task: tokio::task::JoinHandle<()>,
-    stats: Arc<Stats>,
+    stats: Arc<Outcomes>,
     /// The tracer and its export task, when traces were asked for.
     traces: Option<(Arc<Tracer>, tokio::task::JoinHandle<()>)>,
 }
@@ -66,7 +37,7 @@ impl Exporter {
 
     /// Exports taken by the collector so far.
     pub fn exported(&self) -> u64 {
-        self.stats.ok.load(Ordering::Relaxed)
+        self.stats.sent.load(Ordering::Relaxed)
     }
 
     /// Exports that failed or were dropped so far.
@@ -88,8 +59,13 @@ impl Drop for Exporter {
 /// runtime, and the spans of decisions when the settings sample traces; the exporter's own
 /// counts (`weir_otlp_exports_total`, `weir_otlp_spans_total`) join the registry.
 pub fn spawn(registry: Arc<Metrics>, settings: Settings) -> Exporter {
-    let stats = Arc::new(Stats::default());
-    registry.register(StatsCollector(stats.clone()));
+    let stats = Arc::new(Outcomes::default());
+    registry.register(OutcomesCollector {
+        outcomes: stats.clone(),
+        name: "weir_otlp_exports",
+        help: "OTLP metric exports, by result (ok; failed: not taken, or no answer in time; dropped: the previous export was still unanswered at the interval).",
+        labels: ["ok", "failed", "dropped"],
+    });
     let traces = super::trace::spawn(&registry, &settings);
     let task = tokio::spawn(run(registry, settings, stats.clone()));
     Exporter {
@@ -102,7 +78,7 @@ pub fn spawn(registry: Arc<Metrics>, settings: Settings) -> Exporter {
 /// A minute between log lines about a failing collector.
 static FAILURES: LogGate = LogGate::new(60_000_000_000);
 
-async fn run(registry: Arc<Metrics>, settings: Settings, stats: Arc<Stats>) {
+async fn run(registry: Arc<Metrics>, settings: Settings, stats: Arc<Outcomes>) {
     let sender = Arc::new(Sender::new(
         settings.protocol,
         settings.target.clone(),
@@ -143,7 +119,7 @@ async fn run(registry: Arc<Metrics>, settings: Settings, stats: Arc<Stats>) {
         tokio::spawn(async move {
             match sender.send(&request).await {
                 Ok(()) => {
-                    stats.ok.fetch_add(1, Ordering::Relaxed);
+                    stats.sent.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
                     stats.failed.fetch_add(1, Ordering::Relaxed);

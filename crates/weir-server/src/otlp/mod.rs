@@ -22,6 +22,7 @@
 
 mod encode;
 mod export;
+mod outcomes;
 pub(crate) mod proto;
 mod resource;
 mod send;

@@ -15,7 +15,7 @@
 //! [`weir_tower::trace::TraceParent`], anything malformed starts a new trace) and the
 //! decision's inputs, which are digested.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use weir_core::log_gate::LogGate;
 use weir_tower::trace::{push_hex, Decided, DecisionRecord, TraceParent};
 
+use super::outcomes::{Outcomes, OutcomesCollector};
 use super::proto::{
     ExportTraceServiceRequest, InstrumentationScope, KeyValue, ResourceSpans, ScopeSpans, Span,
     KIND_INTERNAL,
@@ -31,7 +32,7 @@ use super::proto::{
 use super::resource::{monotonic_nanos, resource, unix_nanos};
 use super::send::{Sender, GRPC_TRACES};
 use super::{Sampling, Settings};
-use crate::admin::metrics::{counters, Collector, Encoder, Metrics};
+use crate::admin::metrics::Metrics;
 
 /// Spans waiting for their export at most (`OTEL_BSP_MAX_QUEUE_SIZE`'s default); past it a
 /// span is dropped and counted.
@@ -51,7 +52,7 @@ pub struct Tracer {
     bound: u64,
     queue: mpsc::Sender<Span>,
     salt: [u8; 32],
-    stats: Arc<Stats>,
+    stats: Arc<Outcomes>,
 }
 
 impl std::fmt::Debug for Tracer {
@@ -59,35 +60,6 @@ impl std::fmt::Debug for Tracer {
         f.debug_struct("Tracer")
             .field("sampling", &self.sampling)
             .finish_non_exhaustive()
-    }
-}
-
-/// What the tracer did with spans, counted.
-#[derive(Debug, Default)]
-struct Stats {
-    exported: AtomicU64,
-    failed: AtomicU64,
-    dropped: AtomicU64,
-}
-
-#[derive(Debug)]
-struct StatsCollector(Arc<Stats>);
-
-impl Collector for StatsCollector {
-    fn encode(&self, mut enc: Encoder) -> std::fmt::Result {
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let s = &self.0;
-        counters(
-            &mut enc,
-            "weir_otlp_spans",
-            "Decision spans, by result (exported; failed: the collector did not take their export; dropped: the export queue was full).",
-            [
-                ("exported", load(&s.exported)),
-                ("failed", load(&s.failed)),
-                ("dropped", load(&s.dropped)),
-            ]
-            .map(|(result, v)| ([("result", result)], v)),
-        )
     }
 }
 
@@ -121,8 +93,13 @@ impl Tracer {
     /// what [`run`] sends from.
     fn new(sampling: Sampling, registry: &Metrics) -> (Arc<Self>, mpsc::Receiver<Span>) {
         let (queue, rx) = mpsc::channel(MAX_QUEUED);
-        let stats = Arc::new(Stats::default());
-        registry.register(StatsCollector(stats.clone()));
+        let stats = Arc::new(Outcomes::default());
+        registry.register(OutcomesCollector {
+            outcomes: stats.clone(),
+            name: "weir_otlp_spans",
+            help: "Decision spans, by result (exported; failed: the collector did not take their export; dropped: the export queue was full).",
+            labels: ["exported", "failed", "dropped"],
+        });
         // The bound on a trace id's random part (W3C level 2: its last 7 bytes are random;
         // OpenTelemetry's ratio sampler compares them with ratio × 2^56).
         let bound = (sampling.ratio.clamp(0.0, 1.0) * (1u64 << 56) as f64) as u64;
@@ -370,7 +347,7 @@ async fn run(
     mut rx: mpsc::Receiver<Span>,
     sender: Sender,
     resource: super::proto::Resource,
-    stats: Arc<Stats>,
+    stats: Arc<Outcomes>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     loop {
@@ -400,7 +377,7 @@ async fn run(
         };
         match sender.send(&request).await {
             Ok(()) => {
-                stats.exported.fetch_add(n, Ordering::Relaxed);
+                stats.sent.fetch_add(n, Ordering::Relaxed);
             }
             Err(e) => {
                 stats.failed.fetch_add(n, Ordering::Relaxed);

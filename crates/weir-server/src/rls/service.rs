@@ -56,7 +56,28 @@ impl Service {
     ) -> Result<Self, LoadError> {
         let domains = load(config.as_deref(), options.merge_domains)?;
         let engine = Engine::build(&domains, options, store, None).map_err(LoadError::Engine)?;
-        Ok(Self {
+        Ok(Self::with_engine(engine, options, config, metrics, false))
+    }
+
+    /// A service whose configuration is pushed ([`Service::apply`], by [`crate::xds`]): no
+    /// domain until the first push (every request is answered OK, as an unknown domain is).
+    pub fn pushed(
+        store: Arc<dyn Store>,
+        options: EngineOptions,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, LoadError> {
+        let engine = Engine::build(&[], options, store, None).map_err(LoadError::Engine)?;
+        Ok(Self::with_engine(engine, options, None, metrics, true))
+    }
+
+    fn with_engine(
+        engine: Engine,
+        options: EngineOptions,
+        config: Option<PathBuf>,
+        metrics: Arc<Metrics>,
+        pushed: bool,
+    ) -> Self {
+        Self {
             engine: RwLock::new(Arc::new(engine)),
             options,
             config,
@@ -68,32 +89,8 @@ impl Service {
             last_reload: parking_lot::Mutex::new(None),
             watcher: parking_lot::Mutex::new(None),
             tracer: std::sync::OnceLock::new(),
-            pushed: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-
-    /// A service whose configuration is pushed ([`Service::apply`], by [`crate::xds`]): no
-    /// domain until the first push (every request is answered OK, as an unknown domain is).
-    pub fn pushed(
-        store: Arc<dyn Store>,
-        options: EngineOptions,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, LoadError> {
-        let engine = Engine::build(&[], options, store, None).map_err(LoadError::Engine)?;
-        Ok(Self {
-            engine: RwLock::new(Arc::new(engine)),
-            options,
-            config: None,
-            metrics,
-            bad_requests: AtomicU64::new(0),
-            reloads: Arc::default(),
-            headers: HeaderStyle::None,
-            latency: super::latency::Latency::default(),
-            last_reload: parking_lot::Mutex::new(None),
-            watcher: parking_lot::Mutex::new(None),
-            tracer: std::sync::OnceLock::new(),
-            pushed: std::sync::atomic::AtomicBool::new(true),
-        })
+            pushed: std::sync::atomic::AtomicBool::new(pushed),
+        }
     }
 
     /// Asks Envoy to add rate-limit headers of `style` to responses.

@@ -208,37 +208,21 @@ where
             if let Some(r) = req.extensions().get::<crate::trace::DecisionRecord>() {
                 r.refused(&block.rule, block.kind, policy.pass_blocked);
             }
-            refused_shared(block, guard, svc, req, fallback, policy)
-        }
-    }
-}
-
-/// A refusal of the shared rules: the route's fallback as for any block, or passed on.
-fn refused_shared<S, ReqB, C>(
-    block: Block,
-    guard: Guard<C>,
-    mut svc: S,
-    req: Request<ReqB>,
-    fallback: Option<Arc<Fallback>>,
-    policy: &Policy<C>,
-) -> RulesFuture<S, Request<ReqB>, C>
-where
-    S: Service<Request<ReqB>>,
-    C: Clock + Clone,
-{
-    match on_block(policy, fallback, req, block) {
-        Ok((req, passed)) => {
-            if passed {
-                guard.count_fallback();
+            match on_block(policy, fallback, req, block) {
+                Ok((req, passed)) => {
+                    if passed {
+                        guard.count_fallback();
+                    }
+                    drop(guard);
+                    pass(&mut svc, req, None)
+                }
+                Err(answer) => RulesFuture::Blocked {
+                    block: Some(Box::new(answer.block)),
+                    grpc: answer.grpc,
+                    fallback: answer.fallback,
+                },
             }
-            drop(guard);
-            pass(&mut svc, req, None)
         }
-        Err(answer) => RulesFuture::Blocked {
-            block: Some(Box::new(answer.block)),
-            grpc: answer.grpc,
-            fallback: answer.fallback,
-        },
     }
 }
 
