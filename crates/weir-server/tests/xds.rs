@@ -191,6 +191,14 @@ async fn both_sides_over_mutual_tls() {
     assert_eq!(first.node, "tls-node");
     let ack = next(&mut seen).await;
     assert_eq!((ack.version.as_str(), ack.error.as_deref()), ("v1", None));
+    // The client's certificate file renewed (its contents changed): the stream starts again
+    // with it, asking with the version in force.
+    let mut pem = std::fs::read_to_string(&certs.client_cert).unwrap();
+    pem.push('\n');
+    std::fs::write(&certs.client_cert, pem).unwrap();
+    let again = next(&mut seen).await;
+    assert_eq!((again.version.as_str(), again.nonce.as_str()), ("v1", ""));
+    assert_eq!(next(&mut seen).await.version, "v1");
     drop(push);
 
     // ShouldRateLimit over mutual TLS, through tonic's own client.

@@ -69,8 +69,11 @@ struct Accepted {
 async fn run(service: Arc<Service>, settings: Settings, stats: Arc<Stats>) {
     let mut accepted = Accepted::default();
     let mut wait = settings.backoff_initial;
+    // Renewed TLS files end the stream: the next one connects with them.
+    let renewed = Arc::new(tokio::sync::watch::Sender::new(0u64));
+    let _watchers = watch_tls(&settings, &renewed);
     loop {
-        let opened = stream(&service, &settings, &stats, &mut accepted).await;
+        let opened = stream(&service, &settings, &stats, &mut accepted, &renewed).await;
         stats.connected.store(false, Ordering::Relaxed);
         match opened {
             // It was open and ended: start again from the first wait.
@@ -93,7 +96,10 @@ async fn stream(
     s: &Settings,
     stats: &Stats,
     accepted: &mut Accepted,
+    renewed: &tokio::sync::watch::Sender<u64>,
 ) -> Result<(), String> {
+    // Renewals from now on (the files are read below).
+    let mut renewals = renewed.subscribe();
     let mut endpoint = tonic::transport::Endpoint::from(uri(s))
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(30))
@@ -134,7 +140,14 @@ async fn stream(
     stats.connected.store(true, Ordering::Relaxed);
     tracing::info!(server = %s.server, node = %s.node_id, "xDS stream open");
     loop {
-        let response = match responses.message().await {
+        let message = tokio::select! {
+            m = responses.message() => m,
+            _ = renewals.changed() => {
+                tracing::info!(server = %s.server, "xDS TLS files renewed: reconnecting with them");
+                return Ok(());
+            }
+        };
+        let response = match message {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(()),
             Err(e) => {
@@ -206,6 +219,35 @@ fn take(service: &Service, s: &Settings, response: &DiscoveryResponse) -> Result
             .join("\n")
     })?;
     service.apply(&domains).map_err(|e| e.to_string())
+}
+
+/// How often the TLS files are checked for a renewal.
+const TLS_CHECK: Duration = Duration::from_secs(1);
+
+/// Watchers of the client's TLS files, each counting a renewal in `renewed` when its file's
+/// contents change (kept for as long as the client runs).
+fn watch_tls(
+    s: &Settings,
+    renewed: &Arc<tokio::sync::watch::Sender<u64>>,
+) -> Vec<weir_rules::watch::Watcher> {
+    let Some(tls) = &s.tls else {
+        return Vec::new();
+    };
+    let mut files = vec![tls.ca.clone()];
+    if let Some((c, k)) = &tls.identity {
+        files.extend([c.clone(), k.clone()]);
+    }
+    files
+        .into_iter()
+        .filter_map(|f| {
+            let renewed = renewed.clone();
+            weir_rules::watch::Watcher::on_change(f, TLS_CHECK, move || {
+                renewed.send_modify(|n| *n += 1);
+                true
+            })
+            .ok()
+        })
+        .collect()
 }
 
 /// The server's URI, `https` when TLS is on.

@@ -59,7 +59,8 @@ pub struct Settings {
 
 /// TLS to the management server: the CA its certificate must chain to and, for mutual TLS
 /// (what Envoy Gateway asks), this client's certificate and key. The files are read at each
-/// connection, so rotated certificates apply from the next stream.
+/// connection and checked every second: a renewed file ends the stream, and the next one
+/// (after the first backoff wait, 0.5 s ± 50 %) connects with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientTls {
     /// The CA, PEM.
