@@ -27,8 +27,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use crate::net::tls::Stream;
-use futures_util::stream::{FuturesUnordered, Stream as _};
+use futures_util::stream::{FuturesUnordered, Stream};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -65,8 +64,9 @@ where
     }
 }
 
-struct Shared {
-    stream: Stream,
+/// The transport (a `TcpStream`, or TLS over one) and the bytes buffered for it.
+struct Shared<T> {
+    stream: T,
     out: Vec<u8>,
     /// Bytes of `out` already written.
     sent: usize,
@@ -74,7 +74,7 @@ struct Shared {
     failed: Option<io::ErrorKind>,
 }
 
-impl Shared {
+impl<T: AsyncWrite + Unpin> Shared<T> {
     /// Writes buffered bytes until done (Ready) or the socket is full (Pending, waker set).
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.sent < self.out.len() {
@@ -99,9 +99,9 @@ impl Shared {
 }
 
 /// The connection's end of a TCP stream whose writes are coalesced (see [`serve`]).
-pub struct CoalescedIo(Arc<Mutex<Shared>>);
+pub struct CoalescedIo<T>(Arc<Mutex<Shared<T>>>);
 
-impl AsyncRead for CoalescedIo {
+impl<T: AsyncRead + Unpin> AsyncRead for CoalescedIo<T> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -111,8 +111,8 @@ impl AsyncRead for CoalescedIo {
     }
 }
 
-impl CoalescedIo {
-    fn poll_room(&self, s: &mut Shared, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+impl<T: AsyncWrite + Unpin> CoalescedIo<T> {
+    fn poll_room(&self, s: &mut Shared<T>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         s.check()?;
         if s.out.len() >= HIGH_WATER {
             if let Poll::Ready(Err(e)) = s.poll_drain(cx) {
@@ -126,7 +126,7 @@ impl CoalescedIo {
     }
 }
 
-impl AsyncWrite for CoalescedIo {
+impl<T: AsyncWrite + Unpin> AsyncWrite for CoalescedIo<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -171,9 +171,9 @@ impl AsyncWrite for CoalescedIo {
 
 /// Drives a connection future built on a [`CoalescedIo`] and its pending streams, sending the
 /// buffered bytes after each poll.
-struct Drain<C> {
+struct Drain<C, T> {
     conn: Pin<Box<C>>,
-    shared: Arc<Mutex<Shared>>,
+    shared: Arc<Mutex<Shared<T>>>,
     executor: ConnectionExecutor,
     streams: FuturesUnordered<StreamFuture>,
     done: Option<Result<(), hyper::Error>>,
@@ -182,7 +182,7 @@ struct Drain<C> {
 /// Rounds of "connection, then streams" in one poll before yielding to other tasks.
 const ROUNDS: usize = 4;
 
-impl<C: Future<Output = Result<(), hyper::Error>>> Future for Drain<C> {
+impl<C: Future<Output = Result<(), hyper::Error>>, T: AsyncWrite + Unpin> Future for Drain<C, T> {
     type Output = Result<(), hyper::Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -237,9 +237,9 @@ impl<C: Future<Output = Result<(), hyper::Error>>> Future for Drain<C> {
 /// connection's executor) and `service`, running its streams on this task and coalescing
 /// writes (see the module documentation). Once `shutdown` says stop, the connection sends
 /// GOAWAY, finishes the streams it has and closes.
-pub async fn serve<S, B>(
+pub async fn serve<S, B, T>(
     builder: impl FnOnce(ConnectionExecutor) -> hyper::server::conn::http2::Builder<ConnectionExecutor>,
-    stream: Stream,
+    stream: T,
     service: S,
     mut shutdown: crate::net::accept::Shutdown,
     connection: Arc<crate::net::conn::Connection>,
@@ -252,6 +252,7 @@ where
     S::Future: Send + 'static,
     S::Error: Into<crate::net::conn::BoxError>,
     B: crate::net::conn::ResponseBody,
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let shared = Arc::new(Mutex::new(Shared {
         stream,
@@ -358,7 +359,7 @@ mod tests {
                     b.timer(hyper_util::rt::TokioTimer::new());
                     b
                 },
-                Stream::Plain(s),
+                s,
                 svc,
                 shutdown,
                 crate::net::conn::Connection::new(),

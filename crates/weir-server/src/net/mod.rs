@@ -2,7 +2,7 @@
 //! process and per address, graceful stop), [`conn`] (per-connection idle and header
 //! timeouts), [`budget`] (request-body bounds per body and in all), `dormant` (signals waited
 //! for beside a connection's I/O without polling them on every wake-up), [`tls`] (TLS on a
-//! listener, reloaded with its files; the plain-or-TLS stream), and [`points_at`]
+//! listener, reloaded with its files), and [`points_at`]
 //! (whether an address a server is told to call is its own).
 
 pub mod accept;

@@ -1,7 +1,7 @@
 //! TLS on a server's listener (rustls with ring): the certificate chain, its key and, for
 //! mutual TLS, the CA that clients' certificates must chain to — each file reloaded when its
 //! contents change (a rotated certificate applies to the next connection; connections open
-//! keep theirs) — and [`Stream`], the connection a server runs on, plain or TLS.
+//! keep theirs).
 //!
 //! Who may call it: the operator names the files. A client gets a handshake bounded by the
 //! connection's first-request timeout; with a client CA, a client without a certificate that
@@ -11,9 +11,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -21,7 +19,6 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::admin::metrics::{Collector, Encoder};
@@ -114,11 +111,16 @@ impl ServerTls {
         TlsCollector(self.reloads.clone())
     }
 
-    /// The server side of a TLS handshake on `tcp`, within `timeout`.
-    pub async fn accept(&self, tcp: TcpStream, timeout: Duration) -> io::Result<Stream> {
+    /// The server side of a TLS handshake on `tcp`, within `timeout`: the connection over TLS
+    /// (a server is generic over its transport, so a plain connection pays nothing for this).
+    pub async fn accept(
+        &self,
+        tcp: TcpStream,
+        timeout: Duration,
+    ) -> io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
         let acceptor = tokio_rustls::TlsAcceptor::from(self.config.load_full());
         match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-            Ok(Ok(s)) => Ok(Stream::Tls(Box::new(s))),
+            Ok(Ok(s)) => Ok(s),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -192,70 +194,4 @@ pub(crate) fn certificates(file: &Path) -> Result<Vec<CertificateDer<'static>>, 
         return Err(bad("no PEM certificate".into()));
     }
     Ok(certs)
-}
-
-/// A connection: plain TCP, or TLS over it.
-pub enum Stream {
-    /// Plain.
-    Plain(TcpStream),
-    /// TLS (boxed: its state is large).
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
 }

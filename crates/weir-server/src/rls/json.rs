@@ -240,7 +240,11 @@ async fn json_handler(
             return error(StatusCode::BAD_REQUEST, e.0);
         }
     };
-    match service.decide_traced(&request, begun).await {
+    let answer = service.decide(&request).await;
+    if let Some(b) = begun {
+        service.end_span(b, &request, &answer);
+    }
+    match answer {
         Ok(r) => {
             let status = if r.over_limit {
                 StatusCode::TOO_MANY_REQUESTS

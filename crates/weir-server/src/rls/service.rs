@@ -142,22 +142,19 @@ impl Service {
     }
 
     /// The span of a request with `headers`, begun if it may be exported (`None` without a
-    /// tracer: one load).
+    /// tracer: one load); [`Service::end_span`] ends it.
+    #[inline]
     pub fn begin_span(&self, headers: &http::HeaderMap) -> Option<Begun> {
-        super::trace::begin(self.tracer.get().map(|t| &**t), headers)
+        let tracer = self.tracer.get()?;
+        super::trace::begin(Some(tracer), headers)
     }
 
-    /// Decides a request as [`Service::decide`] does, and ends its span `begun`.
-    pub async fn decide_traced(
-        &self,
-        request: &Request,
-        begun: Option<Begun>,
-    ) -> Result<Response, BadRequest> {
-        let answer = self.decide(request).await;
-        if let (Some(t), Some(b)) = (self.tracer.get(), begun) {
-            super::trace::end(t, b, request, &answer);
+    /// Ends the span `begun` of `request`, decided as `answer` (a call of [`Service::decide`]).
+    #[cold]
+    pub fn end_span(&self, begun: Begun, request: &Request, answer: &Result<Response, BadRequest>) {
+        if let Some(t) = self.tracer.get() {
+            super::trace::end(t, begun, request, answer);
         }
-        answer
     }
 
     /// Decides a request, recording the latency.

@@ -17,7 +17,7 @@ use weir_quota::proto::{REFRESH_PATH, RELEASE_PATH};
 use crate::grpc::batch;
 use crate::grpc::frame::{ok, status, unframe, Code, GrpcBody, MAX_MESSAGE};
 use crate::net::budget::{BodyError, Budget, ConnectionBudget};
-use crate::net::tls::{ServerTls, Stream};
+use crate::net::tls::ServerTls;
 use crate::quota::api::QuotaApi;
 use crate::rls::grpc::{decode, to_proto, PATH};
 use crate::rls::Service;
@@ -166,7 +166,11 @@ where
         Ok(r) => r,
         Err((code, m)) => return status(code, &m),
     };
-    match service.decide_traced(&request, begun).await {
+    let answer = service.decide(&request).await;
+    if let Some(b) = begun {
+        service.end_span(b, &request, &answer);
+    }
+    match answer {
         Ok(r) => ok(&to_proto(&r, service.header_style())),
         Err(e) => status(Code::InvalidArgument, &e.0),
     }
@@ -201,18 +205,19 @@ pub(crate) async fn serve_grpc(
             };
             let tls = tls.clone();
             async move {
-                let stream = match tls {
+                let r = match tls {
                     // The handshake within the first request's time.
                     Some(tls) => match tls.accept(tcp, limits.timeouts.first_request).await {
-                        Ok(s) => s,
+                        Ok(s) => {
+                            batch::serve(grpc_builder, s, svc, sd, conn, limits.timeouts).await
+                        }
                         Err(e) => {
                             tracing::debug!(%peer, error = %e, "TLS handshake failed");
                             return;
                         }
                     },
-                    None => Stream::Plain(tcp),
+                    None => batch::serve(grpc_builder, tcp, svc, sd, conn, limits.timeouts).await,
                 };
-                let r = batch::serve(grpc_builder, stream, svc, sd, conn, limits.timeouts).await;
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "gRPC connection ended with an error");
                 }
