@@ -152,24 +152,40 @@ pub(crate) const VARIABLES: [(&str, Handling, &str); 115] = [
     ("TRACING_SAMPLING_RATE", Handling::Supported, "see TRACING_ENABLED (default 1)"),
 ];
 
+/// The variables, as envoyproxy/ratelimit reads them: an empty value is unset.
+struct Env<'a>(&'a HashMap<String, String>);
+
+impl Env<'_> {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
+    /// A boolean set to true.
+    fn on(&self, name: &str) -> bool {
+        self.get(name)
+            .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"))
+    }
+}
+
 /// The arguments `vars` ask for, or the first variable Weir cannot honour.
 pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, String> {
-    let var = |name: &str| vars.get(name).map(String::as_str).filter(|v| !v.is_empty());
-    let on = |name: &str| {
-        var(name).is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"))
-    };
-    let mut t = Translation::default();
+    let env = Env(vars);
     for (name, handling, why) in VARIABLES {
         // Refused unless it asks for nothing (false, 0, empty).
-        let asks =
-            var(name).is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "false" | "0"));
+        let asks = env
+            .get(name)
+            .is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "false" | "0"));
         if handling == Handling::Refused && asks {
             return Err(format!("{name}: not supported ({why})"));
         }
     }
+    let mut t = Translation::default();
     let addr = |host: &str, port: &str, default_port: &str| {
-        let host = var(host).unwrap_or("0.0.0.0");
-        let port = var(port).unwrap_or(default_port);
+        let host = env.get(host).unwrap_or("0.0.0.0");
+        let port = env.get(port).unwrap_or(default_port);
         if host.contains(':') {
             format!("[{host}]:{port}")
         } else {
@@ -180,20 +196,41 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
         .extend(["--http-addr".into(), addr("HOST", "PORT", "8080")]);
     t.args
         .extend(["--grpc-addr".into(), addr("GRPC_HOST", "GRPC_PORT", "8081")]);
-    match var("CONFIG_TYPE").unwrap_or("FILE") {
+    source(&env, &mut t)?;
+    tls(&env, &mut t)?;
+    match env.get("BACKEND_TYPE").unwrap_or("redis") {
+        "redis" => store(&env, &mut t)?,
+        other => {
+            return Err(format!(
+                "BACKEND_TYPE={other:?}: expected redis (Weir counts in memory or on Redis)"
+            ))
+        }
+    }
+    options(&env, &mut t);
+    ignored(&env, &mut t);
+    Ok(t)
+}
+
+/// Where the configuration comes from: files under RUNTIME_ROOT, or xDS.
+fn source(env: &Env<'_>, t: &mut Translation) -> Result<(), String> {
+    match env.get("CONFIG_TYPE").unwrap_or("FILE") {
         "FILE" => {
-            let root = var("RUNTIME_ROOT").unwrap_or("/srv/runtime_data/current");
+            let root = env
+                .get("RUNTIME_ROOT")
+                .unwrap_or("/srv/runtime_data/current");
             let mut path = std::path::PathBuf::from(root);
-            if let Some(sub) = var("RUNTIME_SUBDIRECTORY") {
+            if let Some(sub) = env.get("RUNTIME_SUBDIRECTORY") {
                 path.push(sub);
             }
-            path.push(var("RUNTIME_APPDIRECTORY").unwrap_or("config"));
+            path.push(env.get("RUNTIME_APPDIRECTORY").unwrap_or("config"));
             t.args
                 .extend(["--config".into(), path.display().to_string()]);
         }
         "GRPC_XDS_SOTW" => {
-            let server = var("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or("localhost:18000");
-            let node = var("CONFIG_GRPC_XDS_NODE_ID").unwrap_or("default");
+            let server = env
+                .get("CONFIG_GRPC_XDS_SERVER_URL")
+                .unwrap_or("localhost:18000");
+            let node = env.get("CONFIG_GRPC_XDS_NODE_ID").unwrap_or("default");
             t.args.extend(["--xds-server".into(), server.into()]);
             t.args.extend(["--xds-node-id".into(), node.into()]);
         }
@@ -203,60 +240,56 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
             ))
         }
     }
-    tls(vars, &mut t)?;
-    match var("BACKEND_TYPE").unwrap_or("redis") {
-        "redis" => store(vars, &mut t)?,
-        other => {
-            return Err(format!(
-                "BACKEND_TYPE={other:?}: expected redis (Weir counts in memory or on Redis)"
-            ))
-        }
-    }
+    Ok(())
+}
+
+/// The answers' options, the metrics port, the log level and tracing.
+fn options(env: &Env<'_>, t: &mut Translation) {
     for (name, flag) in [
         ("SHADOW_MODE", "--shadow"),
         ("MERGE_DOMAIN_CONFIG", "--merge-domains"),
         ("RESPONSE_DYNAMIC_METADATA", "--response-metadata"),
     ] {
-        if on(name) {
+        if env.on(name) {
             t.args.push(flag.into());
         }
     }
-    if on("LIMIT_RESPONSE_HEADERS_ENABLED") {
+    if env.on("LIMIT_RESPONSE_HEADERS_ENABLED") {
         t.args
             .extend(["--response-headers".into(), "draft03".into()]);
         t.warnings.push("LIMIT_RESPONSE_HEADERS_ENABLED: the headers are X-RateLimit-Limit, -Remaining and -Reset (LIMIT_*_HEADER names are not read)".into());
     }
-    if on("USE_PROMETHEUS") {
-        let addr = var("PROMETHEUS_ADDR").unwrap_or(":9090");
-        let addr = match addr.strip_prefix(':') {
+    if env.on("USE_PROMETHEUS") {
+        let addr = env.get("PROMETHEUS_ADDR").unwrap_or(":9090");
+        t.metrics_addr = Some(match addr.strip_prefix(':') {
             Some(port) => format!("0.0.0.0:{port}"),
             None => addr.to_string(),
-        };
-        if var("PROMETHEUS_PATH").is_some_and(|p| p != "/metrics") {
-            t.warnings
-                .push("PROMETHEUS_PATH: metrics are served at /metrics".into());
-        }
-        t.metrics_addr = Some(addr);
+        });
     }
-    t.log = var("LOG_LEVEL").map(|l| match l.to_ascii_lowercase().as_str() {
-        "trace" => "trace".into(),
-        "debug" => "debug".into(),
-        "warn" | "warning" => "warn".into(),
-        "error" | "fatal" | "panic" => "error".into(),
-        _ => "info".into(),
-    });
-    if on("TRACING_ENABLED") {
-        let rate = var("TRACING_SAMPLING_RATE").unwrap_or("1");
+    t.log = env
+        .get("LOG_LEVEL")
+        .map(|l| match l.to_ascii_lowercase().as_str() {
+            "trace" => "trace".into(),
+            "debug" => "debug".into(),
+            "warn" | "warning" => "warn".into(),
+            "error" | "fatal" | "panic" => "error".into(),
+            _ => "info".into(),
+        });
+    if env.on("TRACING_ENABLED") {
+        let rate = env.get("TRACING_SAMPLING_RATE").unwrap_or("1");
         t.args.extend(["--trace-ratio".into(), rate.into()]);
-        if let Some(p) = var("TRACING_EXPORTER_PROTOCOL") {
+        if let Some(p) = env.get("TRACING_EXPORTER_PROTOCOL") {
             let p = if p == "grpc" { "grpc" } else { "http/protobuf" };
             t.args.extend(["--otlp-protocol".into(), p.into()]);
         }
     }
+}
+
+/// A warning for each ignored variable set to something Weir does not do anyway.
+fn ignored(env: &Env<'_>, t: &mut Translation) {
     for (name, handling, why) in VARIABLES {
-        // Values that ask for what Weir does anyway are not worth a warning.
         let as_weir = matches!(
-            (name, var(name)),
+            (name, env.get(name)),
             ("USE_STATSD", Some("false"))
                 | (
                     "FORCE_START_WITHOUT_INITIAL_CONFIG"
@@ -267,41 +300,41 @@ pub(crate) fn translate(vars: &HashMap<String, String>) -> Result<Translation, S
                 | ("PROMETHEUS_PATH", Some("/metrics"))
                 | ("LOG_FORMAT", Some("text"))
         );
-        if handling == Handling::Ignored && var(name).is_some() && !as_weir {
+        if handling == Handling::Ignored && env.get(name).is_some() && !as_weir {
             t.warnings.push(format!("{name}: ignored ({why})"));
         }
     }
-    Ok(t)
 }
 
 /// The TLS flags of the gRPC listener and the xDS client.
-fn tls(vars: &HashMap<String, String>, t: &mut Translation) -> Result<(), String> {
-    let var = |name: &str| vars.get(name).map(String::as_str).filter(|v| !v.is_empty());
-    let on = |name: &str| var(name).is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+fn tls(env: &Env<'_>, t: &mut Translation) -> Result<(), String> {
     let need = |name: &str, why: &str| {
-        var(name)
+        env.get(name)
             .map(str::to_string)
             .ok_or_else(|| format!("{name} is not set ({why})"))
     };
-    if on("GRPC_SERVER_USE_TLS") {
+    if env.on("GRPC_SERVER_USE_TLS") {
         let cert = need("GRPC_SERVER_TLS_CERT", "GRPC_SERVER_USE_TLS=true")?;
         let key = need("GRPC_SERVER_TLS_KEY", "GRPC_SERVER_USE_TLS=true")?;
         t.args
             .extend(["--grpc-tls-cert".into(), cert, "--grpc-tls-key".into(), key]);
         // envoyproxy/ratelimit's name, and Envoy Gateway's.
-        if let Some(ca) = var("GRPC_CLIENT_TLS_CACERT").or(var("GRPC_SERVER_TLS_CA_CERT")) {
+        if let Some(ca) = env
+            .get("GRPC_CLIENT_TLS_CACERT")
+            .or(env.get("GRPC_SERVER_TLS_CA_CERT"))
+        {
             t.args.extend(["--grpc-tls-client-ca".into(), ca.into()]);
         }
     }
-    if on("CONFIG_GRPC_XDS_SERVER_USE_TLS") {
+    if env.on("CONFIG_GRPC_XDS_SERVER_USE_TLS") {
         let ca = need(
             "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
             "CONFIG_GRPC_XDS_SERVER_USE_TLS=true",
         )?;
         t.args.extend(["--xds-tls-ca".into(), ca]);
         if let (Some(cert), Some(key)) = (
-            var("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
-            var("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+            env.get("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+            env.get("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
         ) {
             t.args.extend([
                 "--xds-tls-cert".into(),
@@ -310,7 +343,7 @@ fn tls(vars: &HashMap<String, String>, t: &mut Translation) -> Result<(), String
                 key.into(),
             ]);
         }
-        if let Some(san) = var("CONFIG_GRPC_XDS_SERVER_TLS_SAN") {
+        if let Some(san) = env.get("CONFIG_GRPC_XDS_SERVER_TLS_SAN") {
             t.args.extend(["--xds-tls-server-name".into(), san.into()]);
         }
     }
@@ -318,8 +351,8 @@ fn tls(vars: &HashMap<String, String>, t: &mut Translation) -> Result<(), String
 }
 
 /// `--store` from the Redis variables (`REDIS_URL` unset: counters in memory, with a warning).
-fn store(vars: &HashMap<String, String>, t: &mut Translation) -> Result<(), String> {
-    let var = |name: &str| vars.get(name).map(String::as_str).filter(|v| !v.is_empty());
+fn store(env: &Env<'_>, t: &mut Translation) -> Result<(), String> {
+    let var = |name: &str| env.get(name);
     let Some(url) = var("REDIS_URL") else {
         t.warnings
             .push("REDIS_URL is not set: counters are kept in memory, this replica's own".into());

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::net::TcpListener;
+
 use weir_server::net::{accept, budget};
 use weir_server::quota::api::{OpenError, QuotaApi};
 use weir_server::rls;
@@ -48,25 +50,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             Err(code) => return code,
         },
     };
-    let mut builder = Server::builder()
-        .store_shared(store)
-        .options(rls::EngineOptions {
-            shadow: args.shadow,
-            clock: args.clock,
-            response_metadata: args.response_metadata,
-            merge_domains: args.merge_domains,
-        })
-        .headers(match args.response_headers.as_str() {
-            "draft03" => rls::HeaderStyle::Draft03,
-            "ietf" => rls::HeaderStyle::Ietf,
-            _ => rls::HeaderStyle::None,
-        })
-        .limits(args.connections.limits())
-        .bodies(budget::BodyLimits {
-            timeout: args.body_timeout,
-            total: args.max_buffered_bytes,
-            ..budget::BodyLimits::default()
-        });
+    let mut builder = builder(&args, store);
     let xds = match &args.xds_server {
         Some(server) => match xds_settings(&args, server) {
             Ok(s) => {
@@ -92,19 +76,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(cert) = &args.grpc_tls_cert {
-        let files = weir_server::net::tls::TlsFiles {
-            cert: cert.clone(),
-            key: args.grpc_tls_key.clone().unwrap_or_default(),
-            client_ca: args.grpc_tls_client_ca.clone(),
-        };
-        match weir_server::net::tls::ServerTls::load(files) {
-            Ok(tls) => {
-                tls.watch(RELOAD_INTERVAL);
-                server.grpc_tls(tls);
-            }
-            Err(e) => return fail(e),
-        }
+    match grpc_tls(&args) {
+        Ok(Some(tls)) => server.grpc_tls(tls),
+        Ok(None) => {}
+        Err(e) => return fail(e),
     }
     server.service().watch(RELOAD_INTERVAL);
     let _xds = xds.map(|s| {
@@ -115,20 +90,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
     if let Some(t) = exporter.as_ref().and_then(|e| e.tracer()) {
         server.trace(t.clone());
     }
-    let grpc = match bind(args.grpc_addr, "gRPC", "--grpc-addr").await {
+    let (grpc, http, metrics) = match listeners(&args).await {
         Ok(l) => l,
         Err(e) => return fail(e),
-    };
-    let http = match bind(args.http_addr, "HTTP", "--http-addr").await {
-        Ok(l) => l,
-        Err(e) => return fail(e),
-    };
-    let metrics = match args.metrics_addr {
-        Some(a) => match bind(a, "metrics", "--metrics-addr").await {
-            Ok(l) => Some(l),
-            Err(e) => return fail(e),
-        },
-        None => None,
     };
     let (g, h) = (
         grpc.local_addr().map_or(args.grpc_addr, |a| a),
@@ -163,6 +127,60 @@ async fn serve(args: ServeArgs) -> ExitCode {
         q.resign().await;
     }
     ExitCode::SUCCESS
+}
+
+/// The server's builder with the flags' engine options, headers and bounds.
+fn builder(args: &ServeArgs, store: Arc<dyn rls::Store>) -> weir_server::serve::Builder {
+    Server::builder()
+        .store_shared(store)
+        .options(rls::EngineOptions {
+            shadow: args.shadow,
+            clock: args.clock,
+            response_metadata: args.response_metadata,
+            merge_domains: args.merge_domains,
+        })
+        .headers(match args.response_headers.as_str() {
+            "draft03" => rls::HeaderStyle::Draft03,
+            "ietf" => rls::HeaderStyle::Ietf,
+            _ => rls::HeaderStyle::None,
+        })
+        .limits(args.connections.limits())
+        .bodies(budget::BodyLimits {
+            timeout: args.body_timeout,
+            total: args.max_buffered_bytes,
+            ..budget::BodyLimits::default()
+        })
+}
+
+/// The gRPC listener's TLS from the flags, watched for renewals (none without
+/// `--grpc-tls-cert`).
+fn grpc_tls(
+    args: &ServeArgs,
+) -> Result<Option<Arc<weir_server::net::tls::ServerTls>>, weir_server::net::tls::TlsError> {
+    let Some(cert) = &args.grpc_tls_cert else {
+        return Ok(None);
+    };
+    let files = weir_server::net::tls::TlsFiles {
+        cert: cert.clone(),
+        key: args.grpc_tls_key.clone().unwrap_or_default(),
+        client_ca: args.grpc_tls_client_ca.clone(),
+    };
+    let tls = weir_server::net::tls::ServerTls::load(files)?;
+    tls.watch(RELOAD_INTERVAL);
+    Ok(Some(tls))
+}
+
+/// The gRPC, HTTP and (with `--metrics-addr`) metrics listeners, or why one cannot be opened.
+async fn listeners(
+    args: &ServeArgs,
+) -> Result<(TcpListener, TcpListener, Option<TcpListener>), String> {
+    let grpc = bind(args.grpc_addr, "gRPC", "--grpc-addr").await?;
+    let http = bind(args.http_addr, "HTTP", "--http-addr").await?;
+    let metrics = match args.metrics_addr {
+        Some(a) => Some(bind(a, "metrics", "--metrics-addr").await?),
+        None => None,
+    };
+    Ok((grpc, http, metrics))
 }
 
 /// The xDS client's settings from the flags.
