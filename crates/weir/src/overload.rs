@@ -261,13 +261,7 @@ pub fn run(s: &Settings) -> Result<Report, String> {
     let workers = s.workers;
     let mean_service_s = workers as f64 / s.capacity;
     let mut rng = SplitMix64(s.seed);
-    // Unloaded latency = service time alone.
-    let mut unloaded: Vec<f64> = (0..100_000)
-        .map(|_| erlang2(&mut rng, mean_service_s))
-        .collect();
-    unloaded.sort_by(|a, b| a.total_cmp(b));
-    let unloaded_mean = unloaded.iter().sum::<f64>() / unloaded.len() as f64;
-    let unloaded_p99 = percentile(&unloaded, 0.99);
+    let (unloaded_mean, unloaded_p99) = unloaded(&mut rng, mean_service_s);
     let slo = (5.0 * unloaded_mean * 1e9) as Nanos;
 
     let mut meter = CpuMeter::new(workers);
@@ -333,7 +327,34 @@ pub fn run(s: &Settings) -> Result<Report, String> {
         }
         service.start(&protection, &mut by_level, &mut rng, mean_service_s, now);
     }
-    // Completions come in time order: each second's latencies are one run of the list.
+    seconds_p99(&mut seconds, &latencies, &completed_in);
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let good: u64 = by_level.iter().map(|r| r.good).sum();
+    Ok(Report {
+        protection: s.protection.clone(),
+        load: s.load,
+        goodput_ratio: good as f64 / (s.capacity * s.duration.as_secs_f64()),
+        p50_ms: percentile(&latencies, 0.5),
+        p99_ms: percentile(&latencies, 0.99),
+        unloaded_p99_ms: unloaded_p99 * 1e3,
+        slo_ms: slo as f64 / 1e6,
+        by_level,
+        seconds,
+    })
+}
+
+/// The unloaded latency (service time alone) of 100 000 draws: its mean and 99th percentile,
+/// in seconds.
+fn unloaded(rng: &mut SplitMix64, mean_service_s: f64) -> (f64, f64) {
+    let mut unloaded: Vec<f64> = (0..100_000).map(|_| erlang2(rng, mean_service_s)).collect();
+    unloaded.sort_by(|a, b| a.total_cmp(b));
+    let mean = unloaded.iter().sum::<f64>() / unloaded.len() as f64;
+    (mean, percentile(&unloaded, 0.99))
+}
+
+/// Each second's p99 from the latencies (ms) completed in it (`completed_in`: the second of
+/// each). Completions come in time order: each second's latencies are one run of the list.
+fn seconds_p99(seconds: &mut [Second], latencies: &[f64], completed_in: &[u64]) {
     let mut from = 0;
     while from < latencies.len() {
         let sec = completed_in[from];
@@ -350,19 +371,6 @@ pub fn run(s: &Settings) -> Result<Report, String> {
         }
         from = to;
     }
-    latencies.sort_by(|a, b| a.total_cmp(b));
-    let good: u64 = by_level.iter().map(|r| r.good).sum();
-    Ok(Report {
-        protection: s.protection.clone(),
-        load: s.load,
-        goodput_ratio: good as f64 / (s.capacity * s.duration.as_secs_f64()),
-        p50_ms: percentile(&latencies, 0.5),
-        p99_ms: percentile(&latencies, 0.99),
-        unloaded_p99_ms: unloaded_p99 * 1e3,
-        slo_ms: slo as f64 / 1e6,
-        by_level,
-        seconds,
-    })
 }
 
 /// The simulated CPU: busy worker-time, sampled every 500 ms into a smoothed usage that BBR

@@ -103,24 +103,45 @@ th{text-align:left;font-weight:normal;color:#555;padding:1px 12px 1px 0}td{font-
 figure{margin:12px 0}figcaption{font-weight:600;margin-bottom:4px}svg{max-width:100%;height:auto}\
 .legend span{margin-right:14px;white-space:nowrap}.legend i{display:inline-block;width:18px;height:3px;vertical-align:middle;margin-right:4px}";
 
+/// Where a chart's values land in its SVG: the x range and the y top.
+struct Frame {
+    x0: f64,
+    x1: f64,
+    y1: f64,
+}
+
+impl Frame {
+    /// The ranges that hold every finite point of `c` (bars: one slot per label).
+    fn of(c: &Chart) -> Self {
+        let points = c.series.iter().flat_map(|s| s.points.iter());
+        let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
+        for &(x, y) in points.filter(|(x, y)| x.is_finite() && y.is_finite()) {
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y1 = y1.max(y);
+        }
+        if let Some(labels) = &c.bars {
+            (x0, x1) = (-0.5, labels.len() as f64 - 0.5);
+        }
+        if x0.partial_cmp(&x1) != Some(std::cmp::Ordering::Less) {
+            (x0, x1) = (0.0, 1.0);
+        }
+        let y1 = nice(if y1 > 0.0 { y1 * 1.05 } else { 1.0 });
+        Self { x0, x1, y1 }
+    }
+
+    fn px(&self, x: f64) -> f64 {
+        LEFT + (x - self.x0) / (self.x1 - self.x0) * (W - LEFT - RIGHT)
+    }
+
+    fn py(&self, y: f64) -> f64 {
+        TOP + (1.0 - y / self.y1) * (H - TOP - BOTTOM)
+    }
+}
+
 /// One chart as a figure with an inline SVG and its legend.
 fn svg(c: &Chart) -> String {
-    let points = c.series.iter().flat_map(|s| s.points.iter());
-    let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
-    for &(x, y) in points.filter(|(x, y)| x.is_finite() && y.is_finite()) {
-        x0 = x0.min(x);
-        x1 = x1.max(x);
-        y1 = y1.max(y);
-    }
-    if let Some(labels) = &c.bars {
-        (x0, x1) = (-0.5, labels.len() as f64 - 0.5);
-    }
-    if x0.partial_cmp(&x1) != Some(std::cmp::Ordering::Less) {
-        (x0, x1) = (0.0, 1.0);
-    }
-    let y1 = nice(if y1 > 0.0 { y1 * 1.05 } else { 1.0 });
-    let px = |x: f64| LEFT + (x - x0) / (x1 - x0) * (W - LEFT - RIGHT);
-    let py = |y: f64| TOP + (1.0 - y / y1) * (H - TOP - BOTTOM);
+    let f = Frame::of(c);
     let mut out = String::new();
     let _ = write!(
         out,
@@ -128,44 +149,65 @@ fn svg(c: &Chart) -> String {
         escape(&c.title),
         escape(&c.title)
     );
-    // Grid and y ticks.
+    axes(&mut out, c, &f);
+    let n = c.series.len().max(1) as f64;
+    for (k, s) in c.series.iter().enumerate() {
+        let colour = COLOURS[k % COLOURS.len()];
+        if c.bars.is_some() {
+            bars(&mut out, &f, s, k, n, colour);
+        } else {
+            line(&mut out, &f, s, colour);
+        }
+    }
+    out.push_str("</svg><div class=\"legend\">");
+    for (k, s) in c.series.iter().enumerate() {
+        let colour = COLOURS[k % COLOURS.len()];
+        let _ = write!(
+            out,
+            "<span><i style=\"background:{colour}{}\"></i>{}</span>",
+            if s.dashed { ";opacity:.5" } else { "" },
+            escape(&s.name)
+        );
+    }
+    out.push_str("</div></figure>");
+    out
+}
+
+/// The grid, the ticks of both axes and their titles.
+fn axes(out: &mut String, c: &Chart, f: &Frame) {
     for i in 0..=4 {
-        let y = y1 * f64::from(i) / 4.0;
+        let y = f.y1 * f64::from(i) / 4.0;
         let _ = write!(
             out,
             "<line x1=\"{LEFT}\" x2=\"{}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#e4e4e4\"/>\
              <text x=\"{}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">{}</text>",
             W - RIGHT,
-            py(y),
-            py(y),
+            f.py(y),
+            f.py(y),
             LEFT - 6.0,
-            py(y) + 4.0,
+            f.py(y) + 4.0,
             number(y)
         );
     }
-    // X ticks.
+    let tick = |out: &mut String, x: f64, label: &str| {
+        let _ = write!(
+            out,
+            "<text x=\"{:.1}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">{}</text>",
+            f.px(x),
+            H - BOTTOM + 14.0,
+            label
+        );
+    };
     match &c.bars {
         Some(labels) => {
             for (i, l) in labels.iter().enumerate() {
-                let _ = write!(
-                    out,
-                    "<text x=\"{:.1}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">{}</text>",
-                    px(i as f64),
-                    H - BOTTOM + 14.0,
-                    escape(l)
-                );
+                tick(out, i as f64, &escape(l));
             }
         }
         None => {
             for i in 0..=5 {
-                let x = x0 + (x1 - x0) * f64::from(i) / 5.0;
-                let _ = write!(
-                    out,
-                    "<text x=\"{:.1}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">{}</text>",
-                    px(x),
-                    H - BOTTOM + 14.0,
-                    number(x)
-                );
+                let x = f.x0 + (f.x1 - f.x0) * f64::from(i) / 5.0;
+                tick(out, x, &number(x));
             }
         }
     }
@@ -180,55 +222,43 @@ fn svg(c: &Chart) -> String {
         (TOP + H - BOTTOM) / 2.0,
         escape(&c.y)
     );
-    let n = c.series.len().max(1) as f64;
-    for (k, s) in c.series.iter().enumerate() {
-        let colour = COLOURS[k % COLOURS.len()];
-        if c.bars.is_some() {
-            // Bars side by side within each x position.
-            let slot = (px(1.0) - px(0.0)) * 0.8 / n;
-            for &(x, y) in s.points.iter().filter(|(_, y)| y.is_finite()) {
-                let left = px(x) - slot * n / 2.0 + slot * k as f64;
-                let _ = write!(
-                    out,
-                    "<rect x=\"{left:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{colour}\" opacity=\"{}\"/>",
-                    py(y),
-                    slot * 0.92,
-                    (py(0.0) - py(y)).max(0.0),
-                    if s.dashed { "0.45" } else { "0.9" }
-                );
-            }
-            continue;
-        }
-        let path: Vec<String> = s
-            .points
-            .iter()
-            .filter(|(x, y)| x.is_finite() && y.is_finite())
-            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
-            .collect();
+}
+
+/// Series `s`, the `k`-th of `n`, as bars side by side within each x position.
+fn bars(out: &mut String, f: &Frame, s: &Series, k: usize, n: f64, colour: &str) {
+    let slot = (f.px(1.0) - f.px(0.0)) * 0.8 / n;
+    for &(x, y) in s.points.iter().filter(|(_, y)| y.is_finite()) {
+        let left = f.px(x) - slot * n / 2.0 + slot * k as f64;
         let _ = write!(
             out,
-            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"{}\"{} points=\"{}\"/>",
-            if s.dashed { 1.5 } else { 2.0 },
-            if s.dashed {
-                " stroke-dasharray=\"6 4\""
-            } else {
-                ""
-            },
-            path.join(" ")
+            "<rect x=\"{left:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{colour}\" opacity=\"{}\"/>",
+            f.py(y),
+            slot * 0.92,
+            (f.py(0.0) - f.py(y)).max(0.0),
+            if s.dashed { "0.45" } else { "0.9" }
         );
     }
-    out.push_str("</svg><div class=\"legend\">");
-    for (k, s) in c.series.iter().enumerate() {
-        let colour = COLOURS[k % COLOURS.len()];
-        let _ = write!(
-            out,
-            "<span><i style=\"background:{colour}{}\"></i>{}</span>",
-            if s.dashed { ";opacity:.5" } else { "" },
-            escape(&s.name)
-        );
-    }
-    out.push_str("</div></figure>");
-    out
+}
+
+/// Series `s` as a line.
+fn line(out: &mut String, f: &Frame, s: &Series, colour: &str) {
+    let path: Vec<String> = s
+        .points
+        .iter()
+        .filter(|(x, y)| x.is_finite() && y.is_finite())
+        .map(|&(x, y)| format!("{:.1},{:.1}", f.px(x), f.py(y)))
+        .collect();
+    let _ = write!(
+        out,
+        "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"{}\"{} points=\"{}\"/>",
+        if s.dashed { 1.5 } else { 2.0 },
+        if s.dashed {
+            " stroke-dasharray=\"6 4\""
+        } else {
+            ""
+        },
+        path.join(" ")
+    );
 }
 
 /// A round upper bound for an axis: 1, 2, 2.5 or 5 times a power of ten.
