@@ -474,3 +474,72 @@ async fn envoyproxy_ratelimits_xds_expectations() {
     let r = ask(&server, "another", &[&[("key2", "4242")]]).await;
     assert_eq!(limit_of(&r.statuses[0]), Some((true, 20, Unit::Minute, 0)));
 }
+
+/// A push of 45 000 rules (a large deployment's configuration) is compiled off the runtime's
+/// worker: decisions on that one worker keep answering while it is, and the push is ACKed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_push_of_45_000_rules_never_stalls_decisions() {
+    let limits: Vec<(String, i32, u32)> = (0..45_000)
+        .map(|i| (format!("k{i:05}"), 2, 1_000))
+        .collect();
+    let refs: Vec<(&str, i32, u32)> = limits
+        .iter()
+        .map(|(k, u, n)| (k.as_str(), *u, *n))
+        .collect();
+    let big = domain("edge", &refs);
+    let (push, snapshot) = watch::channel(("small".to_string(), vec![config("edge", 1_000, 2)]));
+    let (ads, mut seen) = Ads::new(snapshot);
+    let addr: SocketAddr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let _ads = serve(ads, addr);
+    let server = std::sync::Arc::new(
+        Server::builder()
+            .store(MemoryStore::default())
+            .pushed()
+            .build()
+            .unwrap(),
+    );
+    let _client = XdsClient::spawn(
+        server.service().clone(),
+        Settings::new(&addr.to_string(), "big").unwrap(),
+    );
+    next(&mut seen).await;
+    assert_eq!(next(&mut seen).await.version, "small");
+    // Decisions in a loop on the runtime's only worker, the slowest round kept.
+    let deciding = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            loop {
+                // A round: a 1 ms wait and a decision; a stalled worker shows as a long round.
+                let t = Instant::now();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let _ = over(&server).await;
+                slowest = slowest.max(t.elapsed());
+                if server.service().domains().len() == 1
+                    && ask(&server, "edge", &[&[("k44999", "x")]]).await.statuses[0]
+                        .limit
+                        .is_some()
+                {
+                    return slowest;
+                }
+            }
+        })
+    };
+    push.send(("big".into(), vec![big])).unwrap();
+    let ack = tokio::time::timeout(Duration::from_secs(120), seen.recv())
+        .await
+        .expect("an ACK within 120 s")
+        .unwrap();
+    assert_eq!((ack.version.as_str(), ack.error.as_deref()), ("big", None));
+    let slowest = tokio::time::timeout(Duration::from_secs(30), deciding)
+        .await
+        .expect("the new rules answer")
+        .unwrap();
+    assert!(
+        slowest < Duration::from_millis(250),
+        "a decision waited {slowest:?}"
+    );
+}

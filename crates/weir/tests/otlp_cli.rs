@@ -104,6 +104,25 @@ fn read_chunked(r: &mut impl BufRead) -> Option<Vec<u8>> {
     }
 }
 
+/// `weir serve` with `args` and `env` stops at start with exit code 2 and one line holding
+/// `message`.
+pub(crate) fn refused_at_start(args: &[&str], env: &[(&str, &str)], message: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .arg("serve")
+        .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.starts_with("weir: error: ") && err.contains(message),
+        "{err}"
+    );
+}
+
 /// Starts the binary with `args` and `env`, waiting for its first line (where it listens).
 fn start(args: &[&str], env: &[(&str, &str)]) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
@@ -211,20 +230,7 @@ fn bad_otlp_settings_are_refused_at_start() {
             "OTEL_METRIC_EXPORT_INTERVAL=\"1m\"",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-            .arg("serve")
-            .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
-            .args(&args)
-            .envs(env.iter().copied())
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "one line: {err}");
-        assert!(
-            err.starts_with("weir: error: ") && err.contains(message),
-            "{err}"
-        );
+        refused_at_start(&args, &env, message);
     }
 }
 

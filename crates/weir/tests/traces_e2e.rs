@@ -6,7 +6,7 @@
 //! errors.
 
 use crate::common;
-use crate::otlp_cli::receiver;
+use crate::otlp_cli::{receiver, refused_at_start};
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -200,19 +200,6 @@ fn bad_tracing_flags_are_refused_at_start() {
             "OTEL_TRACES_SAMPLER_ARG=\"2\"",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-            .arg("serve")
-            .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
-            .args(&args)
-            .envs(env.iter().copied())
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "one line: {err}");
-        assert!(
-            err.starts_with("weir: error: ") && err.contains(message),
-            "{err}"
-        );
+        refused_at_start(&args, &env, message);
     }
 }

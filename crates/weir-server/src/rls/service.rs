@@ -172,6 +172,11 @@ impl Service {
     /// Reloads the configuration file(s); on error the previous configuration stays.
     pub fn reload(&self) -> Result<(), LoadError> {
         let result = self.try_reload();
+        self.noted(result)
+    }
+
+    /// Keeps `result` as the last reload's (the dashboard shows it), and answers it.
+    fn noted(&self, result: Result<(), LoadError>) -> Result<(), LoadError> {
         *self.last_reload.lock() = Some(weir_tower::dashboard::Reload {
             t: weir_tower::dashboard::unix_now(),
             ok: result.is_ok(),
@@ -204,15 +209,7 @@ impl Service {
             Err(_) => &self.reloads.rejected,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        *self.last_reload.lock() = Some(weir_tower::dashboard::Reload {
-            t: weir_tower::dashboard::unix_now(),
-            ok: result.is_ok(),
-            error: result
-                .as_ref()
-                .err()
-                .map(|e| e.to_string().lines().collect::<Vec<_>>().join("; ")),
-        });
-        result
+        self.noted(result)
     }
 
     /// The domains configured now.

@@ -92,7 +92,7 @@ async fn run(service: Arc<Service>, settings: Settings, stats: Arc<Stats>) {
 
 /// One stream, until it ends (`Ok`) or fails before or while open (`Err`).
 async fn stream(
-    service: &Service,
+    service: &Arc<Service>,
     s: &Settings,
     stats: &Stats,
     accepted: &mut Accepted,
@@ -156,17 +156,24 @@ async fn stream(
                 return Ok(());
             }
         };
-        let answer = match take(service, s, &response) {
+        // Compiled off the runtime's workers, as a file's reload is: a push of tens of
+        // thousands of rules never stalls the decisions in flight.
+        let (version, nonce) = (response.version_info.clone(), response.nonce.clone());
+        let (svc, merge) = (service.clone(), s.merge_domains);
+        let taken = tokio::task::spawn_blocking(move || take(&svc, merge, &response))
+            .await
+            .unwrap_or_else(|e| Err(format!("the configuration's compilation failed: {e}")));
+        let answer = match taken {
             Ok(()) => {
                 stats.applied.fetch_add(1, Ordering::Relaxed);
-                accepted.version = response.version_info.clone();
-                tracing::info!(version = %response.version_info, "xDS configuration applied");
+                accepted.version = version.clone();
+                tracing::info!(version = %version, "xDS configuration applied");
                 None
             }
             Err(message) => {
                 stats.rejected.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
-                    version = %response.version_info,
+                    version = %version,
                     error = %message,
                     "xDS configuration rejected; the previous one keeps serving"
                 );
@@ -181,7 +188,7 @@ async fn stream(
             version_info: accepted.version.clone(),
             node: Some(node(s)),
             type_url: TYPE_URL.into(),
-            response_nonce: response.nonce.clone(),
+            response_nonce: nonce,
             error_detail: answer,
             ..DiscoveryRequest::default()
         };
@@ -192,7 +199,11 @@ async fn stream(
 }
 
 /// Puts the response's configuration in force; what is wrong with it, one problem a line.
-fn take(service: &Service, s: &Settings, response: &DiscoveryResponse) -> Result<(), String> {
+fn take(
+    service: &Service,
+    merge_domains: bool,
+    response: &DiscoveryResponse,
+) -> Result<(), String> {
     if response.type_url != TYPE_URL {
         return Err(format!(
             "type_url {:?}: expected {TYPE_URL}",
@@ -211,7 +222,7 @@ fn take(service: &Service, s: &Settings, response: &DiscoveryResponse) -> Result
             .map_err(|e| format!("resources[{i}]: not a RateLimitConfig: {e}"))?;
         configs.push(c);
     }
-    let domains = super::convert::domains(&configs, s.merge_domains).map_err(|errors| {
+    let domains = super::convert::domains(&configs, merge_domains).map_err(|errors| {
         errors
             .iter()
             .map(ToString::to_string)
