@@ -51,6 +51,11 @@ impl ClientIp {
         self.trusted.iter().any(|c| c.contains(ip))
     }
 
+    /// Whether any proxy is trusted: only then is `X-Forwarded-For` read.
+    pub fn reads_forwarded_for(&self) -> bool {
+        !self.trusted.is_empty()
+    }
+
     /// The client address of `req`.
     pub fn client<B>(&self, req: &Request<B>) -> Option<IpAddr> {
         self.client_of(req.headers(), req.extensions())

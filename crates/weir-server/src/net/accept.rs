@@ -50,6 +50,11 @@ impl Shutdown {
             std::future::pending::<()>().await;
         }
     }
+
+    /// Whether [`ShutdownTrigger::stop`] was called.
+    pub fn is_stopping(&self) -> bool {
+        *self.0.borrow()
+    }
 }
 
 /// Completes at the first SIGINT (Ctrl-C) or SIGTERM (what `kill`, systemd and Kubernetes send).
@@ -263,8 +268,8 @@ impl Slab {
 /// first request, idle, or room needed at the cap). A client that takes longer than
 /// `timeouts.first_request` to send a request head is disconnected; HTTP/2 clients are pinged
 /// every `timeouts.idle` and dropped when they do not answer.
-pub async fn serve_http<S, B>(
-    stream: TcpStream,
+pub async fn serve_http<S, B, I>(
+    stream: I,
     service: S,
     timeouts: Timeouts,
     mut shutdown: Shutdown,
@@ -277,6 +282,7 @@ pub async fn serve_http<S, B>(
     S::Future: Send + 'static,
     S::Error: Into<crate::net::conn::BoxError>,
     B: crate::net::conn::ResponseBody,
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let io = hyper_util::rt::TokioIo::new(stream);
     let service = Tracked::new(

@@ -82,7 +82,7 @@ impl Connection {
 
     /// A request started (see [`InFlight`]). The clock is read at its end only: while a
     /// request is in flight the connection is not idle, whatever `last_ms` says.
-    fn begin(self: &Arc<Self>) -> InFlight {
+    pub fn begin(self: &Arc<Self>) -> InFlight {
         self.served.store(true, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(self.clone())

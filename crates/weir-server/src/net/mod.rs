@@ -2,13 +2,15 @@
 //! process and per address, graceful stop), [`conn`] (per-connection idle and header
 //! timeouts), [`budget`] (request-body bounds per body and in all), `dormant` (signals waited
 //! for beside a connection's I/O without polling them on every wake-up), [`tls`] (TLS on a
-//! listener, reloaded with its files), and [`points_at`]
+//! listener, reloaded with its files), [`rewind`] (bytes read put back in front of a
+//! connection), and [`points_at`]
 //! (whether an address a server is told to call is its own).
 
 pub mod accept;
 pub mod budget;
 pub mod conn;
 pub(crate) mod dormant;
+pub mod rewind;
 pub mod tls;
 
 /// Whether `target` (an `http://HOST:PORT` URI) names `listen`, an address this process

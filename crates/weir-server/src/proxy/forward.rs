@@ -66,22 +66,22 @@ pub(super) struct Forward {
 pub(super) struct ForwardTo {
     /// Bodiless requests over HTTP/1.1, on the calling task.
     pub(super) bodiless: h1_client::H1Client,
-    http1: PooledClient,
-    h2c: PooledClient,
-    protocol: UpstreamProtocol,
+    pub(super) http1: PooledClient,
+    pub(super) h2c: PooledClient,
+    pub(super) protocol: UpstreamProtocol,
     pub(super) upstream: Uri,
-    timeout: Duration,
-    stats: Arc<ProxyStats>,
+    pub(super) timeout: Duration,
+    pub(super) stats: Arc<ProxyStats>,
     /// This process's token in `Via`: a request carrying it has come round in a loop.
-    via: HeaderValue,
+    pub(super) via: HeaderValue,
     /// Its hops in `Via`, per request version.
-    hops: ViaHops,
+    pub(super) hops: ViaHops,
     /// Upstream requests in flight, all clients together.
-    total: Arc<Semaphore>,
+    pub(super) total: Arc<Semaphore>,
     /// Upstream requests in flight per client address.
-    per_address: Arc<AddressSlots>,
+    pub(super) per_address: Arc<AddressSlots>,
     /// How a request body must keep arriving.
-    pace: paced::Pace,
+    pub(super) pace: paced::Pace,
 }
 
 /// What an upstream request holds until its response body ends: its places in the total, the
@@ -219,8 +219,13 @@ impl Forward {
 
 /// The 503 of a request that found a bound on requests in flight full.
 fn busy(to: &ForwardTo) -> Response<ProxyBody> {
+    busy_text(to).map(|s| Full::new(Bytes::from(s)).map_err(|e| match e {}).boxed())
+}
+
+/// The 503 of a request that found a bound on requests in flight full (counted).
+pub(super) fn busy_text(to: &ForwardTo) -> Response<String> {
     to.stats.upstream_busy.fetch_add(1, Ordering::Relaxed);
-    let mut r = problem(
+    let mut r = weir_tower::problem::problem(
         StatusCode::SERVICE_UNAVAILABLE,
         "too many requests in flight to the upstream",
     );
@@ -274,38 +279,39 @@ fn answer(
             weir_tower::body::HeldBody::wrap(r, Some(permits), head_request).map(BodyExt::boxed)
         }
         Ok(Err(e)) if too_slow(&*e).is_some() => body_failed(to, &*e),
-        Ok(Err(e)) => {
-            to.stats
-                .upstream_unreachable
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(upstream = %to.upstream, error = %e, "upstream failed");
-            let hint = if h2 {
-                " (spoken to over h2c: if the upstream only speaks HTTP/1.1, run with \
-                 --upstream-protocol http1)"
-            } else {
-                ""
-            };
-            problem(
-                StatusCode::BAD_GATEWAY,
-                &format!(
-                    "upstream {} failed: {}{hint}",
-                    to.upstream,
-                    error_chain(&*e)
-                ),
-            )
-        }
-        Err(_) => {
-            to.stats.upstream_timeout.fetch_add(1, Ordering::Relaxed);
-            problem(
-                StatusCode::GATEWAY_TIMEOUT,
-                &format!(
-                    "upstream {} sent no response within {} ms",
-                    to.upstream,
-                    to.timeout.as_millis()
-                ),
-            )
-        }
+        Ok(Err(e)) => problem(StatusCode::BAD_GATEWAY, &unreachable(to, &*e, h2)),
+        Err(_) => problem(StatusCode::GATEWAY_TIMEOUT, &timed_out(to)),
     }
+}
+
+/// Counts and logs an upstream that failed with `e` (spoken to over h2c when `h2`): the 502's
+/// detail.
+pub(super) fn unreachable(
+    to: &ForwardTo,
+    e: &(dyn std::error::Error + 'static),
+    h2: bool,
+) -> String {
+    to.stats
+        .upstream_unreachable
+        .fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(upstream = %to.upstream, error = %e, "upstream failed");
+    let hint = if h2 {
+        " (spoken to over h2c: if the upstream only speaks HTTP/1.1, run with \
+         --upstream-protocol http1)"
+    } else {
+        ""
+    };
+    format!("upstream {} failed: {}{hint}", to.upstream, error_chain(e))
+}
+
+/// Counts an upstream that sent no response head in time: the 504's detail.
+pub(super) fn timed_out(to: &ForwardTo) -> String {
+    to.stats.upstream_timeout.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "upstream {} sent no response within {} ms",
+        to.upstream,
+        to.timeout.as_millis()
+    )
 }
 
 /// Whether `req` has no body to send: its body has ended and it states none.

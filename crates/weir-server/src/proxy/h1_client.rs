@@ -135,24 +135,63 @@ impl H1Client {
             None => return Err(H1Error::NoHost),
         };
         let wire = encode_head(head, authority);
-        let retry = is_idempotent(&head.method);
-        let head_only = head.method == Method::HEAD;
+        let to = Target {
+            uri: &head.uri,
+            authority,
+            retry: is_idempotent(&head.method),
+            head_only: head.method == Method::HEAD,
+        };
+        let (conn, response, key) = self.exchange_with(&to, &wire, parse_head).await?;
+        Ok(self.body_of(conn, response, to.head_only, key))
+    }
+
+    /// Sends `wire`, a request head with no body already encoded (its method idempotent when
+    /// `retry`, `HEAD` when `head_only`), to `uri`'s host and port (`authority`), and reads the
+    /// response head as it came, with its body to follow: for a server that writes the head
+    /// back itself rather than through a header map.
+    pub async fn send_wire(
+        &self,
+        uri: &Uri,
+        authority: &str,
+        wire: &[u8],
+        retry: bool,
+        head_only: bool,
+    ) -> Result<(RawHead, H1Body), H1Error> {
+        let to = Target {
+            uri,
+            authority,
+            retry,
+            head_only,
+        };
+        let (conn, raw, key) = self.exchange_with(&to, wire, parse_raw).await?;
+        let framing = body_framing(raw.framing, raw.status, head_only);
+        let body = self.body(conn, framing, raw.keep_alive, key);
+        Ok((raw, body))
+    }
+
+    /// Writes `wire` on a connection to `to` and reads the response head with `parse`,
+    /// replacing a connection that fails before any byte of the response once when the method
+    /// allows it.
+    async fn exchange_with<T>(
+        &self,
+        to: &Target<'_>,
+        wire: &[u8],
+        parse: fn(&mut BytesMut) -> Result<Option<Parsed<T>>, H1Error>,
+    ) -> Result<(Conn, T, Arc<str>), H1Error> {
         let mut retried = false;
         loop {
-            let (mut conn, key) = match self.take(authority) {
+            let (mut conn, key) = match self.take(to.authority) {
                 Checkout::Idle(c, key) => (c, key),
                 Checkout::Wait(given, key) => {
-                    let c = self.connect_or_wait(&head.uri, &key, given).await?;
+                    let c = self.connect_or_wait(to.uri, &key, given).await?;
                     (c, key)
                 }
             };
-            match exchange(&mut conn, &wire).await {
-                Ok(response) => {
-                    return Ok(self.body_of(conn, response, head_only, key));
-                }
+            match exchange(&mut conn, wire, parse).await {
+                Ok(response) => return Ok((conn, response, key)),
                 Err(Failure { error, answered }) => {
                     // Once: a connection the upstream closed as it was taken.
-                    if retry && !answered && !retried {
+                    if to.retry && !answered && !retried {
                         retried = true;
                         continue;
                     }
@@ -325,18 +364,22 @@ impl H1Client {
             framing,
             keep_alive,
         } = r;
-        let framing = if head_only
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED
-        {
-            Framing::Length(0)
-        } else {
-            framing
-        };
+        let framing = body_framing(framing, status, head_only);
         if matches!(framing, Framing::Chunked(_)) {
             // Transfer-Encoding wins over Content-Length (RFC 9112 §6.3).
             headers.remove(header::CONTENT_LENGTH);
         }
+        let body = self.body(conn, framing, keep_alive, authority);
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        *response.version_mut() = version;
+        *response.headers_mut() = headers;
+        response
+    }
+
+    /// The body read from `conn` as `framing` says, its connection given back at its end when
+    /// `keep_alive` and the body's end is known.
+    fn body(&self, conn: Conn, framing: Framing, keep_alive: bool, authority: Arc<str>) -> H1Body {
         let reuse = keep_alive && !matches!(framing, Framing::Close);
         let mut body = H1Body {
             conn: Some(conn),
@@ -344,11 +387,27 @@ impl H1Client {
             home: reuse.then(|| (self.clone(), authority)),
         };
         body.end_if_done();
-        let mut response = Response::new(body);
-        *response.status_mut() = status;
-        *response.version_mut() = version;
-        *response.headers_mut() = headers;
-        response
+        body
+    }
+}
+
+/// Where a request goes and how it may be sent again.
+struct Target<'a> {
+    uri: &'a Uri,
+    authority: &'a str,
+    /// The method is idempotent: a connection that fails before answering is replaced once.
+    retry: bool,
+    /// A `HEAD` request: the response has no body whatever its head says.
+    head_only: bool,
+}
+
+/// How a response body ends: none after `HEAD` or for 204 / 304 (RFC 9112 §6.3), else as its
+/// head said.
+fn body_framing(framing: Framing, status: StatusCode, head_only: bool) -> Framing {
+    if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        Framing::Length(0)
+    } else {
+        framing
     }
 }
 
@@ -416,8 +475,13 @@ struct ResponseHead {
     keep_alive: bool,
 }
 
-/// Writes the request and reads the response head (skipping interim 1xx responses).
-async fn exchange(conn: &mut Conn, wire: &[u8]) -> Result<ResponseHead, Failure> {
+/// Writes the request and reads the response head with `parse` (skipping interim 1xx
+/// responses).
+async fn exchange<T>(
+    conn: &mut Conn,
+    wire: &[u8],
+    parse: fn(&mut BytesMut) -> Result<Option<Parsed<T>>, H1Error>,
+) -> Result<T, Failure> {
     let quiet = |error: H1Error| Failure {
         error,
         answered: false,
@@ -430,7 +494,7 @@ async fn exchange(conn: &mut Conn, wire: &[u8]) -> Result<ResponseHead, Failure>
     loop {
         if !conn.buf.is_empty() {
             answered = true;
-            match parse_head(&mut conn.buf) {
+            match parse(&mut conn.buf) {
                 Ok(Some(Parsed::Interim)) => continue,
                 Ok(Some(Parsed::Final(h))) => return Ok(h),
                 Ok(None) => {}
@@ -462,15 +526,130 @@ async fn exchange(conn: &mut Conn, wire: &[u8]) -> Result<ResponseHead, Failure>
     }
 }
 
-enum Parsed {
+enum Parsed<T> {
     Interim,
-    Final(ResponseHead),
+    Final(T),
 }
 
 /// Parses a response head at the start of `buf`, taking its bytes; `None` while incomplete.
-fn parse_head(buf: &mut BytesMut) -> Result<Option<Parsed>, H1Error> {
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Parsed<ResponseHead>>, H1Error> {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut r = httparse::Response::new(&mut slots);
+    let Some((len, status, version)) = status_of(&mut r, buf)? else {
+        return Ok(None);
+    };
+    if status.is_informational() {
+        buf.advance(len);
+        return Ok(Some(Parsed::Interim));
+    }
+    // Positions of each name and value within the head, to share its bytes (on the stack: no
+    // allocation per response).
+    let base = buf.as_ptr() as usize;
+    let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
+    let count = r.headers.len();
+    for (span, h) in spans.iter_mut().zip(r.headers.iter()) {
+        let n = h.name.as_ptr() as usize - base;
+        let v = h.value.as_ptr() as usize - base;
+        *span = (n, h.name.len(), v, h.value.len());
+    }
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(count);
+    let mut framer = Framer::new(version);
+    for &(n, nl, v, vl) in &spans[..count] {
+        let name = HeaderName::from_bytes(&head[n..n + nl])
+            .map_err(|_| H1Error::Invalid("bad header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
+            .map_err(|_| H1Error::Invalid("bad header value"))?;
+        framer.see(name.as_str().as_bytes(), value.as_bytes())?;
+        headers.append(name, value);
+    }
+    let (framing, keep_alive) = framer.finish();
+    Ok(Some(Parsed::Final(ResponseHead {
+        status,
+        version,
+        headers,
+        framing,
+        keep_alive,
+    })))
+}
+
+/// A response head as it came (for a server writing it back itself): the status, and the
+/// bytes of the head with what framing needs read from them.
+#[derive(Debug)]
+pub struct RawHead {
+    /// The status.
+    pub status: StatusCode,
+    /// The head's bytes: status line, header lines, the blank line.
+    pub head: Bytes,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+impl RawHead {
+    /// Calls `f` with each header's name and value, in order (names as the upstream wrote
+    /// them). The head was parsed once already: this cannot fail.
+    pub fn for_each_header(&self, mut f: impl FnMut(&[u8], &[u8])) {
+        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut r = httparse::Response::new(&mut slots);
+        if r.parse(&self.head).is_ok() {
+            for h in r.headers.iter() {
+                f(h.name.as_bytes(), h.value);
+            }
+        }
+    }
+
+    /// Whether the body is chunked, of a stated length, or read until the upstream closes
+    /// (`Some(n)`: exactly `n` bytes; `None`: a length not known in advance).
+    pub fn length(&self) -> Option<u64> {
+        match self.framing {
+            Framing::Length(n) => Some(n),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+impl RawHead {
+    /// The head of `raw`, a whole response head.
+    pub fn parse_for_tests(raw: &'static [u8]) -> Self {
+        match parse_raw(&mut BytesMut::from(raw)) {
+            Ok(Some(Parsed::Final(r))) => r,
+            _ => panic!("not a final response head"),
+        }
+    }
+}
+
+/// Parses a response head at the start of `buf` as it came, taking its bytes; `None` while
+/// incomplete.
+fn parse_raw(buf: &mut BytesMut) -> Result<Option<Parsed<RawHead>>, H1Error> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut r = httparse::Response::new(&mut slots);
+    let Some((len, status, version)) = status_of(&mut r, buf)? else {
+        return Ok(None);
+    };
+    if status.is_informational() {
+        buf.advance(len);
+        return Ok(Some(Parsed::Interim));
+    }
+    let mut framer = Framer::new(version);
+    for h in r.headers.iter() {
+        framer.see(h.name.as_bytes(), h.value)?;
+    }
+    let (framing, keep_alive) = framer.finish();
+    Ok(Some(Parsed::Final(RawHead {
+        status,
+        head: buf.split_to(len).freeze(),
+        framing,
+        keep_alive,
+    })))
+}
+
+/// Parses the status line and headers of `buf` into `r`: the head's length, status and
+/// version; `None` while incomplete. A 101 is an error (no upgrade is ever asked).
+fn status_of<'b>(
+    r: &mut httparse::Response<'_, 'b>,
+    buf: &'b [u8],
+) -> Result<Option<(usize, StatusCode, Version)>, H1Error> {
     let len = match r.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
@@ -489,76 +668,74 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Parsed>, H1Error> {
             "101 Switching Protocols: no upgrade was asked",
         ));
     }
-    if status.is_informational() {
-        buf.advance(len);
-        return Ok(Some(Parsed::Interim));
+    Ok(Some((len, status, version)))
+}
+
+/// What a response's headers say of its framing and its connection (RFC 9112 §6.3, §9.3).
+struct Framer {
+    version: Version,
+    chunked: Option<bool>,
+    length: Option<u64>,
+    close: bool,
+}
+
+impl Framer {
+    fn new(version: Version) -> Self {
+        Self {
+            version,
+            chunked: None,
+            length: None,
+            close: version == Version::HTTP_10,
+        }
     }
-    // Positions of each name and value within the head, to share its bytes (on the stack: no
-    // allocation per response).
-    let base = buf.as_ptr() as usize;
-    let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
-    let count = r.headers.len();
-    for (span, h) in spans.iter_mut().zip(r.headers.iter()) {
-        let n = h.name.as_ptr() as usize - base;
-        let v = h.value.as_ptr() as usize - base;
-        *span = (n, h.name.len(), v, h.value.len());
-    }
-    let head = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(count);
-    let mut chunked = None;
-    let mut length: Option<u64> = None;
-    let mut close = version == Version::HTTP_10;
-    for &(n, nl, v, vl) in &spans[..count] {
-        let name = HeaderName::from_bytes(&head[n..n + nl])
-            .map_err(|_| H1Error::Invalid("bad header name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
-            .map_err(|_| H1Error::Invalid("bad header value"))?;
-        if name == header::TRANSFER_ENCODING {
+
+    /// Reads one header (`name` in any case).
+    fn see(&mut self, name: &[u8], value: &[u8]) -> Result<(), H1Error> {
+        if name.eq_ignore_ascii_case(b"transfer-encoding") {
             // Only the last coding decides.
-            chunked = Some(
+            self.chunked = Some(
                 value
-                    .as_bytes()
                     .rsplit(|b| *b == b',')
                     .next()
                     .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked")),
             );
-        } else if name == header::CONTENT_LENGTH {
-            for part in value.as_bytes().split(|b| *b == b',') {
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            for part in value.split(|b| *b == b',') {
                 let n = parse_decimal(part.trim_ascii())
                     .ok_or(H1Error::Invalid("bad Content-Length"))?;
-                if length.is_some_and(|l| l != n) {
+                if self.length.is_some_and(|l| l != n) {
                     return Err(H1Error::Invalid("conflicting Content-Length values"));
                 }
-                length = Some(n);
+                self.length = Some(n);
             }
-        } else if name == header::CONNECTION {
-            for token in value.as_bytes().split(|b| *b == b',') {
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for token in value.split(|b| *b == b',') {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
-                    close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
-                    close = false;
+                    self.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive")
+                    && self.version == Version::HTTP_10
+                {
+                    self.close = false;
                 }
             }
         }
-        headers.append(name, value);
+        Ok(())
     }
-    let framing = match (chunked, length) {
-        (Some(true), _) => Framing::Chunked(Chunk::Size),
-        (Some(false), _) => Framing::Close,
-        (None, Some(n)) => Framing::Length(n),
-        (None, None) => Framing::Close,
-    };
-    // A response with both framings must not be followed on the connection (RFC 9112 §6.3).
-    let both = chunked.is_some() && length.is_some();
-    let keep_alive = !(close || both);
-    Ok(Some(Parsed::Final(ResponseHead {
-        status,
-        version,
-        headers,
-        framing,
-        keep_alive,
-    })))
+
+    /// The framing, and whether the connection may carry another exchange.
+    fn finish(self) -> (Framing, bool) {
+        let framing = match (self.chunked, self.length) {
+            (Some(true), _) => Framing::Chunked(Chunk::Size),
+            (Some(false), _) => Framing::Close,
+            (None, Some(n)) => Framing::Length(n),
+            (None, None) => Framing::Close,
+        };
+        // A response with both framings must not be followed on the connection (RFC 9112
+        // §6.3).
+        let both = self.chunked.is_some() && self.length.is_some();
+        (framing, !(self.close || both))
+    }
 }
 
 fn parse_decimal(s: &[u8]) -> Option<u64> {
@@ -571,7 +748,7 @@ fn parse_decimal(s: &[u8]) -> Option<u64> {
 }
 
 /// How the response body ends.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 enum Framing {
     /// After this many more bytes.
     Length(u64),

@@ -115,15 +115,26 @@ impl ViaHops {
 
 /// Appends `hop` to `Via`: the hop alone (no copy) when the request has none.
 pub(super) fn append_hop(h: &mut HeaderMap, hop: &HeaderValue) {
-    let value = match h.get(header::VIA).map(HeaderValue::as_bytes) {
-        None => {
-            h.insert(header::VIA, hop.clone());
-            return;
-        }
-        Some(prev) => [prev, b", ", hop.as_bytes()].concat(),
+    append_joined(h, header::VIA, hop);
+}
+
+/// Appends `last` to the header `name` as one line: every value sent, in order, then `last`,
+/// joined by `, ` (`last` alone, no copy, when there is none).
+fn append_joined(h: &mut HeaderMap, name: HeaderName, last: &HeaderValue) {
+    let mut values = h.get_all(&name).iter();
+    let Some(first) = values.next() else {
+        h.insert(name, last.clone());
+        return;
     };
-    if let Ok(v) = HeaderValue::from_bytes(&value) {
-        h.insert(header::VIA, v);
+    let mut joined = first.as_bytes().trim_ascii().to_vec();
+    for v in values {
+        joined.extend_from_slice(b", ");
+        joined.extend_from_slice(v.as_bytes().trim_ascii());
+    }
+    joined.extend_from_slice(b", ");
+    joined.extend_from_slice(last.as_bytes());
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        h.insert(name, v);
     }
 }
 
@@ -143,19 +154,10 @@ impl Peer {
     }
 }
 
-/// Appends the client's address (`ip`, as text) to `X-Forwarded-For`: the address alone (no
-/// copy) when the request has none (or one that is not text).
+/// Appends the client's address (`ip`, as text) to `X-Forwarded-For`, after every address the
+/// request named (its lines joined into one); the address alone (no copy) when it named none.
 pub(super) fn append_forwarded_for(h: &mut HeaderMap, ip: &HeaderValue) {
-    let value = match h.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        None => {
-            h.insert(X_FORWARDED_FOR, ip.clone());
-            return;
-        }
-        Some(prev) => [prev.as_bytes(), b", ", ip.as_bytes()].concat(),
-    };
-    if let Ok(v) = HeaderValue::from_bytes(&value) {
-        h.insert(X_FORWARDED_FOR, v);
-    }
+    append_joined(h, X_FORWARDED_FOR, ip);
 }
 
 #[cfg(test)]
@@ -220,5 +222,13 @@ mod tests {
         let mut h = map(&[("x-forwarded-for", "1.2.3.4")]);
         append_forwarded_for(&mut h, &v6);
         assert_eq!(h[X_FORWARDED_FOR], "1.2.3.4, 2001:db8::1");
+        // Every line the client sent is kept, joined into one.
+        let mut h = map(&[
+            ("x-forwarded-for", "1.1.1.1"),
+            ("x-forwarded-for", "2.2.2.2 "),
+        ]);
+        append_forwarded_for(&mut h, &ip);
+        assert_eq!(h.get_all(X_FORWARDED_FOR).iter().count(), 1);
+        assert_eq!(h[X_FORWARDED_FOR], "1.1.1.1, 2.2.2.2, 10.0.0.2");
     }
 }

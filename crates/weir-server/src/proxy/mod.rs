@@ -15,6 +15,7 @@ pub mod budget_file;
 mod forward;
 mod h1_client;
 mod headers;
+pub mod lean;
 mod metrics;
 pub mod paced;
 mod settings;
@@ -25,7 +26,7 @@ pub use admin::ADMIN_CONNECTIONS;
 pub use forward::{MAX_IDLE_UPSTREAM, MAX_UPSTREAM_PER_CLIENT};
 pub use headers::{append_via, refuse, strip_hop_by_hop};
 pub use metrics::ProxyStats;
-pub use settings::{parse_upstream, Settings, StartError, UpstreamError, UpstreamProtocol};
+pub use settings::{parse_upstream, Http1, Settings, StartError, UpstreamError, UpstreamProtocol};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -150,8 +151,16 @@ impl Proxy {
             };
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             done.push(rx);
+            let forward = first.forward.with_own_pools(s);
             let worker = Worker {
-                forward: first.forward.with_own_pools(s),
+                lean: first.lean.as_ref().map(|l| {
+                    Arc::new(lean::Lean {
+                        forward: forward.clone(),
+                        layer: l.layer.clone(),
+                        timeouts: limits.timeouts,
+                    })
+                }),
+                forward,
                 gutter: first.gutter.as_ref().map(|g| g.with_own_pools(s)),
                 layer: first.layer.clone(),
                 read_json: first.read_json.clone(),
@@ -214,9 +223,20 @@ impl Proxy {
             total: s.max_buffered_bytes,
             ..crate::net::budget::BodyLimits::default()
         });
+        // The lean path serves what it can unless a gutter (its breakers and lanes) or a tracer
+        // must see every request (see `lean`).
+        let lean =
+            (s.http1 == Http1::Lean && self.gutter.is_none() && self.tracer.is_none()).then(|| {
+                Arc::new(lean::Lean {
+                    forward: self.forward.clone(),
+                    layer: layer.clone(),
+                    timeouts: s.limits.timeouts,
+                })
+            });
         Worker {
             forward: self.forward.clone(),
             gutter: self.gutter.clone(),
+            lean,
             layer,
             read_json,
             budget,
@@ -403,6 +423,8 @@ fn worker_listener(
 struct Worker {
     forward: Forward,
     gutter: Option<Forward>,
+    /// The lean HTTP/1.1 path (none: hyper serves every connection).
+    lean: Option<Arc<lean::Lean>>,
     layer: RulesLayer<weir_core::AnyClock>,
     read_json: weir_tower::cost::ReadJsonLayer,
     /// The process's budget of read request bytes (shared by every worker).
@@ -440,6 +462,7 @@ impl Worker {
             let Worker {
                 forward,
                 gutter,
+                lean,
                 layer,
                 read_json,
                 budget,
@@ -456,17 +479,35 @@ impl Worker {
                 "proxy",
                 shutdown,
                 move |stream, peer, sd, conn| {
-                    let conn_budget = budget.connection();
-                    let read_json = read_json.clone().with_budget(conn_budget.clone());
-                    let svc = client_service(
-                        &forward,
-                        gutter.as_ref(),
-                        &layer,
-                        &read_json,
-                        &conn_budget,
-                        peer,
-                    );
-                    crate::net::accept::serve_http(stream, svc, timeouts, sd, conn)
+                    let (forward, gutter, layer) = (forward.clone(), gutter.clone(), layer.clone());
+                    let (read_json, budget) = (read_json.clone(), budget.clone());
+                    // hyper's service for this connection, made only when hyper serves it.
+                    let hyper = {
+                        let (sd, conn) = (sd.clone(), conn.clone());
+                        move |io| {
+                            let conn_budget = budget.connection();
+                            let read_json = read_json.with_budget(conn_budget.clone());
+                            let svc = client_service(
+                                &forward,
+                                gutter.as_ref(),
+                                &layer,
+                                &read_json,
+                                &conn_budget,
+                                peer,
+                            );
+                            crate::net::accept::serve_http(io, svc, timeouts, sd, conn)
+                        }
+                    };
+                    let lean = lean.clone();
+                    async move {
+                        match lean {
+                            Some(lean) => lean::serve(stream, peer, lean, sd, conn, hyper).await,
+                            None => {
+                                hyper(crate::net::rewind::Rewind::new(bytes::Bytes::new(), stream))
+                                    .await
+                            }
+                        }
+                    }
                 },
             )
             .await;

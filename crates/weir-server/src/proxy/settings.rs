@@ -43,6 +43,8 @@ pub struct Settings {
     pub quota_token: Option<String>,
     /// How to speak to the upstream.
     pub upstream_protocol: UpstreamProtocol,
+    /// Which HTTP/1.1 server reads the clients' requests (see [`super::lean`]).
+    pub http1: Http1,
     /// On SIGTERM or Ctrl-C, how long the requests in flight get to finish.
     pub drain_timeout: Duration,
     /// The clock the rules read.
@@ -95,6 +97,7 @@ impl Settings {
             quota_client_id: format!("weir-proxy-{}", std::process::id()),
             quota_token: None,
             upstream_protocol: UpstreamProtocol::Auto,
+            http1: Http1::Lean,
             drain_timeout: Duration::from_secs(10),
             clock: weir_core::ClockKind::default(),
             gutter: None,
@@ -103,6 +106,28 @@ impl Settings {
             store: None,
             instances: 1,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// Which server reads the clients' HTTP/1.1 requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Http1 {
+    /// The proxy's own reader for the common request, hyper for the rest (the rule is in
+    /// [`super::lean`]).
+    Lean,
+    /// hyper for every request.
+    Hyper,
+}
+
+impl std::str::FromStr for Http1 {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lean" => Ok(Self::Lean),
+            "hyper" => Ok(Self::Hyper),
+            _ => Err(format!("{s:?}: expected lean or hyper")),
         }
     }
 }

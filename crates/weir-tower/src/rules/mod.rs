@@ -16,6 +16,7 @@
 //!   that was matched; an ambiguous path (`%2F`, `\\`, `%00`, …) is answered 400.
 //! - Requests no route matches pass untouched.
 
+mod decider;
 mod fallback;
 mod future;
 mod layer;
@@ -24,6 +25,7 @@ mod response;
 mod routes;
 mod service;
 
+pub use decider::{Call, Decider, RouteView, Verdict};
 pub use fallback::{Degraded, Fallback, OnBlocked, OnBlockedFuture};
 pub use future::{Deciding, Paced, RulesFuture};
 pub use layer::RulesLayer;

@@ -40,6 +40,25 @@ pub struct Head<'a> {
     pub extensions: &'a Extensions,
 }
 
+/// What route tables read of a request besides its path: its method, headers and extensions
+/// (never the URI, so a server that has no `Uri` built need not build one).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Asked<'a> {
+    pub(super) method: &'a Method,
+    pub(super) headers: &'a HeaderMap,
+    pub(super) extensions: &'a Extensions,
+}
+
+impl<'a> From<Head<'a>> for Asked<'a> {
+    fn from(h: Head<'a>) -> Self {
+        Self {
+            method: h.method,
+            headers: h.headers,
+            extensions: h.extensions,
+        }
+    }
+}
+
 impl<'a> Head<'a> {
     /// The head of `req`.
     pub fn of<B>(req: &'a Request<B>) -> Self {
@@ -112,6 +131,9 @@ pub(super) struct Table<C: Clock> {
     pub(super) routes: Vec<Route<C>>,
     pub(super) origin_header: Option<HeaderName>,
     pub(super) client_ip: ClientIp,
+    /// Every header a route's match, parameters, origin, criticality or client address reads
+    /// (see [`super::Decider::reads`]).
+    pub(super) reads: Vec<HeaderName>,
 }
 
 impl<C: Clock + Clone> Table<C> {
@@ -125,15 +147,17 @@ impl<C: Clock + Clone> Table<C> {
                 routes: Vec::new(),
                 origin_header: None,
                 client_ip: ClientIp::default(),
+                reads: Vec::new(),
             };
         };
         // The rule set was validated (names, CIDRs); anything still unparsable is skipped.
         let name = |n: &str| HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()).ok();
         let trusted: Vec<&str> = http.trusted_proxies.iter().map(String::as_str).collect();
-        Self {
+        let mut table = Self {
             generation,
             origin_header: http.origin_header.as_deref().and_then(name),
             client_ip: ClientIp::trusting(&trusted).unwrap_or_default(),
+            reads: Vec::new(),
             routes: http
                 .routes
                 .iter()
@@ -174,7 +198,30 @@ impl<C: Clock + Clone> Table<C> {
                         .map(|f| Arc::new(Fallback::compile(&r.resource, f))),
                 })
                 .collect(),
+        };
+        table.reads = table.headers_read();
+        table
+    }
+
+    /// The headers classifying a request may read.
+    fn headers_read(&self) -> Vec<HeaderName> {
+        let mut reads: Vec<HeaderName> = self.origin_header.iter().cloned().collect();
+        for r in &self.routes {
+            reads.extend(r.headers.iter().map(|(n, _)| n.clone()));
+            reads.extend(r.params.iter().filter_map(|p| match p {
+                RouteParam::Header(h) => Some(h.clone()),
+                _ => None,
+            }));
+            if r.reads_criticality {
+                reads.push(crate::criticality::HEADER_NAME);
+            }
         }
+        if self.client_ip.reads_forwarded_for() {
+            reads.push(HeaderName::from_static("x-forwarded-for"));
+        }
+        reads.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        reads.dedup();
+        reads
     }
 }
 
@@ -227,7 +274,8 @@ impl<C: Clock + Clone> Routes<C> {
 
 impl<C: Clock + Clone> Table<C> {
     /// The first route matching `req`, whose path as routes match it is `path`.
-    pub(super) fn find(&self, req: Head<'_>, path: &str) -> Option<usize> {
+    pub(super) fn find<'a>(&self, req: impl Into<Asked<'a>>, path: &str) -> Option<usize> {
+        let req = req.into();
         self.routes.iter().position(|r| {
             under(path, &r.prefix)
                 && (r.methods.is_empty() || r.methods.contains(req.method))
@@ -246,9 +294,10 @@ impl<C: Clock + Clone> Table<C> {
 pub(super) fn target_of<'a, C: Clock>(
     table: &'a Table<C>,
     route: usize,
-    req: Head<'a>,
+    req: impl Into<Asked<'a>>,
     path: &'a str,
 ) -> Target<'a> {
+    let req = req.into();
     let r = &table.routes[route];
     let origin = table
         .origin_header

@@ -127,6 +127,11 @@ pub(crate) struct ProxyArgs {
     /// http1 or h2c.
     #[arg(long, value_name = "P", default_value = "auto")]
     pub(crate) upstream_protocol: proxy::UpstreamProtocol,
+    /// Which server reads HTTP/1.1 requests: lean (the proxy's own reader for requests
+    /// without a body on routes without costs or fallbacks; hyper for the rest) or hyper (for
+    /// every request).
+    #[arg(long, value_name = "PATH", default_value = "lean")]
+    pub(crate) http1: proxy::Http1,
     /// The clock limiters read: exact (default), coarse (one atomic load per decision, updated
     /// every 1 ms; decisions up to one tick conservative) or coarse:DUR (100us..1s).
     #[arg(long, value_name = "CLOCK", value_parser = duration::parse_clock, default_value = "exact")]

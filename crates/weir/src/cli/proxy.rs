@@ -37,6 +37,7 @@ fn settings(args: ProxyArgs, quota_token: Option<String>) -> proxy::Settings {
         quota_server: args.quota_server,
         quota_token,
         upstream_protocol: args.upstream_protocol,
+        http1: args.http1,
         drain_timeout: args.drain_timeout,
         clock: args.clock,
         gutter: args.gutter,
@@ -189,6 +190,7 @@ mod tests {
         assert_eq!(flags.body_pace.min_rate, new.body_pace.min_rate);
         assert_eq!(flags.max_buffered_bytes, new.max_buffered_bytes);
         assert_eq!(flags.upstream_protocol, new.upstream_protocol);
+        assert_eq!(flags.http1, new.http1);
         assert_eq!(flags.drain_timeout, new.drain_timeout);
         assert_eq!(flags.clock, new.clock);
         assert_eq!(flags.gutter_max_requests, new.gutter_max_requests);
