@@ -18,12 +18,13 @@ use weir_server::rls::{EngineOptions, Request as RlsRequest};
 pub type Target = fn(&[u8]);
 
 /// Every target, by name (as `scripts/fuzz` and the smoke test list them).
-pub const TARGETS: [(&str, Target); 7] = [
+pub const TARGETS: [(&str, Target); 8] = [
     ("lyft_config", lyft_config),
     ("rule_file", rule_file),
     ("rls_request", rls_request),
     ("json_body", json_body),
     ("proxy_head", proxy_head),
+    ("lean_head", lean_head),
     ("path", path),
     ("csv_trace", csv_trace),
 ];
@@ -155,6 +156,73 @@ pub fn proxy_head(data: &[u8]) {
         weir_server::proxy::refuse(&req, &via).is_some(),
         "own Via is a loop"
     );
+}
+
+/// An HTTP/1.1 request head as `weir proxy`'s lean path reads it: parsed into spans, and, when
+/// the lean path serves it, the upstream request written from them.
+pub fn lean_head(data: &[u8]) {
+    use weir_server::proxy::lean::{request, wire};
+    let mut slots = [httparse::EMPTY_HEADER; request::MAX_HEADERS];
+    let head = match request::parse(data, &mut slots, b"weir-fuzz") {
+        request::Parse::Head(h) => h,
+        request::Parse::Partial => {
+            assert!(
+                data.len() < request::MAX_HEAD,
+                "a head past the bound goes to hyper"
+            );
+            return;
+        }
+        request::Parse::Hyper(_) => return,
+    };
+    assert!(head.len <= data.len() && head.len <= request::MAX_HEAD);
+    assert!(
+        head.target.starts_with(head.path),
+        "the path is the target's start"
+    );
+    assert!(
+        weir_rules::path::is_plain(head.path),
+        "a lean path is in normal form"
+    );
+    assert_ne!(head.method, "CONNECT");
+    // Pipelined requests: a head cut short is never taken for one.
+    let mut again = [httparse::EMPTY_HEADER; request::MAX_HEADERS];
+    assert!(matches!(
+        request::parse(&data[..head.len - 1], &mut again, b"weir-fuzz"),
+        request::Parse::Partial | request::Parse::Hyper(request::Hyper::Http2)
+    ));
+    let mut out = Vec::new();
+    wire::upstream_request(&mut out, &head, b"10.0.0.1", b"1.1 weir-fuzz");
+    let mut upstream = [httparse::EMPTY_HEADER; request::MAX_HEADERS + 2];
+    let mut sent = httparse::Request::new(&mut upstream);
+    let len = match sent.parse(&out) {
+        Ok(httparse::Status::Complete(n)) => n,
+        other => panic!("the upstream request does not parse: {other:?}"),
+    };
+    assert_eq!(len, out.len(), "one request, nothing after it");
+    assert_eq!(sent.method, Some(head.method));
+    assert_eq!(sent.path, Some(head.target));
+    // The client's end-to-end headers, in order, then X-Forwarded-For and Via.
+    let kept: Vec<(&str, &[u8])> = head
+        .headers
+        .iter()
+        .filter(|h| !request::is_hop_by_hop(h.name.as_bytes()))
+        .filter(|h| {
+            !h.name.eq_ignore_ascii_case("x-forwarded-for") && !h.name.eq_ignore_ascii_case("via")
+        })
+        .map(|h| (h.name, h.value))
+        .collect();
+    let got: Vec<(&str, &[u8])> = sent.headers.iter().map(|h| (h.name, h.value)).collect();
+    assert_eq!(got.len(), kept.len() + 2);
+    assert_eq!(&got[..kept.len()], &kept[..]);
+    assert_eq!(got[kept.len()].0, "x-forwarded-for");
+    assert!(got[kept.len()].1.ends_with(b"10.0.0.1"));
+    assert_eq!(got[kept.len() + 1].0, "via");
+    assert!(got[kept.len() + 1].1.ends_with(b"1.1 weir-fuzz"));
+    let hosts = got
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("host"))
+        .count();
+    assert_eq!(hosts, 1, "exactly one Host goes upstream");
 }
 
 /// What a normal path must satisfy: origin-form, no empty / `.` / `..` segments, no decodable

@@ -26,7 +26,12 @@ mod lyft_compat;
 mod otlp_cli;
 mod overload_cli;
 mod proxy_cli;
+/// The proxy's suites again on its other HTTP/1.1 path (`--http1 hyper`): both paths pass them.
+#[path = "proxy_cli.rs"]
+mod proxy_cli_hyper;
 mod proxy_upstream;
+#[path = "proxy_upstream.rs"]
+mod proxy_upstream_hyper;
 mod quota_cli;
 mod quota_failover;
 mod quota_tree;

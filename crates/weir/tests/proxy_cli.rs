@@ -1,7 +1,8 @@
 //! `weir proxy` and `weir check-config` on rule files, through the real binary: rules applied
 //! to proxied requests (HTTP/1.1 and h2c), 502 when the upstream is down and 504 when it is
 //! silent (never a hang), X-Forwarded-For appended, reload on change keeping state, a bad file
-//! reported with the old rules kept, /metrics, and clear exit-2 errors.
+//! reported with the old rules kept, /metrics, and clear exit-2 errors. Included twice (see
+//! `main.rs`): the proxies here run on the lean HTTP/1.1 path, and again with `--http1 hyper`.
 
 use crate::common;
 
@@ -42,6 +43,7 @@ impl Proxy {
             .args(["--admin", &format!("127.0.0.1:{admin}")])
             .args(["--upstream", upstream])
             .args(["--reload-interval", "50ms"])
+            .args(["--http1", http1()])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -61,6 +63,15 @@ impl Proxy {
             .read_line(&mut line)
             .unwrap();
         line
+    }
+}
+
+/// The HTTP/1.1 path this copy of the suite runs the proxies on (see `main.rs`).
+fn http1() -> &'static str {
+    if module_path!().ends_with("_hyper") {
+        "hyper"
+    } else {
+        "lean"
     }
 }
 
@@ -362,6 +373,8 @@ async fn a_proxy_pointing_at_itself_is_refused_and_a_loop_is_cut() {
             &format!("127.0.0.1:{listen}"),
             "--upstream",
             &format!("http://127.0.0.1:{up}"),
+            "--http1",
+            http1(),
         ])
         .0
     };

@@ -1,6 +1,7 @@
 //! `weir proxy` towards the upstream, through the real binary, in a test binary of its own (no
 //! other proxy test runs beside it): requests without a body share the worker's upstream
-//! connections, and chunked answers (data, extensions, trailers) and HEAD pass through.
+//! connections, and chunked answers (data, extensions, trailers) and HEAD pass through. Included
+//! twice (see `main.rs`): on the lean HTTP/1.1 path, and again with `--http1 hyper`.
 
 use crate::common;
 
@@ -73,7 +74,12 @@ async fn bodiless_requests_share_one_upstream_connection_and_chunked_answers_pas
     )
     .unwrap();
     // One worker: every request is forwarded from the same idle connections.
-    let (mut child, port) = common::start_proxy(&rules, up, &["--workers", "1"]);
+    let http1 = if module_path!().ends_with("_hyper") {
+        "hyper"
+    } else {
+        "lean"
+    };
+    let (mut child, port) = common::start_proxy(&rules, up, &["--workers", "1", "--http1", http1]);
     let answers = tokio::task::spawn_blocking(move || {
         let get = || common::request(port, "GET", "/chunked", "", "");
         let head = common::request(port, "HEAD", "/chunked", "", "");

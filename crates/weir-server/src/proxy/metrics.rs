@@ -23,6 +23,8 @@ struct Scrape {
     busy: u64,
     too_slow: u64,
     loops: u64,
+    lean: u64,
+    handoffs: u64,
     applied: u64,
     rejected: u64,
     switch_changes: u64,
@@ -209,6 +211,18 @@ impl Scrape {
             ]
             .map(|(kind, v)| ([("kind", kind)], v)),
         )?;
+        counter(
+            enc,
+            "weir_proxy_lean_requests",
+            "HTTP/1.1 requests the proxy's lean path answered (counted when their connection ends or hyper takes it over).",
+            self.lean,
+        )?;
+        counter(
+            enc,
+            "weir_proxy_lean_handoffs",
+            "Client connections hyper took over from the lean path, at the first request the lean path does not serve.",
+            self.handoffs,
+        )?;
         counters(
             enc,
             "weir_rules_reloads",
@@ -278,6 +292,10 @@ pub struct ProxyStats {
     pub(super) upstream_busy: AtomicU64,
     pub(super) body_too_slow: AtomicU64,
     pub(super) loops: AtomicU64,
+    /// Requests the lean HTTP/1.1 path answered.
+    pub(super) lean_requests: AtomicU64,
+    /// Connections hyper took over from the lean path.
+    pub(super) lean_handoffs: AtomicU64,
     pub(super) reloads_applied: AtomicU64,
     pub(super) reloads_rejected: AtomicU64,
     pub(super) switch_changes: Arc<AtomicU64>,
@@ -316,6 +334,8 @@ fn scrape(snap: Snapshot, proxy: &ProxyStats) -> Scrape {
         busy: load(&proxy.upstream_busy),
         too_slow: load(&proxy.body_too_slow),
         loops: load(&proxy.loops),
+        lean: load(&proxy.lean_requests),
+        handoffs: load(&proxy.lean_handoffs),
         applied: load(&proxy.reloads_applied),
         rejected: load(&proxy.reloads_rejected),
         switch_changes: load(&proxy.switch_changes),

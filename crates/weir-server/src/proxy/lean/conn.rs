@@ -62,7 +62,11 @@ pub async fn serve<H, F>(
         return hyper(Rewind::new(bytes::Bytes::new(), stream)).await;
     };
     let mut c = Client::new(stream, peer, &lean, decider, shutdown, connection);
-    if let Some(rest) = c.run().await {
+    let rest = c.run().await;
+    let stats = &lean.forward.to.stats;
+    stats.lean_requests.fetch_add(c.served, Ordering::Relaxed);
+    if let Some(rest) = rest {
+        stats.lean_handoffs.fetch_add(1, Ordering::Relaxed);
         hyper(Rewind::new(rest, c.stream)).await;
     }
 }
@@ -85,6 +89,8 @@ struct Client<'l> {
     out: Vec<u8>,
     shutdown: Shutdown,
     connection: Arc<Connection>,
+    /// Requests answered (counted in the proxy's stats when the connection leaves the path).
+    served: u64,
 }
 
 /// A request head read, decided and encoded (the buffer's borrow over).
@@ -92,6 +98,8 @@ struct Prepared {
     len: usize,
     head_only: bool,
     close: bool,
+    /// The client takes trailer fields (`TE: trailers`).
+    trailers: bool,
     idempotent: bool,
     client_ip: std::net::IpAddr,
     verdict: Verdict<AnyClock>,
@@ -140,6 +148,7 @@ impl<'l> Client<'l> {
             out: Vec::with_capacity(8 * 1024),
             shutdown,
             connection,
+            served: 0,
         }
     }
 
@@ -239,6 +248,7 @@ impl<'l> Client<'l> {
             len: head.len,
             head_only: method == Method::HEAD,
             close: head.close,
+            trailers: head.trailers,
             idempotent: matches!(
                 method,
                 Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::DELETE
@@ -250,6 +260,7 @@ impl<'l> Client<'l> {
 
     /// Answers one request; whether the connection carries on.
     async fn exchange(&mut self, p: Prepared) -> bool {
+        self.served += 1;
         let head_only = p.head_only;
         let _in_flight = self.connection.begin();
         let close = p.close || self.shutdown.is_stopping() || self.connection.is_closing();
@@ -315,7 +326,13 @@ impl<'l> Client<'l> {
         };
         self.out.clear();
         wire::response_head(&mut self.out, &raw, framing, extra, close);
-        let relayed = relay(&mut self.stream, &mut self.out, body, framing).await;
+        // Trailer fields go on when the client takes them and the response declared them.
+        let declared = if p.trailers && framing == Framing::Chunked {
+            wire::declared_trailers(&raw)
+        } else {
+            Vec::new()
+        };
+        let relayed = relay(&mut self.stream, &mut self.out, body, framing, &declared).await;
         drop(permits);
         match relayed {
             Ok(()) => {
@@ -377,13 +394,15 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// Writes the response head in `out` and the body as `framing` says, holding bytes while more
-/// are ready at once (a small response goes in one write).
+/// Writes the response head in `out` and the body as `framing` says (the trailer fields of
+/// `declared`), holding bytes while more are ready at once (a small response goes in one
+/// write).
 async fn relay(
     stream: &mut TcpStream,
     out: &mut Vec<u8>,
     mut body: H1Body,
     framing: Framing,
+    declared: &[String],
 ) -> Result<(), Broken> {
     let mut ended = framing == Framing::None;
     while !ended {
@@ -400,7 +419,7 @@ async fn relay(
         match frame {
             None => {
                 if framing == Framing::Chunked {
-                    wire::last_chunk(out, None);
+                    wire::last_chunk(out, None, declared);
                 }
                 ended = true;
             }
@@ -408,8 +427,8 @@ async fn relay(
                 Ok(data) if framing == Framing::Chunked => wire::chunk(out, &data),
                 Ok(data) => out.extend_from_slice(&data),
                 Err(f) => {
-                    if let (Ok(t), Framing::Chunked) = (f.into_trailers(), framing) {
-                        wire::last_chunk(out, Some(&t));
+                    if framing == Framing::Chunked {
+                        wire::last_chunk(out, f.into_trailers().ok().as_ref(), declared);
                     }
                     ended = true;
                 }

@@ -71,6 +71,9 @@ pub struct Head<'h, 'b> {
     pub close: bool,
     /// `Content-Length: 0` was sent (and is forwarded).
     pub empty_body: bool,
+    /// `TE: trailers`: the client takes trailer fields (else a chunked response's trailers
+    /// are not passed on, as hyper does).
+    pub trailers: bool,
 }
 
 /// Parses the request head at the start of `buf` (headers into `slots`) and says who serves it;
@@ -114,27 +117,40 @@ pub fn parse<'h, 'b>(
     }
     let headers: &'h [Header<'b>] = req.headers;
     match fields(headers, via) {
-        Ok((close, empty_body)) => Parse::Head(Head {
+        Ok(f) => Parse::Head(Head {
             len,
             method,
             target,
             path,
             headers,
-            close,
-            empty_body,
+            close: f.close,
+            empty_body: f.empty_body,
+            trailers: f.trailers,
         }),
         Err(why) => Parse::Hyper(why),
     }
 }
 
-/// What the headers say: `Connection: close`, `Content-Length: 0`; or why hyper serves the
-/// request.
-fn fields(headers: &[Header<'_>], via: &[u8]) -> Result<(bool, bool), Hyper> {
-    let (mut hosts, mut close, mut length) = (0, false, None);
+/// What the headers of a lean request say.
+struct Fields {
+    close: bool,
+    empty_body: bool,
+    trailers: bool,
+}
+
+/// What the headers say (see [`Fields`]), or why hyper serves the request.
+fn fields(headers: &[Header<'_>], via: &[u8]) -> Result<Fields, Hyper> {
+    let (mut hosts, mut close, mut length, mut trailers) = (0, false, None, false);
     for h in headers {
         let name = h.name.as_bytes();
         // Dispatch on the length first: most names are none of these.
         match name.len() {
+            2 if name.eq_ignore_ascii_case(b"te") => {
+                trailers |= h
+                    .value
+                    .split(|b| *b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
+            }
             3 if name.eq_ignore_ascii_case(b"via") => {
                 let looped = h
                     .value
@@ -176,14 +192,19 @@ fn fields(headers: &[Header<'_>], via: &[u8]) -> Result<(bool, bool), Hyper> {
     if hosts != 1 {
         return Err(Hyper::Host);
     }
-    Ok((close, length.is_some()))
+    Ok(Fields {
+        close,
+        empty_body: length.is_some(),
+        trailers,
+    })
 }
 
-/// Whether `name` is a hop-by-hop header (RFC 9110 §7.6.1): never forwarded.
+/// Whether `name` is a hop-by-hop header (RFC 9110 §7.6.1): never forwarded (the same set as
+/// the hyper path's `headers::HOP_BY_HOP`).
 pub fn is_hop_by_hop(name: &[u8]) -> bool {
     match name.len() {
         2 => name.eq_ignore_ascii_case(b"te"),
-        7 => name.eq_ignore_ascii_case(b"trailer") || name.eq_ignore_ascii_case(b"upgrade"),
+        7 => name.eq_ignore_ascii_case(b"upgrade"),
         10 => name.eq_ignore_ascii_case(b"connection") || name.eq_ignore_ascii_case(b"keep-alive"),
         16 => name.eq_ignore_ascii_case(b"proxy-connection"),
         17 => name.eq_ignore_ascii_case(b"transfer-encoding"),
@@ -201,7 +222,7 @@ mod tests {
         match parse(raw, &mut slots, b"weir-0123") {
             Parse::Partial => Err(None),
             Parse::Hyper(w) => Err(Some(w)),
-            Parse::Head(h) => Ok((h.len, h.close, h.empty_body)),
+            Parse::Head(h) => Ok((h.len, h.close, h.empty_body || h.trailers)),
         }
     }
 
@@ -217,6 +238,8 @@ mod tests {
         assert_eq!(h.headers.len(), 2);
         let close = b"DELETE /a HTTP/1.1\r\nhost: h\r\nconnection: keep-alive, Close\r\ncontent-length: 0\r\n\r\n";
         assert_eq!(who(close), Ok((close.len(), true, true)));
+        let te = b"GET /a HTTP/1.1\r\nhost: h\r\nTE: gzip, Trailers\r\n\r\n";
+        assert_eq!(who(te), Ok((te.len(), false, true)));
     }
 
     #[test]
@@ -300,7 +323,6 @@ mod tests {
     fn hop_by_hop_names_are_known_in_any_case() {
         for n in [
             "TE",
-            "Trailer",
             "upgrade",
             "Connection",
             "keep-alive",
@@ -310,7 +332,14 @@ mod tests {
         ] {
             assert!(is_hop_by_hop(n.as_bytes()), "{n}");
         }
-        for n in ["host", "tes", "content-length", "x-forwarded-for", "via"] {
+        for n in [
+            "host",
+            "tes",
+            "trailer",
+            "content-length",
+            "x-forwarded-for",
+            "via",
+        ] {
             assert!(!is_hop_by_hop(n.as_bytes()), "{n}");
         }
     }

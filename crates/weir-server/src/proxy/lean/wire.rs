@@ -169,13 +169,47 @@ pub fn chunk(out: &mut Vec<u8>, data: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// The end of a chunked body: the last chunk and the trailer lines of `trailers`.
-pub fn last_chunk(out: &mut Vec<u8>, trailers: Option<&http::HeaderMap>) {
+/// The end of a chunked body: the last chunk and the trailer lines of `trailers` among those
+/// `declared` (names in lower case).
+pub fn last_chunk(out: &mut Vec<u8>, trailers: Option<&http::HeaderMap>, declared: &[String]) {
     out.extend_from_slice(b"0\r\n");
     for (n, v) in trailers.into_iter().flatten() {
-        line(out, n.as_str().as_bytes(), v.as_bytes());
+        if declared.iter().any(|d| d == n.as_str()) {
+            line(out, n.as_str().as_bytes(), v.as_bytes());
+        }
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// The trailer fields a response's `Trailer` header declares (lower case), less those no
+/// trailer may carry (framing, routing, authentication and content fields, as hyper does).
+pub fn declared_trailers(raw: &RawHead) -> Vec<String> {
+    const NEVER: [&str; 12] = [
+        "authorization",
+        "cache-control",
+        "content-encoding",
+        "content-length",
+        "content-range",
+        "content-type",
+        "host",
+        "max-forwards",
+        "set-cookie",
+        "trailer",
+        "transfer-encoding",
+        "te",
+    ];
+    let mut declared = Vec::new();
+    raw.for_each_header(|name, value| {
+        if name.eq_ignore_ascii_case(b"trailer") {
+            for n in value.split(|b| *b == b',') {
+                let n = String::from_utf8_lossy(n.trim_ascii()).to_ascii_lowercase();
+                if !n.is_empty() && !NEVER.contains(&n.as_str()) {
+                    declared.push(n);
+                }
+            }
+        }
+    });
+    declared
 }
 
 /// Writes a response the proxy makes itself (a refusal, a 502 / 503 / 504): its head with
@@ -289,11 +323,14 @@ mod tests {
         chunk(&mut out, &[b'a'; 26]);
         let mut t = http::HeaderMap::new();
         t.insert("x-cost", http::HeaderValue::from_static("7"));
-        last_chunk(&mut out, Some(&t));
+        t.insert("x-other", http::HeaderValue::from_static("1"));
+        last_chunk(&mut out, Some(&t), &["x-cost".to_string()]);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             format!("1a\r\n{}\r\n0\r\nx-cost: 7\r\n\r\n", "a".repeat(26))
         );
+        let r = raw(b"HTTP/1.1 200 OK\r\nTrailer: X-Cost, content-length\r\ntrailer: x-b\r\n\r\n");
+        assert_eq!(declared_trailers(&r), ["x-cost", "x-b"]);
         for n in [0u64, 9, 10, 12345, u64::MAX] {
             assert_eq!(itoa(n, &mut [0; 20]), n.to_string().as_bytes());
         }
