@@ -240,7 +240,11 @@ fn reply(shape: u32, id: &str, head_only: bool) -> (Vec<u8>, bool) {
         ),
         2 => ("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_string(), body, true),
         3 => ("HTTP/1.1 204 No Content\r\nX-B: 2\r\n\r\n".to_string(), String::new(), false),
-        4 => ("HTTP/1.1 304 Not Modified\r\nETag: \"e1\"\r\n\r\n".to_string(), String::new(), false),
+        4 => (
+            "HTTP/1.1 304 Not Modified\r\nETag: \"e1\"\r\nContent-Length: 40\r\n\r\n".to_string(),
+            String::new(),
+            false,
+        ),
         5 => (
             format!("HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n"),
             body,
@@ -459,7 +463,12 @@ async fn metric(admin: SocketAddr, name: &str) -> u64 {
 async fn both_paths_send_and_answer_the_same_bytes() {
     let (lean, lean_admin, lean_seen, _a) = proxy(Http1::Lean).await;
     let (hyper, hyper_admin, hyper_seen, _b) = proxy(Http1::Hyper).await;
-    let mut rng = fastrand::Rng::with_seed(0x5eed);
+    // A fixed seed replays a failure; `WEIR_DIFF_SEED` explores others.
+    let seed = std::env::var("WEIR_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed);
+    let mut rng = fastrand::Rng::with_seed(seed);
     let mut answers = 0;
     for round in 0..400 {
         let n = rng.usize(1..5);

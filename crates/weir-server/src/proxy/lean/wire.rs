@@ -120,11 +120,18 @@ pub fn response_head(
             }
         }
     });
+    // As hyper writes a response: no `Trailer` without a chunked body, no `Content-Length` on
+    // a 204 or 304 (a HEAD's answer keeps the length it states).
+    let status = raw.status.as_u16();
+    let no_length = framing != Framing::None || status == 204 || status == 304;
     raw.for_each_header(|name, value| {
         if is_hop_by_hop(name) || listed.iter().any(|l| name.eq_ignore_ascii_case(l)) {
             return;
         }
-        if framing != Framing::None && name.eq_ignore_ascii_case(b"content-length") {
+        if no_length && name.eq_ignore_ascii_case(b"content-length") {
+            return;
+        }
+        if framing != Framing::Chunked && name.eq_ignore_ascii_case(b"trailer") {
             return;
         }
         line(out, name, value);
