@@ -583,6 +583,8 @@ pub struct RawHead {
     pub head: Bytes,
     framing: Framing,
     keep_alive: bool,
+    /// Its `Connection` names headers (besides `close` and `keep-alive`): hop-by-hop ones.
+    pub names_hops: bool,
 }
 
 impl RawHead {
@@ -635,12 +637,14 @@ fn parse_raw(buf: &mut BytesMut) -> Result<Option<Parsed<RawHead>>, H1Error> {
     for h in r.headers.iter() {
         framer.see(h.name.as_bytes(), h.value)?;
     }
+    let names_hops = framer.names_hops;
     let (framing, keep_alive) = framer.finish();
     Ok(Some(Parsed::Final(RawHead {
         status,
         head: buf.split_to(len).freeze(),
         framing,
         keep_alive,
+        names_hops,
     })))
 }
 
@@ -677,6 +681,8 @@ struct Framer {
     chunked: Option<bool>,
     length: Option<u64>,
     close: bool,
+    /// `Connection` named a header.
+    names_hops: bool,
 }
 
 impl Framer {
@@ -686,6 +692,7 @@ impl Framer {
             chunked: None,
             length: None,
             close: version == Version::HTTP_10,
+            names_hops: false,
         }
     }
 
@@ -713,10 +720,12 @@ impl Framer {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
                     self.close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive")
-                    && self.version == Version::HTTP_10
-                {
-                    self.close = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    if self.version == Version::HTTP_10 {
+                        self.close = false;
+                    }
+                } else if !token.is_empty() {
+                    self.names_hops = true;
                 }
             }
         }

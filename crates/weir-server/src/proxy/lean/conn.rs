@@ -81,6 +81,8 @@ struct Client<'l> {
     extensions: Extensions,
     /// The upstream's `host:port`.
     authority: String,
+    /// This proxy's hop in `Via`.
+    hop: HeaderValue,
     /// Read from the client, not yet used.
     buf: BytesMut,
     /// The upstream request being sent.
@@ -139,6 +141,7 @@ impl<'l> Client<'l> {
                 .upstream
                 .authority()
                 .map_or_else(String::new, |a| a.as_str().to_owned()),
+            hop: lean.forward.to.hops.of(Version::HTTP_11),
             lean,
             decider,
             peer: Peer::new(peer.ip()),
@@ -242,7 +245,7 @@ impl<'l> Client<'l> {
             &mut self.wire,
             &head,
             self.peer.text.as_bytes(),
-            to.hops.of(Version::HTTP_11).as_bytes(),
+            self.hop.as_bytes(),
         );
         Step::Lean(Box::new(Prepared {
             len: head.len,
@@ -253,7 +256,13 @@ impl<'l> Client<'l> {
                 method,
                 Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::DELETE
             ),
-            client_ip: self.lean.layer.client_ip(self.peer.ip, &read),
+            // The peer, unless trusted proxies are configured (then the routes read
+            // X-Forwarded-For, and it is in `read`).
+            client_ip: if read.is_empty() {
+                self.peer.ip
+            } else {
+                self.lean.layer.client_ip(self.peer.ip, &read)
+            },
             verdict,
         }))
     }

@@ -108,18 +108,20 @@ pub fn response_head(
     out.extend_from_slice(b"\r\n");
     // Names the upstream's `Connection` lists are its hop-by-hop headers too.
     let mut listed: Vec<Vec<u8>> = Vec::new();
-    raw.for_each_header(|name, value| {
-        if name.eq_ignore_ascii_case(b"connection") {
-            for token in value.split(|b| *b == b',') {
-                let t = token.trim_ascii();
-                let keeps =
-                    t.eq_ignore_ascii_case(b"host") || t.eq_ignore_ascii_case(b"content-length");
-                if !t.is_empty() && !keeps {
-                    listed.push(t.to_ascii_lowercase());
+    if raw.names_hops {
+        raw.for_each_header(|name, value| {
+            if name.eq_ignore_ascii_case(b"connection") {
+                for token in value.split(|b| *b == b',') {
+                    let t = token.trim_ascii();
+                    let keeps = t.eq_ignore_ascii_case(b"host")
+                        || t.eq_ignore_ascii_case(b"content-length");
+                    if !t.is_empty() && !keeps {
+                        listed.push(t.to_ascii_lowercase());
+                    }
                 }
             }
-        }
-    });
+        });
+    }
     // As hyper writes a response: no `Trailer` without a chunked body, no `Content-Length` on
     // a 204 or 304 (a HEAD's answer keeps the length it states).
     let status = raw.status.as_u16();
