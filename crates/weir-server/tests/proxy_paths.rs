@@ -120,7 +120,7 @@ impl Reader {
         }
     }
 
-    async fn to_end(&mut self) -> Vec<u8> {
+    async fn rest(&mut self) -> Vec<u8> {
         while self.fill().await {}
         std::mem::take(&mut self.buf)
     }
@@ -403,7 +403,7 @@ async fn exchange(addr: SocketAddr, batch: &[Req]) -> Vec<Message> {
                 Vec::new(),
             )
         } else {
-            (r.to_end().await, Vec::new())
+            (r.rest().await, Vec::new())
         };
         let close = value(&headers, "connection").is_some_and(|v| v.contains("close"));
         answers.push(Message {

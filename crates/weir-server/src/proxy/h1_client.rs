@@ -23,7 +23,9 @@
 //!   to what the load needs without a request waiting behind a slow connection attempt, and
 //!   no attempt is wasted;
 //! - bounds: a response head of at most [`MAX_HEAD`] bytes and [`MAX_HEADERS`] headers, chunk
-//!   size lines of at most [`MAX_LINE`] bytes, [`H1Client::new`]'s idle count and age.
+//!   size lines of at most [`MAX_LINE`] bytes, [`H1Client::new`]'s idle count and age (aged
+//!   by the clock of the last [`H1Client::prune`], every [`PRUNE_EVERY`]: no clock read per
+//!   request).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -89,7 +91,8 @@ struct Conn {
 struct Idle {
     /// Shared with the response bodies that give connections back.
     authority: Arc<str>,
-    conns: Vec<(Conn, Instant)>,
+    /// With the time each was given back (see [`Shared::coarse_ms`]).
+    conns: Vec<(Conn, u64)>,
     waiters: std::collections::VecDeque<oneshot::Sender<Conn>>,
 }
 
@@ -98,6 +101,21 @@ struct Shared {
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
+    epoch: Instant,
+    /// Milliseconds from `epoch` to the last [`H1Client::prune`]: what idle connections are
+    /// stamped with and aged by, so that a request reads no clock (ages are seen in steps of
+    /// [`PRUNE_EVERY`], a connection closed up to one step early).
+    coarse_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.coarse_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn idle_ms(&self) -> u64 {
+        u64::try_from(self.idle_timeout.as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 /// An HTTP/1.1 client for bodiless requests over idle connections of its own (see the module
@@ -123,6 +141,8 @@ impl H1Client {
                 max_idle,
                 idle_timeout,
                 connect_timeout,
+                epoch: Instant::now(),
+                coarse_ms: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -235,12 +255,12 @@ impl H1Client {
     fn take(&self, authority: &str) -> Checkout {
         let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
         let entry = Self::entry(&mut idle, authority);
-        let now = Instant::now();
+        let (now, idle_ms) = (self.shared.now_ms(), self.shared.idle_ms());
         // The oldest first: those past their age go.
         let fresh = entry
             .conns
             .iter()
-            .position(|(_, since)| now.duration_since(*since) < self.shared.idle_timeout)
+            .position(|(_, since)| now.saturating_sub(*since) < idle_ms)
             .unwrap_or(entry.conns.len());
         entry.conns.drain(..fresh);
         while let Some((conn, _)) = entry.conns.pop() {
@@ -287,7 +307,7 @@ impl H1Client {
             }
         }
         if entry.conns.len() < self.shared.max_idle {
-            entry.conns.push((conn, Instant::now()));
+            entry.conns.push((conn, self.shared.now_ms()));
         }
     }
 
@@ -296,11 +316,15 @@ impl H1Client {
     /// proxy would keep them until the next request: a socket the upstream closed stays in
     /// `CLOSE_WAIT`, holding a descriptor, until it is dropped.
     pub fn prune(&self) {
+        let now = u64::try_from(self.shared.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.shared
+            .coarse_ms
+            .store(now, std::sync::atomic::Ordering::Relaxed);
+        let idle_ms = self.shared.idle_ms();
         let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
         for entry in idle.iter_mut() {
             entry.conns.retain(|(conn, since)| {
-                now.duration_since(*since) < self.shared.idle_timeout && still_open(&conn.stream)
+                now.saturating_sub(*since) < idle_ms && still_open(&conn.stream)
             });
             entry.waiters.retain(|w| !w.is_closed());
         }
@@ -585,12 +609,31 @@ pub struct RawHead {
     keep_alive: bool,
     /// Its `Connection` names headers (besides `close` and `keep-alive`): hop-by-hop ones.
     pub names_hops: bool,
+    /// Where the first [`SPANS`] headers' names and values are in `head` (start, length of
+    /// each), when it has no more; else the head is parsed again to be read.
+    spans: Option<([Span; SPANS], u8)>,
 }
+
+/// Headers of a response head whose places are kept (most responses have fewer).
+const SPANS: usize = 16;
+
+/// A header's name and value in a head: offsets and lengths.
+type Span = [u32; 4];
 
 impl RawHead {
     /// Calls `f` with each header's name and value, in order (names as the upstream wrote
     /// them). The head was parsed once already: this cannot fail.
     pub fn for_each_header(&self, mut f: impl FnMut(&[u8], &[u8])) {
+        if let Some((spans, n)) = &self.spans {
+            let at = |start: u32, len: u32| {
+                let (s, l) = (start as usize, len as usize);
+                self.head.get(s..s + l).unwrap_or_default()
+            };
+            for [n0, nl, v0, vl] in &spans[..usize::from(*n)] {
+                f(at(*n0, *nl), at(*v0, *vl));
+            }
+            return;
+        }
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut r = httparse::Response::new(&mut slots);
         if r.parse(&self.head).is_ok() {
@@ -634,9 +677,26 @@ fn parse_raw(buf: &mut BytesMut) -> Result<Option<Parsed<RawHead>>, H1Error> {
         return Ok(Some(Parsed::Interim));
     }
     let mut framer = Framer::new(version);
-    for h in r.headers.iter() {
+    let base = buf.as_ptr() as usize;
+    let mut spans = [[0u32; 4]; SPANS];
+    let offset = |p: *const u8| u32::try_from(p as usize - base).unwrap_or(u32::MAX);
+    let len32 = |n: usize| u32::try_from(n).unwrap_or(0);
+    for (i, h) in r.headers.iter().enumerate() {
         framer.see(h.name.as_bytes(), h.value)?;
+        if let Some(span) = spans.get_mut(i) {
+            *span = [
+                offset(h.name.as_ptr()),
+                len32(h.name.len()),
+                offset(h.value.as_ptr()),
+                len32(h.value.len()),
+            ];
+        }
     }
+    let count = r.headers.len();
+    let spans = u8::try_from(count)
+        .ok()
+        .filter(|_| count <= SPANS)
+        .map(|n| (spans, n));
     let names_hops = framer.names_hops;
     let (framing, keep_alive) = framer.finish();
     Ok(Some(Parsed::Final(RawHead {
@@ -645,6 +705,7 @@ fn parse_raw(buf: &mut BytesMut) -> Result<Option<Parsed<RawHead>>, H1Error> {
         framing,
         keep_alive,
         names_hops,
+        spans,
     })))
 }
 
@@ -1065,6 +1126,32 @@ mod tests {
         let c = r.into_body().collect().await.unwrap();
         let t = c.trailers().cloned();
         (c.to_bytes(), t)
+    }
+
+    #[test]
+    fn a_raw_head_gives_its_headers_in_order_whatever_their_number() {
+        for n in [0usize, 3, SPANS, SPANS + 1, 40] {
+            let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+            for i in 0..n {
+                head.extend_from_slice(format!("X-H{i}: v{i}\r\n").as_bytes());
+            }
+            head.extend_from_slice(b"\r\ntail");
+            let mut buf = BytesMut::from(&head[..]);
+            let Ok(Some(Parsed::Final(raw))) = parse_raw(&mut buf) else {
+                panic!("a head");
+            };
+            assert_eq!(&buf[..], b"tail", "the head's bytes taken");
+            let mut seen = Vec::new();
+            raw.for_each_header(|n, v| {
+                seen.push(format!(
+                    "{}={}",
+                    String::from_utf8_lossy(n),
+                    String::from_utf8_lossy(v)
+                ))
+            });
+            let want: Vec<String> = (0..n).map(|i| format!("X-H{i}=v{i}")).collect();
+            assert_eq!(seen, want, "{n} headers");
+        }
     }
 
     #[tokio::test]

@@ -19,8 +19,12 @@ pub const SHARDS: usize = 16;
 #[derive(Debug)]
 pub struct AddressSlots {
     max: usize,
-    shards: [Mutex<HashMap<IpAddr, usize>>; SHARDS],
+    shards: [Mutex<Table>; SHARDS],
 }
+
+/// One shard: requests in flight by address (foldhash with a random seed per process: one
+/// table lookup costs a few nanoseconds, and chosen addresses cannot be aimed at one bucket).
+type Table = HashMap<IpAddr, usize, foldhash::fast::RandomState>;
 
 /// One slot of one address, given back when dropped.
 #[derive(Debug)]
@@ -34,11 +38,11 @@ impl AddressSlots {
     pub fn new(max: usize) -> Arc<Self> {
         Arc::new(Self {
             max: max.max(1),
-            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            shards: std::array::from_fn(|_| Mutex::new(Table::default())),
         })
     }
 
-    fn shard(&self, key: &IpAddr) -> &Mutex<HashMap<IpAddr, usize>> {
+    fn shard(&self, key: &IpAddr) -> &Mutex<Table> {
         use std::hash::BuildHasher;
         // A fixed hasher: the shard only spreads contention, it bounds nothing.
         let h = foldhash::fast::FixedState::with_seed(0).hash_one(key);

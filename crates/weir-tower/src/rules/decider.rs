@@ -15,8 +15,8 @@ use weir_core::{Clock, MonotonicClock};
 use weir_rules::engine::{Block, Guard};
 
 use super::policy::{Classifier, Policy};
-use super::routes::{target_of, Asked, Routes, Table};
-use super::service::admit;
+use super::routes::{Asked, RouteParam, Routes, Table};
+use super::service::admit_call;
 
 /// Decides requests by a layer's routes and rules; one per connection (it keeps the route
 /// table between calls, as a service does).
@@ -36,6 +36,9 @@ pub struct Call<'a> {
     pub headers: &'a HeaderMap,
     /// The extensions: [`crate::key::PeerAddr`] for the client address.
     pub extensions: &'a Extensions,
+    /// The connection's peer address as text ([`crate::key::ip_string`]): the `client_ip`
+    /// parameter when no proxy is trusted, without formatting it per request.
+    pub peer_text: Option<&'a str>,
 }
 
 /// What a [`Decider`] made of a request.
@@ -123,8 +126,41 @@ impl<C: Clock + Clone + Send + Sync + 'static> RouteView<'_, C> {
         if route.fallback.is_some() || route.resolved.cost_sources().is_some() {
             return Verdict::Service;
         }
-        let target = target_of(self.table, i, asked, call.path);
-        match admit(&self.policy.rules, Some(&route.resolved), &target, None) {
+        let table = self.table;
+        // The client's address as text: the caller's when it is the peer, else looked up.
+        let reads_client = route
+            .params
+            .iter()
+            .any(|p| matches!(p, RouteParam::ClientIp));
+        let looked_up = (reads_client
+            && (call.peer_text.is_none() || table.client_ip.reads_forwarded_for()))
+        .then(|| {
+            table
+                .client_ip
+                .client_of(call.headers, call.extensions)
+                .map(crate::key::ip_string)
+        })
+        .flatten();
+        let client = looked_up.as_deref().or(call.peer_text).unwrap_or("");
+        // Parameters borrowed from the request (hot-parameter rules index the first 8).
+        let mut params = [""; 8];
+        let n = route.params.len().min(params.len());
+        for (slot, p) in params.iter_mut().zip(&route.params) {
+            *slot = p.of(asked, call.path, client);
+        }
+        let ctx = weir_rules::engine::Context {
+            origin: table.origin_of(call.headers),
+            criticality: route.criticality_of(call.headers),
+            params: &params[..n],
+            inbound: true,
+            cost: None,
+        };
+        match admit_call(
+            &self.policy.rules,
+            Some(&route.resolved),
+            &route.resource,
+            &ctx,
+        ) {
             Ok(guard) => Verdict::Admitted(guard),
             Err(block) => Verdict::Refused(block),
         }

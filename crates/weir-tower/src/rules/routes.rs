@@ -299,42 +299,61 @@ pub(super) fn target_of<'a, C: Clock>(
 ) -> Target<'a> {
     let req = req.into();
     let r = &table.routes[route];
-    let origin = table
-        .origin_header
-        .as_ref()
-        .and_then(|h| req.headers.get(h))
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let params = if r.params.is_empty() {
-        Vec::new()
-    } else {
-        r.params
-            .iter()
-            .map(|p| match p {
-                RouteParam::ClientIp => table
-                    .client_ip
-                    .client_of(req.headers, req.extensions)
-                    .map(|ip: IpAddr| crate::key::ip_string(ip).into())
-                    .unwrap_or_default(),
-                RouteParam::Method => req.method.as_str().into(),
-                RouteParam::Path => path.into(),
-                RouteParam::Header(h) => req
-                    .headers
-                    .get(h)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .into(),
-            })
-            .collect()
-    };
+    let params = r
+        .params
+        .iter()
+        .map(|p| match p {
+            RouteParam::ClientIp => table
+                .client_ip
+                .client_of(req.headers, req.extensions)
+                .map(|ip: IpAddr| crate::key::ip_string(ip).into())
+                .unwrap_or_default(),
+            p => std::borrow::Cow::Borrowed(p.of(req, path, "")),
+        })
+        .collect();
     Target {
         resource: &r.resource,
-        origin,
-        criticality: if r.reads_criticality {
-            crate::criticality::read(req.headers)
-        } else {
-            weir_core::Criticality::default()
-        },
+        origin: table.origin_of(req.headers),
+        criticality: r.criticality_of(req.headers),
         params,
+    }
+}
+
+impl RouteParam {
+    /// The parameter's value for the request `req` to `path`, whose client address is
+    /// `client` (as text).
+    pub(super) fn of<'a>(&self, req: Asked<'a>, path: &'a str, client: &'a str) -> &'a str {
+        match self {
+            RouteParam::ClientIp => client,
+            RouteParam::Method => req.method.as_str(),
+            RouteParam::Path => path,
+            RouteParam::Header(h) => req
+                .headers
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(""),
+        }
+    }
+}
+
+impl<C: Clock> Table<C> {
+    /// The caller named by the origin header (`""`: none).
+    pub(super) fn origin_of<'a>(&self, headers: &'a HeaderMap) -> &'a str {
+        self.origin_header
+            .as_ref()
+            .and_then(|h| headers.get(h))
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+impl<C: Clock> Route<C> {
+    /// The call's criticality (read only when the route's rules use it).
+    pub(super) fn criticality_of(&self, headers: &HeaderMap) -> Criticality {
+        if self.reads_criticality {
+            crate::criticality::read(headers)
+        } else {
+            Criticality::default()
+        }
     }
 }

@@ -301,26 +301,31 @@ pub(super) fn admit<C: Clock + Clone>(
     t: &Target<'_>,
     cost: Option<u64>,
 ) -> Result<Guard<C>, Block> {
-    let entry = |ctx: &CallContext<'_>| match resolved {
-        Some(r) => rules.entry_resolved(r, t.resource, ctx),
-        None => rules.entry(t.resource, ctx),
-    };
-    let mut ctx = CallContext {
-        origin: t.origin,
-        criticality: t.criticality,
-        params: &[],
-        inbound: true,
-        cost,
-    };
-    if t.params.is_empty() {
-        return entry(&ctx);
-    }
     // Hot-parameter rules index the first 8 parameters.
     let mut params = [""; 8];
     let n = t.params.len().min(params.len());
     for (slot, p) in params.iter_mut().zip(&t.params) {
         *slot = p;
     }
-    ctx.params = &params[..n];
-    entry(&ctx)
+    let call = CallContext {
+        origin: t.origin,
+        criticality: t.criticality,
+        params: &params[..n],
+        inbound: true,
+        cost,
+    };
+    admit_call(rules, resolved, t.resource, &call)
+}
+
+/// The entry of `resource` (looked up already when `resolved`) for the call `ctx`.
+pub(super) fn admit_call<C: Clock + Clone>(
+    rules: &Rules<C>,
+    resolved: Option<&Resolved<C>>,
+    resource: &str,
+    ctx: &CallContext<'_>,
+) -> Result<Guard<C>, Block> {
+    match resolved {
+        Some(r) => rules.entry_resolved(r, resource, ctx),
+        None => rules.entry(resource, ctx),
+    }
 }

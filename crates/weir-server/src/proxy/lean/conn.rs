@@ -79,10 +79,14 @@ struct Client<'l> {
     peer: Peer,
     /// [`PeerAddr`], for the rules' client address.
     extensions: Extensions,
+    /// The peer's address as text (the rules' `client_ip` parameter).
+    peer_text: String,
     /// The upstream's `host:port`.
     authority: String,
     /// This proxy's hop in `Via`.
     hop: HeaderValue,
+    /// Fires at the latest at the request in flight's `--upstream-timeout` (see `exchange`).
+    deadline: Pin<Box<tokio::time::Sleep>>,
     /// Read from the client, not yet used.
     buf: BytesMut,
     /// The upstream request being sent.
@@ -111,7 +115,7 @@ struct Prepared {
 enum Step {
     Partial,
     Hyper,
-    Lean(Box<Prepared>),
+    Lean(Prepared),
 }
 
 /// How relaying a response ended early.
@@ -142,9 +146,11 @@ impl<'l> Client<'l> {
                 .authority()
                 .map_or_else(String::new, |a| a.as_str().to_owned()),
             hop: lean.forward.to.hops.of(Version::HTTP_11),
+            deadline: Box::pin(tokio::time::sleep(lean.forward.to.timeout)),
             lean,
             decider,
             peer: Peer::new(peer.ip()),
+            peer_text: weir_tower::key::ip_string(peer.ip()),
             extensions,
             buf: BytesMut::with_capacity(8 * 1024),
             wire: Vec::with_capacity(1024),
@@ -197,7 +203,7 @@ impl<'l> Client<'l> {
                 }
             };
             self.buf.advance(prepared.len);
-            if !self.exchange(*prepared).await {
+            if !self.exchange(prepared).await {
                 return None;
             }
         }
@@ -236,6 +242,7 @@ impl<'l> Client<'l> {
             path: head.path,
             headers: &read,
             extensions: &self.extensions,
+            peer_text: Some(&self.peer_text),
         });
         if let Verdict::Service = verdict {
             return Step::Hyper;
@@ -247,7 +254,7 @@ impl<'l> Client<'l> {
             self.peer.text.as_bytes(),
             self.hop.as_bytes(),
         );
-        Step::Lean(Box::new(Prepared {
+        Step::Lean(Prepared {
             len: head.len,
             head_only: method == Method::HEAD,
             close: head.close,
@@ -264,7 +271,7 @@ impl<'l> Client<'l> {
                 self.lean.layer.client_ip(self.peer.ip, &read)
             },
             verdict,
-        }))
+        })
     }
 
     /// Answers one request; whether the connection carries on.
@@ -297,27 +304,42 @@ impl<'l> Client<'l> {
             (Ok(total), Some(address)) => (total, address),
             _ => return self.own(&busy_text(to), head_only, guard, close).await,
         };
-        let sent = tokio::time::timeout(
-            to.timeout,
-            to.bodiless.send_wire(
+        // One timer per connection, re-armed only when it fires (at most once per
+        // --upstream-timeout): a request's deadline costs a clock read, not a timer.
+        let started = Instant::now();
+        let sent = {
+            let send = to.bodiless.send_wire(
                 &to.upstream,
                 &self.authority,
                 &self.wire,
                 p.idempotent,
                 p.head_only,
-            ),
-        )
-        .await;
+            );
+            tokio::pin!(send);
+            loop {
+                tokio::select! {
+                    biased;
+                    r = &mut send => break Some(r),
+                    () = self.deadline.as_mut() => {
+                        let due = started + to.timeout;
+                        if Instant::now() >= due {
+                            break None;
+                        }
+                        self.deadline.as_mut().reset(due);
+                    }
+                }
+            }
+        };
         let (raw, body) = match sent {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
                 let r = weir_tower::problem::problem(
                     http::StatusCode::BAD_GATEWAY,
                     &unreachable(to, &e, false),
                 );
                 return self.own(&r, head_only, guard, close).await;
             }
-            Err(_) => {
+            None => {
                 let r =
                     weir_tower::problem::problem(http::StatusCode::GATEWAY_TIMEOUT, &timed_out(to));
                 return self.own(&r, head_only, guard, close).await;
