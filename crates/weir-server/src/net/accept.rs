@@ -17,6 +17,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,18 +30,21 @@ use crate::net::conn::{Connection, Timeouts, Tracked};
 use crate::net::dormant::Dormant;
 
 /// Says "stop" to every [`Shutdown`] made with it.
-pub struct ShutdownTrigger(watch::Sender<bool>);
+pub struct ShutdownTrigger(watch::Sender<bool>, Arc<AtomicBool>);
 
 impl ShutdownTrigger {
     /// Asks every listener and connection to finish.
     pub fn stop(&self) {
+        self.1.store(true, Ordering::Release);
         self.0.send_replace(true);
     }
 }
 
-/// Learns when to stop; cheap to clone, one per listener and connection.
+/// Learns when to stop; cheap to clone, one per listener and connection. The flag beside the
+/// channel answers [`Shutdown::is_stopping`] with one load (a request asks it, and the
+/// channel's value sits behind a lock every worker would share).
 #[derive(Clone)]
-pub struct Shutdown(watch::Receiver<bool>);
+pub struct Shutdown(watch::Receiver<bool>, Arc<AtomicBool>);
 
 impl Shutdown {
     /// Completes once [`ShutdownTrigger::stop`] was called (never, if the trigger is dropped
@@ -53,7 +57,7 @@ impl Shutdown {
 
     /// Whether [`ShutdownTrigger::stop`] was called.
     pub fn is_stopping(&self) -> bool {
-        *self.0.borrow()
+        self.1.load(Ordering::Acquire)
     }
 }
 
@@ -104,7 +108,8 @@ pub async fn run_until_stopped(
 /// A trigger and the first [`Shutdown`] listening to it.
 pub fn shutdown() -> (ShutdownTrigger, Shutdown) {
     let (tx, rx) = watch::channel(false);
-    (ShutdownTrigger(tx), Shutdown(rx))
+    let flag = Arc::new(AtomicBool::new(false));
+    (ShutdownTrigger(tx, flag.clone()), Shutdown(rx, flag))
 }
 
 /// The bounds of a listener's connections.

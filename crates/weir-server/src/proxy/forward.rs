@@ -274,7 +274,7 @@ fn answer(
 ) -> Response<ProxyBody> {
     match sent {
         Ok(Ok(mut r)) => {
-            to.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+            to.stats.forwarded.add(1);
             strip_hop_by_hop(r.headers_mut());
             weir_tower::body::HeldBody::wrap(r, Some(permits), head_request).map(BodyExt::boxed)
         }

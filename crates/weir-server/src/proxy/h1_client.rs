@@ -757,38 +757,43 @@ impl Framer {
         }
     }
 
-    /// Reads one header (`name` in any case).
+    /// Reads one header (`name` in any case; most are none of the three, told by length).
     fn see(&mut self, name: &[u8], value: &[u8]) -> Result<(), H1Error> {
-        if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // Only the last coding decides.
-            self.chunked = Some(
-                value
-                    .rsplit(|b| *b == b',')
-                    .next()
-                    .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked")),
-            );
-        } else if name.eq_ignore_ascii_case(b"content-length") {
-            for part in value.split(|b| *b == b',') {
-                let n = parse_decimal(part.trim_ascii())
-                    .ok_or(H1Error::Invalid("bad Content-Length"))?;
-                if self.length.is_some_and(|l| l != n) {
-                    return Err(H1Error::Invalid("conflicting Content-Length values"));
-                }
-                self.length = Some(n);
+        match name.len() {
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                // Only the last coding decides.
+                self.chunked = Some(
+                    value
+                        .rsplit(|b| *b == b',')
+                        .next()
+                        .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked")),
+                );
             }
-        } else if name.eq_ignore_ascii_case(b"connection") {
-            for token in value.split(|b| *b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    self.close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                    if self.version == Version::HTTP_10 {
-                        self.close = false;
+            14 if name.eq_ignore_ascii_case(b"content-length") => {
+                for part in value.split(|b| *b == b',') {
+                    let n = parse_decimal(part.trim_ascii())
+                        .ok_or(H1Error::Invalid("bad Content-Length"))?;
+                    if self.length.is_some_and(|l| l != n) {
+                        return Err(H1Error::Invalid("conflicting Content-Length values"));
                     }
-                } else if !token.is_empty() {
-                    self.names_hops = true;
+                    self.length = Some(n);
                 }
             }
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                for token in value.split(|b| *b == b',') {
+                    let token = token.trim_ascii();
+                    if token.eq_ignore_ascii_case(b"close") {
+                        self.close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        if self.version == Version::HTTP_10 {
+                            self.close = false;
+                        }
+                    } else if !token.is_empty() {
+                        self.names_hops = true;
+                    }
+                }
+            }
+            _ => {}
         }
         Ok(())
     }

@@ -214,7 +214,7 @@ impl Scrape {
         counter(
             enc,
             "weir_proxy_lean_requests",
-            "HTTP/1.1 requests the proxy's lean path answered (counted when their connection ends or hyper takes it over).",
+            "HTTP/1.1 requests the proxy's lean path answered.",
             self.lean,
         )?;
         counter(
@@ -286,14 +286,15 @@ fn per_bucket(cumulative: &[(f64, u64)]) -> Vec<(f64, u64)> {
 /// Counters of the proxy itself (beside the rules' own).
 #[derive(Default)]
 pub struct ProxyStats {
-    pub(super) forwarded: AtomicU64,
+    /// Striped per thread: every forwarded request counts it.
+    pub(super) forwarded: weir_core::striped::StripedCounter,
     pub(super) upstream_unreachable: AtomicU64,
     pub(super) upstream_timeout: AtomicU64,
     pub(super) upstream_busy: AtomicU64,
     pub(super) body_too_slow: AtomicU64,
     pub(super) loops: AtomicU64,
-    /// Requests the lean HTTP/1.1 path answered.
-    pub(super) lean_requests: AtomicU64,
+    /// Requests the lean HTTP/1.1 path answered (striped per thread).
+    pub(super) lean_requests: weir_core::striped::StripedCounter,
     /// Connections hyper took over from the lean path.
     pub(super) lean_handoffs: AtomicU64,
     pub(super) reloads_applied: AtomicU64,
@@ -328,13 +329,13 @@ fn scrape(snap: Snapshot, proxy: &ProxyStats) -> Scrape {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     Scrape {
         snap,
-        forwarded: load(&proxy.forwarded),
+        forwarded: proxy.forwarded.get(),
         unreachable: load(&proxy.upstream_unreachable),
         timeout: load(&proxy.upstream_timeout),
         busy: load(&proxy.upstream_busy),
         too_slow: load(&proxy.body_too_slow),
         loops: load(&proxy.loops),
-        lean: load(&proxy.lean_requests),
+        lean: proxy.lean_requests.get(),
         handoffs: load(&proxy.lean_handoffs),
         applied: load(&proxy.reloads_applied),
         rejected: load(&proxy.reloads_rejected),

@@ -62,10 +62,8 @@ pub async fn serve<H, F>(
         return hyper(Rewind::new(bytes::Bytes::new(), stream)).await;
     };
     let mut c = Client::new(stream, peer, &lean, decider, shutdown, connection);
-    let rest = c.run().await;
-    let stats = &lean.forward.to.stats;
-    stats.lean_requests.fetch_add(c.served, Ordering::Relaxed);
-    if let Some(rest) = rest {
+    if let Some(rest) = c.run().await {
+        let stats = &lean.forward.to.stats;
         stats.lean_handoffs.fetch_add(1, Ordering::Relaxed);
         hyper(Rewind::new(rest, c.stream)).await;
     }
@@ -95,8 +93,6 @@ struct Client<'l> {
     out: Vec<u8>,
     shutdown: Shutdown,
     connection: Arc<Connection>,
-    /// Requests answered (counted in the proxy's stats when the connection leaves the path).
-    served: u64,
 }
 
 /// A request head read, decided and encoded (the buffer's borrow over).
@@ -157,7 +153,6 @@ impl<'l> Client<'l> {
             out: Vec::with_capacity(8 * 1024),
             shutdown,
             connection,
-            served: 0,
         }
     }
 
@@ -276,7 +271,7 @@ impl<'l> Client<'l> {
 
     /// Answers one request; whether the connection carries on.
     async fn exchange(&mut self, p: Prepared) -> bool {
-        self.served += 1;
+        self.lean.forward.to.stats.lean_requests.add(1);
         let head_only = p.head_only;
         let _in_flight = self.connection.begin();
         let close = p.close || self.shutdown.is_stopping() || self.connection.is_closing();
@@ -345,7 +340,7 @@ impl<'l> Client<'l> {
                 return self.own(&r, head_only, guard, close).await;
             }
         };
-        to.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+        to.stats.forwarded.add(1);
         let framing = Framing::of(&raw, p.head_only);
         let over = guard.as_ref().and_then(|g| g.over_budget());
         let extra: &[(&[u8], &[u8])] = match over {
