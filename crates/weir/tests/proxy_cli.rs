@@ -180,7 +180,13 @@ fn http1_only_upstream(peak: Arc<AtomicUsize>) -> u16 {
 }
 
 fn rules_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-proxy-{}-{name}", std::process::id()));
+    // Each copy of the suite (see `main.rs`) in its own directory: the files beside a rule file
+    // (budget counts, switches) are the test's own.
+    let dir = std::env::temp_dir().join(format!(
+        "weir-proxy-{}-{}-{name}",
+        std::process::id(),
+        http1()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("rules.yaml");
     std::fs::write(&p, text).unwrap();
