@@ -63,9 +63,14 @@ pub async fn serve<H, F>(
     };
     let mut c = Client::new(stream, peer, &lean, decider, shutdown, connection);
     if let Some(rest) = c.run().await {
-        let stats = &lean.forward.to.stats;
-        stats.lean_handoffs.fetch_add(1, Ordering::Relaxed);
-        hyper(Rewind::new(rest, c.stream)).await;
+        lean.forward
+            .to
+            .stats
+            .lean_handoffs
+            .fetch_add(1, Ordering::Relaxed);
+        // Only the socket goes on: the lean path's buffers and timer are given back first.
+        let Client { stream, .. } = c;
+        hyper(Rewind::new(rest, stream)).await;
     }
 }
 
@@ -83,8 +88,9 @@ struct Client<'l> {
     authority: String,
     /// This proxy's hop in `Via`.
     hop: HeaderValue,
-    /// Fires at the latest at the request in flight's `--upstream-timeout` (see `exchange`).
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// Fires at the latest at the request in flight's `--upstream-timeout` (see `exchange`;
+    /// made at the first request).
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Read from the client, not yet used.
     buf: BytesMut,
     /// The upstream request being sent.
@@ -142,15 +148,16 @@ impl<'l> Client<'l> {
                 .authority()
                 .map_or_else(String::new, |a| a.as_str().to_owned()),
             hop: lean.forward.to.hops.of(Version::HTTP_11),
-            deadline: Box::pin(tokio::time::sleep(lean.forward.to.timeout)),
+            deadline: None,
             lean,
             decider,
             peer: Peer::new(peer.ip()),
             peer_text: weir_tower::key::ip_string(peer.ip()),
             extensions,
             buf: BytesMut::with_capacity(8 * 1024),
-            wire: Vec::with_capacity(1024),
-            out: Vec::with_capacity(8 * 1024),
+            // Made at the first request the lean path serves (an h2c connection needs neither).
+            wire: Vec::new(),
+            out: Vec::new(),
             shutdown,
             connection,
         }
@@ -302,6 +309,9 @@ impl<'l> Client<'l> {
         // One timer per connection, re-armed only when it fires (at most once per
         // --upstream-timeout): a request's deadline costs a clock read, not a timer.
         let started = Instant::now();
+        let deadline = self
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(started + to.timeout)));
         let sent = {
             let send = to.bodiless.send_wire(
                 &to.upstream,
@@ -315,12 +325,12 @@ impl<'l> Client<'l> {
                 tokio::select! {
                     biased;
                     r = &mut send => break Some(r),
-                    () = self.deadline.as_mut() => {
+                    () = deadline.as_mut() => {
                         let due = started + to.timeout;
                         if Instant::now() >= due {
                             break None;
                         }
-                        self.deadline.as_mut().reset(due);
+                        deadline.as_mut().reset(due);
                     }
                 }
             }
