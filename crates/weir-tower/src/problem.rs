@@ -58,8 +58,8 @@ fn value(policy: &str, params: [(&str, u64); 2]) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
 }
 
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+/// Appends `n` in decimal (no allocation: for writers of header values and framing).
+pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {

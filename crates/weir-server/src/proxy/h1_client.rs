@@ -556,45 +556,13 @@ enum Parsed<T> {
 }
 
 /// Parses a response head at the start of `buf`, taking its bytes; `None` while incomplete.
+/// The header map shares the head's bytes.
 fn parse_head(buf: &mut BytesMut) -> Result<Option<Parsed<ResponseHead>>, H1Error> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut r = httparse::Response::new(&mut slots);
-    let Some((len, status, version)) = status_of(&mut r, buf)? else {
-        return Ok(None);
-    };
-    if status.is_informational() {
-        buf.advance(len);
-        return Ok(Some(Parsed::Interim));
-    }
-    // Positions of each name and value within the head, to share its bytes (on the stack: no
-    // allocation per response).
-    let base = buf.as_ptr() as usize;
-    let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
-    let count = r.headers.len();
-    for (span, h) in spans.iter_mut().zip(r.headers.iter()) {
-        let n = h.name.as_ptr() as usize - base;
-        let v = h.value.as_ptr() as usize - base;
-        *span = (n, h.name.len(), v, h.value.len());
-    }
-    let head = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(count);
-    let mut framer = Framer::new(version);
-    for &(n, nl, v, vl) in &spans[..count] {
-        let name = HeaderName::from_bytes(&head[n..n + nl])
-            .map_err(|_| H1Error::Invalid("bad header name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
-            .map_err(|_| H1Error::Invalid("bad header value"))?;
-        framer.see(name.as_str().as_bytes(), value.as_bytes())?;
-        headers.append(name, value);
-    }
-    let (framing, keep_alive) = framer.finish();
-    Ok(Some(Parsed::Final(ResponseHead {
-        status,
-        version,
-        headers,
-        framing,
-        keep_alive,
-    })))
+    Ok(match parse_raw(buf)? {
+        None => None,
+        Some(Parsed::Interim) => Some(Parsed::Interim),
+        Some(Parsed::Final(raw)) => Some(Parsed::Final(raw.into_head()?)),
+    })
 }
 
 /// A response head as it came (for a server writing it back itself): the status, and the
@@ -605,6 +573,7 @@ pub struct RawHead {
     pub status: StatusCode,
     /// The head's bytes: status line, header lines, the blank line.
     pub head: Bytes,
+    version: Version,
     framing: Framing,
     keep_alive: bool,
     /// Its `Connection` names headers (besides `close` and `keep-alive`): hop-by-hop ones.
@@ -621,6 +590,33 @@ const SPANS: usize = 16;
 type Span = [u32; 4];
 
 impl RawHead {
+    /// The head with its headers in a map sharing the head's bytes.
+    fn into_head(self) -> Result<ResponseHead, H1Error> {
+        let base = self.head.as_ptr() as usize;
+        let mut headers = HeaderMap::with_capacity(self.spans.as_ref().map_or(0, |s| s.1.into()));
+        let mut bad = None;
+        self.for_each_header(|name, value| {
+            let start = value.as_ptr() as usize - base;
+            let value = HeaderValue::from_maybe_shared(self.head.slice(start..start + value.len()));
+            match (HeaderName::from_bytes(name), value) {
+                (Ok(n), Ok(v)) => {
+                    headers.append(n, v);
+                }
+                _ => bad = Some(H1Error::Invalid("bad header name or value")),
+            }
+        });
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        Ok(ResponseHead {
+            status: self.status,
+            version: self.version,
+            headers,
+            framing: self.framing,
+            keep_alive: self.keep_alive,
+        })
+    }
+
     /// Calls `f` with each header's name and value, in order (names as the upstream wrote
     /// them). The head was parsed once already: this cannot fail.
     pub fn for_each_header(&self, mut f: impl FnMut(&[u8], &[u8])) {
@@ -669,13 +665,11 @@ impl RawHead {
 fn parse_raw(buf: &mut BytesMut) -> Result<Option<Parsed<RawHead>>, H1Error> {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut r = httparse::Response::new(&mut slots);
-    let Some((len, status, version)) = status_of(&mut r, buf)? else {
-        return Ok(None);
+    let (len, status, version) = match status_of(&mut r, buf)? {
+        Start::Partial => return Ok(None),
+        Start::Interim(len) => return Ok(Some(interim(buf, len))),
+        Start::Final(len, status, version) => (len, status, version),
     };
-    if status.is_informational() {
-        buf.advance(len);
-        return Ok(Some(Parsed::Interim));
-    }
     let mut framer = Framer::new(version);
     let base = buf.as_ptr() as usize;
     let mut spans = [[0u32; 4]; SPANS];
@@ -701,6 +695,7 @@ fn parse_raw(buf: &mut BytesMut) -> Result<Option<Parsed<RawHead>>, H1Error> {
     let (framing, keep_alive) = framer.finish();
     Ok(Some(Parsed::Final(RawHead {
         status,
+        version,
         head: buf.split_to(len).freeze(),
         framing,
         keep_alive,
@@ -709,15 +704,22 @@ fn parse_raw(buf: &mut BytesMut) -> Result<Option<Parsed<RawHead>>, H1Error> {
     })))
 }
 
-/// Parses the status line and headers of `buf` into `r`: the head's length, status and
-/// version; `None` while incomplete. A 101 is an error (no upgrade is ever asked).
-fn status_of<'b>(
-    r: &mut httparse::Response<'_, 'b>,
-    buf: &'b [u8],
-) -> Result<Option<(usize, StatusCode, Version)>, H1Error> {
+/// How a response head starts.
+enum Start {
+    /// Not whole yet.
+    Partial,
+    /// An interim 1xx response of this many bytes.
+    Interim(usize),
+    /// The final response: the head's length, status and version.
+    Final(usize, StatusCode, Version),
+}
+
+/// Parses the status line and headers of `buf` into `r`. A 101 is an error (no upgrade is
+/// ever asked).
+fn status_of<'b>(r: &mut httparse::Response<'_, 'b>, buf: &'b [u8]) -> Result<Start, H1Error> {
     let len = match r.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
+        Ok(httparse::Status::Partial) => return Ok(Start::Partial),
         Err(httparse::Error::TooManyHeaders) => return Err(H1Error::HeadTooLarge),
         Err(_) => return Err(H1Error::Invalid("malformed status line or header")),
     };
@@ -733,7 +735,16 @@ fn status_of<'b>(
             "101 Switching Protocols: no upgrade was asked",
         ));
     }
-    Ok(Some((len, status, version)))
+    if status.is_informational() {
+        return Ok(Start::Interim(len));
+    }
+    Ok(Start::Final(len, status, version))
+}
+
+/// An interim response of `len` bytes, skipped.
+fn interim<T>(buf: &mut BytesMut, len: usize) -> Parsed<T> {
+    buf.advance(len);
+    Parsed::Interim
 }
 
 /// What a response's headers say of its framing and its connection (RFC 9112 §6.3, §9.3).

@@ -2,6 +2,7 @@
 //! response head from the upstream's, chunked body framing, and the proxy's own answers.
 
 use http::Response;
+use weir_tower::problem::push_decimal;
 
 use super::request::{is_hop_by_hop, Head};
 use crate::proxy::h1_client::RawHead;
@@ -142,7 +143,7 @@ pub fn response_head(
         Framing::None => {}
         Framing::Length(n) => {
             out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(itoa(n, &mut [0; 20]));
+            push_decimal(out, n);
             out.extend_from_slice(b"\r\n");
         }
         Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
@@ -234,7 +235,7 @@ pub fn own_response(out: &mut Vec<u8>, r: &Response<String>, head_only: bool, cl
         line(out, n.as_str().as_bytes(), v.as_bytes());
     }
     out.extend_from_slice(b"content-length: ");
-    out.extend_from_slice(itoa(r.body().len() as u64, &mut [0; 20]));
+    push_decimal(out, r.body().len() as u64);
     out.extend_from_slice(b"\r\n");
     if close {
         out.extend_from_slice(b"connection: close\r\n");
@@ -243,20 +244,6 @@ pub fn own_response(out: &mut Vec<u8>, r: &Response<String>, head_only: bool, cl
     if !head_only {
         out.extend_from_slice(r.body().as_bytes());
     }
-}
-
-/// `n` in decimal, written at the end of `buf`.
-fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    &buf[i..]
 }
 
 #[cfg(test)]
@@ -341,7 +328,9 @@ mod tests {
         let r = raw(b"HTTP/1.1 200 OK\r\nTrailer: X-Cost, content-length\r\ntrailer: x-b\r\n\r\n");
         assert_eq!(declared_trailers(&r), ["x-cost", "x-b"]);
         for n in [0u64, 9, 10, 12345, u64::MAX] {
-            assert_eq!(itoa(n, &mut [0; 20]), n.to_string().as_bytes());
+            let mut out = Vec::new();
+            push_decimal(&mut out, n);
+            assert_eq!(out, n.to_string().as_bytes());
         }
     }
 }
