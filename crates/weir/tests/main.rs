@@ -26,10 +26,13 @@ mod lyft_compat;
 mod otlp_cli;
 mod overload_cli;
 mod proxy_cli;
-/// The proxy's suites again on its other HTTP/1.1 path (`--http1 hyper`): both paths pass them.
+/// The proxy's suites again on its other HTTP/1.1 path (`--http1 hyper`): both paths pass them
+/// (each copy reads its path from its module's name).
+#[allow(clippy::duplicate_mod)]
 #[path = "proxy_cli.rs"]
 mod proxy_cli_hyper;
 mod proxy_upstream;
+#[allow(clippy::duplicate_mod)]
 #[path = "proxy_upstream.rs"]
 mod proxy_upstream_hyper;
 mod quota_cli;
