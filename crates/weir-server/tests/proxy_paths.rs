@@ -1,6 +1,7 @@
 //! `weir proxy`'s two HTTP/1.1 paths side by side: the same randomised requests (methods,
 //! header sets in mixed case with repeated and hop-by-hop fields, bodies by length and chunked,
-//! pipelined batches, `Connection: close`, paths needing normalisation, refused callers) go
+//! pipelined batches, `Connection: close`, paths needing normalisation, refused callers, client
+//! addresses from `X-Forwarded-For` behind a trusted peer) go
 //! through a proxy on the lean path and one on hyper's (`Settings::http1`), each in front of
 //! its own recording upstream answering with every framing (length, chunks with extensions and
 //! trailers, until close, 204, 304, an interim 103, a 500, headers its `Connection` names,
@@ -428,6 +429,7 @@ const RULES: &str = "resources:
       - {id: per-ip, param: 0, threshold: 1000000000, max_values: 1000}
 http:
   origin_header: x-caller
+  trusted_proxies: [127.0.0.1/32]
   routes:
     - {resource: all, prefix: /, params: [client_ip]}
 ";

@@ -395,6 +395,66 @@ async fn a_proxy_pointing_at_itself_is_refused_and_a_loop_is_cut() {
     }
 }
 
+/// Every client behind one load balancer (all from 127.0.0.1): with the balancer trusted, each
+/// is limited by the address its `X-Forwarded-For` names, not by the balancer's; a client that
+/// names a forged address on the left is still counted by the hop the balancer appended. Keep-
+/// alive connections carry several clients' requests, as a balancer's pooled connections do.
+#[tokio::test]
+async fn clients_behind_one_balancer_are_limited_each_by_its_forwarded_address() {
+    let up = upstream().await;
+    let file = rules_file(
+        "balancer",
+        "resources:
+  - name: api
+    hot_params:
+      - {id: per-client, param: 0, threshold: 2, window: 1h, max_values: 1000}
+http:
+  trusted_proxies: [127.0.0.1/32]
+  routes:
+    - {resource: api, prefix: /, params: [client_ip]}
+",
+    );
+    let p = Proxy::start(&file, &format!("http://127.0.0.1:{up}"), &[]);
+    // One connection, pipelined: a's two, b's two, a's third (refused), c forging a on the left.
+    let head = |xff: &str, last: bool| {
+        format!(
+            "GET /api HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: {xff}\r\n{}\r\n",
+            if last { "Connection: close\r\n" } else { "" }
+        )
+    };
+    let batch = [
+        head("203.0.113.1", false),
+        head("203.0.113.1", false),
+        head("203.0.113.2", false),
+        head("203.0.113.2", false),
+        head("203.0.113.1", false),
+        head("203.0.113.1, 203.0.113.3", true),
+    ]
+    .concat();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", p.port))
+        .await
+        .unwrap();
+    s.write_all(batch.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("answered within 10 s")
+        .unwrap();
+    let out = String::from_utf8_lossy(&out);
+    let statuses: Vec<&str> = out
+        .match_indices("HTTP/1.1 ")
+        .map(|(i, _)| &out[i + 9..i + 12])
+        .collect();
+    assert_eq!(
+        statuses,
+        ["200", "200", "200", "200", "429", "200"],
+        "{out}"
+    );
+    // The upstream sees the chain with the balancer appended.
+    assert!(out.contains("xff=203.0.113.1, 127.0.0.1"), "{out}");
+}
+
 #[tokio::test]
 async fn upstream_down_is_502_and_silent_is_504_never_a_hang() {
     let file = rules_file("down", RULES);

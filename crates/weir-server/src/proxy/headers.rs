@@ -47,7 +47,7 @@ pub(super) fn via_token(listen: SocketAddr) -> HeaderValue {
 /// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded. `Trailer` is not one (RFC 9110
 /// §6.6.2): it declares the trailer fields a chunked response carries, and HTTP/1.1 servers
 /// (hyper included) send only the fields it declares.
-pub(super) const HOP_BY_HOP: [HeaderName; 7] = [
+pub(crate) const HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),

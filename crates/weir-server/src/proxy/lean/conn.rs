@@ -29,7 +29,6 @@ use crate::net::dormant::Dormant;
 use crate::net::rewind::Rewind;
 use crate::proxy::forward::{busy_text, timed_out, unreachable, Forward, ForwardTo};
 use crate::proxy::h1_client::H1Body;
-use crate::proxy::headers::Peer;
 
 /// What a worker's lean connections share: the upstream side and the rules.
 pub struct Lean {
@@ -79,10 +78,11 @@ struct Client<'l> {
     stream: TcpStream,
     lean: &'l Lean,
     decider: Decider<AnyClock>,
-    peer: Peer,
+    /// The peer's address.
+    peer: std::net::IpAddr,
     /// [`PeerAddr`], for the rules' client address.
     extensions: Extensions,
-    /// The peer's address as text (the rules' `client_ip` parameter).
+    /// The peer's address as text (the rules' `client_ip` parameter, `X-Forwarded-For`).
     peer_text: String,
     /// The upstream's `host:port`.
     authority: String,
@@ -151,7 +151,7 @@ impl<'l> Client<'l> {
             deadline: None,
             lean,
             decider,
-            peer: Peer::new(peer.ip()),
+            peer: peer.ip(),
             peer_text: weir_tower::key::ip_string(peer.ip()),
             extensions,
             buf: BytesMut::with_capacity(8 * 1024),
@@ -253,7 +253,7 @@ impl<'l> Client<'l> {
         wire::upstream_request(
             &mut self.wire,
             &head,
-            self.peer.text.as_bytes(),
+            self.peer_text.as_bytes(),
             self.hop.as_bytes(),
         );
         Step::Lean(Prepared {
@@ -268,9 +268,9 @@ impl<'l> Client<'l> {
             // The peer, unless trusted proxies are configured (then the routes read
             // X-Forwarded-For, and it is in `read`).
             client_ip: if read.is_empty() {
-                self.peer.ip
+                self.peer
             } else {
-                self.lean.layer.client_ip(self.peer.ip, &read)
+                self.lean.layer.client_ip(self.peer, &read)
             },
             verdict,
         })

@@ -199,18 +199,12 @@ fn fields(headers: &[Header<'_>], via: &[u8]) -> Result<Fields, Hyper> {
     })
 }
 
-/// Whether `name` is a hop-by-hop header (RFC 9110 §7.6.1): never forwarded (the same set as
-/// the hyper path's `headers::HOP_BY_HOP`).
+/// Whether `name` (as received, any case) is a hop-by-hop header: one of
+/// `proxy::HOP_BY_HOP`, the list both paths remove.
 pub fn is_hop_by_hop(name: &[u8]) -> bool {
-    match name.len() {
-        2 => name.eq_ignore_ascii_case(b"te"),
-        7 => name.eq_ignore_ascii_case(b"upgrade"),
-        10 => name.eq_ignore_ascii_case(b"connection") || name.eq_ignore_ascii_case(b"keep-alive"),
-        16 => name.eq_ignore_ascii_case(b"proxy-connection"),
-        17 => name.eq_ignore_ascii_case(b"transfer-encoding"),
-        18 => name.eq_ignore_ascii_case(b"proxy-authenticate"),
-        _ => false,
-    }
+    crate::proxy::headers::HOP_BY_HOP
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h.as_str().as_bytes()))
 }
 
 #[cfg(test)]
