@@ -162,7 +162,7 @@ pub fn proxy_head(data: &[u8]) {
 /// the lean path serves it, the upstream request written from them.
 pub fn lean_head(data: &[u8]) {
     use weir_server::proxy::lean::{request, wire};
-    let mut slots = [httparse::EMPTY_HEADER; request::MAX_HEADERS];
+    let mut slots = request::slots();
     let head = match request::parse(data, &mut slots, b"weir-fuzz") {
         request::Parse::Head(h) => h,
         request::Parse::Partial => {
@@ -185,7 +185,7 @@ pub fn lean_head(data: &[u8]) {
     );
     assert_ne!(head.method, "CONNECT");
     // Pipelined requests: a head cut short is never taken for one.
-    let mut again = [httparse::EMPTY_HEADER; request::MAX_HEADERS];
+    let mut again = request::slots();
     assert!(matches!(
         request::parse(&data[..head.len - 1], &mut again, b"weir-fuzz"),
         request::Parse::Partial | request::Parse::Hyper(request::Hyper::Http2)

@@ -27,6 +27,7 @@
 //!   by the clock of the last [`H1Client::prune`], every [`PRUNE_EVERY`]: no clock read per
 //!   request).
 
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -630,9 +631,12 @@ impl RawHead {
             }
             return;
         }
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut r = httparse::Response::new(&mut slots);
-        if r.parse(&self.head).is_ok() {
+        let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut r = httparse::Response::new(&mut []);
+        if httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut r, &self.head, &mut slots)
+            .is_ok()
+        {
             for h in r.headers.iter() {
                 f(h.name.as_bytes(), h.value);
             }
@@ -663,9 +667,9 @@ impl RawHead {
 /// Parses a response head at the start of `buf` as it came, taking its bytes; `None` while
 /// incomplete.
 fn parse_raw(buf: &mut BytesMut) -> Result<Option<Parsed<RawHead>>, H1Error> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut r = httparse::Response::new(&mut slots);
-    let (len, status, version) = match status_of(&mut r, buf)? {
+    let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut r = httparse::Response::new(&mut []);
+    let (len, status, version) = match status_of(&mut r, buf, &mut slots)? {
         Start::Partial => return Ok(None),
         Start::Interim(len) => return Ok(Some(interim(buf, len))),
         Start::Final(len, status, version) => (len, status, version),
@@ -714,15 +718,20 @@ enum Start {
     Final(usize, StatusCode, Version),
 }
 
-/// Parses the status line and headers of `buf` into `r`. A 101 is an error (no upgrade is
-/// ever asked).
-fn status_of<'b>(r: &mut httparse::Response<'_, 'b>, buf: &'b [u8]) -> Result<Start, H1Error> {
-    let len = match r.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(Start::Partial),
-        Err(httparse::Error::TooManyHeaders) => return Err(H1Error::HeadTooLarge),
-        Err(_) => return Err(H1Error::Invalid("malformed status line or header")),
-    };
+/// Parses the status line and headers of `buf` into `r` (its header lines into `slots`, which
+/// need not be written beforehand). A 101 is an error (no upgrade is ever asked).
+fn status_of<'h, 'b>(
+    r: &mut httparse::Response<'h, 'b>,
+    buf: &'b [u8],
+    slots: &'h mut [MaybeUninit<httparse::Header<'b>>],
+) -> Result<Start, H1Error> {
+    let len =
+        match httparse::ParserConfig::default().parse_response_with_uninit_headers(r, buf, slots) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return Ok(Start::Partial),
+            Err(httparse::Error::TooManyHeaders) => return Err(H1Error::HeadTooLarge),
+            Err(_) => return Err(H1Error::Invalid("malformed status line or header")),
+        };
     let code = r.code.ok_or(H1Error::Invalid("no status code"))?;
     let status = StatusCode::from_u16(code).map_err(|_| H1Error::Invalid("bad status code"))?;
     let version = if r.version == Some(0) {

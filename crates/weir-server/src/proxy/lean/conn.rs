@@ -21,7 +21,7 @@ use weir_rules::engine::{Block, Guard};
 use weir_tower::key::PeerAddr;
 use weir_tower::rules::{blocked_response, Call, Decider, RulesLayer, Verdict};
 
-use super::request::{self, Parse, MAX_HEADERS};
+use super::request::{self, Parse};
 use super::wire::{self, Framing};
 use crate::net::accept::Shutdown;
 use crate::net::conn::{Connection, Timeouts};
@@ -214,7 +214,7 @@ impl<'l> Client<'l> {
     /// Reads the head at the start of the buffer: decided and encoded into `wire`, or left to
     /// hyper (nothing counted), or incomplete.
     fn prepare(&mut self) -> Step {
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut slots = request::slots();
         let to = &*self.lean.forward.to;
         let head = match request::parse(&self.buf, &mut slots, to.via.as_bytes()) {
             Parse::Partial => return Step::Partial,

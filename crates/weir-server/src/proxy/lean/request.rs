@@ -2,6 +2,8 @@
 //! connection's read buffer (no header map, no copies), and the one rule saying whether the
 //! lean path serves it ([`parse`]; every reason it does not is a [`Hyper`]).
 
+use std::mem::MaybeUninit;
+
 use httparse::Header;
 
 /// Longest request head the lean path reads; a longer one goes to hyper, whose own bound
@@ -9,6 +11,15 @@ use httparse::Header;
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most header lines the lean path reads; more go to hyper (which answers 431 past its own).
 pub const MAX_HEADERS: usize = 100;
+
+/// Room for a head's header lines, written only as [`parse`] reads them (nothing is written
+/// beforehand: a request pays for the lines it has, not for the room).
+pub type Slots<'b> = [MaybeUninit<Header<'b>>; MAX_HEADERS];
+
+/// Empty [`Slots`].
+pub const fn slots<'b>() -> Slots<'b> {
+    [const { MaybeUninit::uninit() }; MAX_HEADERS]
+}
 
 /// HTTP/2's connection preface (h2c with prior knowledge).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -78,19 +89,15 @@ pub struct Head<'h, 'b> {
 
 /// Parses the request head at the start of `buf` (headers into `slots`) and says who serves it;
 /// `via` is this proxy's own token in `Via`.
-pub fn parse<'h, 'b>(
-    buf: &'b [u8],
-    slots: &'h mut [Header<'b>; MAX_HEADERS],
-    via: &[u8],
-) -> Parse<'h, 'b> {
+pub fn parse<'h, 'b>(buf: &'b [u8], slots: &'h mut Slots<'b>, via: &[u8]) -> Parse<'h, 'b> {
     if buf.len() < PREFACE.len() && PREFACE.starts_with(buf) {
         return Parse::Partial;
     }
     if buf.starts_with(PREFACE) {
         return Parse::Hyper(Hyper::Http2);
     }
-    let mut req = httparse::Request::new(&mut slots[..]);
-    let len = match req.parse(buf) {
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, slots) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
             return Parse::Hyper(Hyper::Large)
@@ -212,7 +219,7 @@ mod tests {
     use super::*;
 
     fn who(raw: &[u8]) -> Result<(usize, bool, bool), Option<Hyper>> {
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut slots = slots();
         match parse(raw, &mut slots, b"weir-0123") {
             Parse::Partial => Err(None),
             Parse::Hyper(w) => Err(Some(w)),
@@ -224,7 +231,7 @@ mod tests {
     fn a_plain_request_is_lean_and_its_length_known() {
         let raw = b"GET /a/b?x=1 HTTP/1.1\r\nHost: h\r\nAccept: */*\r\n\r\nGET /next";
         assert_eq!(who(raw), Ok((raw.len() - 9, false, false)));
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut slots = slots();
         let Parse::Head(h) = parse(raw, &mut slots, b"weir-0123") else {
             panic!("lean")
         };

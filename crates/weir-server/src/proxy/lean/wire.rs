@@ -248,11 +248,11 @@ pub fn own_response(out: &mut Vec<u8>, r: &Response<String>, head_only: bool, cl
 
 #[cfg(test)]
 mod tests {
-    use super::super::request::{parse, Parse, MAX_HEADERS};
+    use super::super::request::{parse, slots, Parse};
     use super::*;
 
     fn forwarded(raw: &[u8]) -> String {
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut slots = slots();
         let Parse::Head(h) = parse(raw, &mut slots, b"weir-x") else {
             panic!("lean")
         };
