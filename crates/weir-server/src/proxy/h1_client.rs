@@ -588,7 +588,7 @@ pub struct RawHead {
 const SPANS: usize = 16;
 
 /// A header's name and value in a head: offsets and lengths.
-type Span = [u32; 4];
+type Span = [u16; 4];
 
 impl RawHead {
     /// The head with its headers in a map sharing the head's bytes.
@@ -622,7 +622,7 @@ impl RawHead {
     /// them). The head was parsed once already: this cannot fail.
     pub fn for_each_header(&self, mut f: impl FnMut(&[u8], &[u8])) {
         if let Some((spans, n)) = &self.spans {
-            let at = |start: u32, len: u32| {
+            let at = |start: u16, len: u16| {
                 let (s, l) = (start as usize, len as usize);
                 self.head.get(s..s + l).unwrap_or_default()
             };
@@ -676,24 +676,30 @@ fn parse_raw(buf: &mut BytesMut) -> Result<Option<Parsed<RawHead>>, H1Error> {
     };
     let mut framer = Framer::new(version);
     let base = buf.as_ptr() as usize;
-    let mut spans = [[0u32; 4]; SPANS];
-    let offset = |p: *const u8| u32::try_from(p as usize - base).unwrap_or(u32::MAX);
-    let len32 = |n: usize| u32::try_from(n).unwrap_or(0);
+    let mut spans = [[0u16; 4]; SPANS];
+    // A place past u16 (a head over 64 KiB) leaves the head to be parsed again when read.
+    let mut placed = r.headers.len() <= SPANS;
+    let mut at = |n: usize| {
+        u16::try_from(n).unwrap_or_else(|_| {
+            placed = false;
+            0
+        })
+    };
     for (i, h) in r.headers.iter().enumerate() {
         framer.see(h.name.as_bytes(), h.value)?;
         if let Some(span) = spans.get_mut(i) {
             *span = [
-                offset(h.name.as_ptr()),
-                len32(h.name.len()),
-                offset(h.value.as_ptr()),
-                len32(h.value.len()),
+                at(h.name.as_ptr() as usize - base),
+                at(h.name.len()),
+                at(h.value.as_ptr() as usize - base),
+                at(h.value.len()),
             ];
         }
     }
     let count = r.headers.len();
     let spans = u8::try_from(count)
         .ok()
-        .filter(|_| count <= SPANS)
+        .filter(|_| placed)
         .map(|n| (spans, n));
     let names_hops = framer.names_hops;
     let (framing, keep_alive) = framer.finish();

@@ -48,13 +48,24 @@ pub(super) fn via_token(listen: SocketAddr) -> HeaderValue {
 /// §6.6.2): it declares the trailer fields a chunked response carries, and HTTP/1.1 servers
 /// (hyper included) send only the fields it declares.
 pub(crate) const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::TE,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
+    HeaderName::from_static(HOP_BY_HOP_NAMES[0]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[1]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[2]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[3]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[4]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[5]),
+    HeaderName::from_static(HOP_BY_HOP_NAMES[6]),
+];
+
+/// [`HOP_BY_HOP`]'s names as text, for a path that reads header names as bytes.
+pub(crate) const HOP_BY_HOP_NAMES: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "te",
+    "transfer-encoding",
+    "upgrade",
 ];
 
 /// `X-Forwarded-For`.

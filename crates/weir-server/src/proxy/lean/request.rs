@@ -207,11 +207,11 @@ fn fields(headers: &[Header<'_>], via: &[u8]) -> Result<Fields, Hyper> {
 }
 
 /// Whether `name` (as received, any case) is a hop-by-hop header: one of
-/// `proxy::HOP_BY_HOP`, the list both paths remove.
+/// `proxy::headers::HOP_BY_HOP`, the list both paths remove.
 pub fn is_hop_by_hop(name: &[u8]) -> bool {
-    crate::proxy::headers::HOP_BY_HOP
+    crate::proxy::headers::HOP_BY_HOP_NAMES
         .iter()
-        .any(|h| name.eq_ignore_ascii_case(h.as_str().as_bytes()))
+        .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
 #[cfg(test)]
