@@ -118,6 +118,21 @@ impl ConcurrencyLimiter {
         Self::with_queue(max_in_flight, 0)
     }
 
+    /// At most `max_in_flight` units at once, no queue: a bound that cannot fail to build.
+    pub fn bounded(max_in_flight: std::num::NonZeroU64) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                max: AtomicU64::new(max_in_flight.get()),
+                max_queue: 0,
+                order: QueueOrder::Fifo,
+                shares: None,
+                in_flight: AtomicU64::new(0),
+                waiting: AtomicU64::new(0),
+                queue: Mutex::new(VecDeque::new()),
+            }),
+        }
+    }
+
     /// At most `max_in_flight` units at once and at most `max_queue` waiters (FIFO).
     pub fn with_queue(max_in_flight: u64, max_queue: usize) -> Result<Self, ConfigError> {
         Self::with_config(ConcurrencyConfig {

@@ -23,6 +23,17 @@ fn at_most_n_in_flight_and_released_on_drop() {
 }
 
 #[test]
+fn a_bounded_limiter_has_no_queue() {
+    let limiter = ConcurrencyLimiter::bounded(std::num::NonZeroU64::new(2).unwrap());
+    let (a, _b) = (limiter.try_acquire(1).unwrap(), limiter.try_acquire(1).unwrap());
+    assert_eq!(limiter.try_acquire(1).unwrap_err().remaining(), 0);
+    assert_eq!((limiter.max_in_flight(), limiter.queued()), (2, 0));
+    drop(a);
+    assert_eq!(limiter.in_flight(), 1);
+    assert!(limiter.try_acquire(1).is_ok());
+}
+
+#[test]
 fn blocking_queue_is_fifo_bounded_and_times_out() {
     let limiter = ConcurrencyLimiter::with_queue(1, 2).unwrap();
     let held = limiter.try_acquire(1).unwrap();

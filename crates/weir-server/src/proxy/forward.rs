@@ -18,8 +18,8 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Service, ServiceBuilder};
+use weir_core::concurrency::{ConcurrencyLimiter, Permit};
 use weir_tower::key::PeerAddr;
 use weir_tower::rules::RulesLayer;
 
@@ -51,7 +51,7 @@ pub const MAX_UPSTREAM_PER_CLIENT: usize = 64;
 pub(super) struct Forward {
     pub(super) to: Arc<ForwardTo>,
     /// Upstream requests in flight for this client connection.
-    per_client: Arc<Semaphore>,
+    per_client: ConcurrencyLimiter,
     /// The client connection's peer (none in the workers' prototypes).
     peer: Option<Peer>,
     /// The connection's share of the bytes bodies may hold before their request takes an
@@ -77,7 +77,7 @@ pub(super) struct ForwardTo {
     /// Its hops in `Via`, per request version.
     pub(super) hops: ViaHops,
     /// Upstream requests in flight, all clients together.
-    pub(super) total: Arc<Semaphore>,
+    pub(super) total: ConcurrencyLimiter,
     /// Upstream requests in flight per client address.
     pub(super) per_address: Arc<AddressSlots>,
     /// How a request body must keep arriving.
@@ -87,8 +87,8 @@ pub(super) struct ForwardTo {
 /// What an upstream request holds until its response body ends: its places in the total, the
 /// client connection's and the client address's bounds.
 pub(super) struct UpstreamPermits(
-    #[allow(dead_code)] OwnedSemaphorePermit,
-    #[allow(dead_code)] OwnedSemaphorePermit,
+    #[allow(dead_code)] Permit,
+    #[allow(dead_code)] Permit,
     #[allow(dead_code)] Option<AddressSlot>,
 );
 
@@ -186,8 +186,8 @@ impl Forward {
             None => Ok(None),
         };
         match (
-            to.total.clone().try_acquire_owned(),
-            self.per_client.clone().try_acquire_owned(),
+            to.total.try_acquire(1),
+            self.per_client.try_acquire(1),
             address,
         ) {
             (Ok(a), Ok(b), Ok(c)) => Some(UpstreamPermits(a, b, c)),
@@ -527,6 +527,12 @@ impl Forward {
     }
 }
 
+/// At most `max` requests in flight (at least one), taken without waiting.
+pub(super) fn bound(max: usize) -> ConcurrencyLimiter {
+    let max = u64::try_from(max).unwrap_or(u64::MAX);
+    ConcurrencyLimiter::bounded(std::num::NonZeroU64::new(max).unwrap_or(std::num::NonZeroU64::MIN))
+}
+
 /// The forwarder to the upstream: pooled HTTP/1.1 and h2c clients and the bounds on requests
 /// in flight.
 pub(super) fn primary(s: &Settings, upstream: Uri, stats: &Arc<ProxyStats>) -> Forward {
@@ -543,11 +549,11 @@ pub(super) fn primary(s: &Settings, upstream: Uri, stats: &Arc<ProxyStats>) -> F
             stats: stats.clone(),
             hops: ViaHops::new(&via),
             via,
-            total: Arc::new(Semaphore::new(s.max_upstream_requests.max(1))),
+            total: bound(s.max_upstream_requests),
             per_address: AddressSlots::new(s.max_upstream_per_address),
             pace: s.body_pace,
         }),
-        per_client: Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT)),
+        per_client: bound(MAX_UPSTREAM_PER_CLIENT),
         peer: None,
         budget: None,
         rules: None,
@@ -581,7 +587,7 @@ pub(super) fn gutter(
     Ok(Some(Forward {
         to: Arc::new(ForwardTo {
             upstream: uri,
-            total: Arc::new(Semaphore::new(s.gutter_max_requests.max(1))),
+            total: bound(s.gutter_max_requests),
             ..(*primary.to).clone()
         }),
         per_client: primary.per_client.clone(),
@@ -608,7 +614,7 @@ pub(super) fn client_service(
 > + Clone
        + Send
        + 'static {
-    let per_client = Arc::new(Semaphore::new(MAX_UPSTREAM_PER_CLIENT));
+    let per_client = bound(MAX_UPSTREAM_PER_CLIENT);
     let client = Peer::new(peer.ip());
     let primary = Forward {
         per_client: per_client.clone(),

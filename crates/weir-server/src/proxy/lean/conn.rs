@@ -300,7 +300,7 @@ impl<'l> Client<'l> {
         };
         let to: &ForwardTo = &self.lean.forward.to;
         let permits = match (
-            to.total.clone().try_acquire_owned(),
+            to.total.try_acquire(1),
             to.per_address.try_acquire(p.client_ip),
         ) {
             (Ok(total), Some(address)) => (total, address),
