@@ -25,7 +25,10 @@ fn at_most_n_in_flight_and_released_on_drop() {
 #[test]
 fn a_bounded_limiter_has_no_queue() {
     let limiter = ConcurrencyLimiter::bounded(std::num::NonZeroU64::new(2).unwrap());
-    let (a, _b) = (limiter.try_acquire(1).unwrap(), limiter.try_acquire(1).unwrap());
+    let (a, _b) = (
+        limiter.try_acquire(1).unwrap(),
+        limiter.try_acquire(1).unwrap(),
+    );
     assert_eq!(limiter.try_acquire(1).unwrap_err().remaining(), 0);
     assert_eq!((limiter.max_in_flight(), limiter.queued()), (2, 0));
     drop(a);

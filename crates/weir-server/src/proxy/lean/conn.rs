@@ -335,7 +335,7 @@ impl<'l> Client<'l> {
                 }
             }
         };
-        let (raw, body) = match sent {
+        let (raw, mut body) = match sent {
             Some(Ok(r)) => r,
             Some(Err(e)) => {
                 let r = weir_tower::problem::problem(
@@ -368,7 +368,11 @@ impl<'l> Client<'l> {
         } else {
             Vec::new()
         };
-        let relayed = relay(&mut self.stream, &mut self.out, body, framing, &declared).await;
+        let relayed = if framing != Framing::Chunked && body.append_whole(&mut self.out) {
+            flush(&mut self.stream, &mut self.out).await
+        } else {
+            relay(&mut self.stream, &mut self.out, body, framing, &declared).await
+        };
         drop(permits);
         match relayed {
             Ok(()) => {
