@@ -192,16 +192,33 @@ impl<'l> Client<'l> {
                 } else {
                     Some(*started.get_or_insert_with(Instant::now) + first)
                 };
-                let read = tokio::select! {
-                    biased;
-                    r = self.stream.read_buf(&mut self.buf) => r,
-                    () = &mut stopping, if self.buf.is_empty() => return None,
-                    () = &mut closed => return None,
-                    () = sleep_until(deadline) => return None,
-                };
+                let idle = self.buf.is_empty();
+                let head_timer = deadline.map(tokio::time::sleep_until);
+                tokio::pin!(head_timer);
+                let read = self.stream.read_buf(&mut self.buf);
+                tokio::pin!(read);
+                // The read first; the signals (each polled only once woken) and the head's
+                // timer end the connection.
+                let read = std::future::poll_fn(|cx| {
+                    if let Poll::Ready(r) = read.as_mut().poll(cx) {
+                        return Poll::Ready(Some(r));
+                    }
+                    let ended = (idle && stopping.as_mut().poll(cx).is_ready())
+                        || closed.as_mut().poll(cx).is_ready()
+                        || head_timer
+                            .as_mut()
+                            .as_pin_mut()
+                            .is_some_and(|t| t.poll(cx).is_ready());
+                    if ended {
+                        Poll::Ready(None)
+                    } else {
+                        Poll::Pending
+                    }
+                })
+                .await;
                 match read {
-                    Ok(0) | Err(_) => return None,
-                    Ok(_) => {}
+                    Some(Ok(n)) if n > 0 => {}
+                    _ => return None,
                 }
             };
             self.buf.advance(prepared.len);
@@ -283,6 +300,8 @@ impl<'l> Client<'l> {
         let _in_flight = self.connection.begin();
         let close = p.close || self.shutdown.is_stopping() || self.connection.is_closing();
         let guard = match p.verdict {
+            // Most calls have neither shared rules to ask nor a pacing wait.
+            Verdict::Admitted(g) if !g.has_shared() && g.wait().is_zero() => Some(g),
             Verdict::Admitted(g) => match admitted(g).await {
                 Ok(g) => Some(g),
                 Err(block) => {
@@ -321,19 +340,22 @@ impl<'l> Client<'l> {
                 p.head_only,
             );
             tokio::pin!(send);
-            loop {
-                tokio::select! {
-                    biased;
-                    r = &mut send => break Some(r),
-                    () = deadline.as_mut() => {
-                        let due = started + to.timeout;
-                        if Instant::now() >= due {
-                            break None;
-                        }
-                        deadline.as_mut().reset(due);
-                    }
+            let due = started + to.timeout;
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = send.as_mut().poll(cx) {
+                    return Poll::Ready(Some(r));
                 }
-            }
+                // The timer fires at the deadline it was armed with: this request's own may be
+                // later.
+                while deadline.as_mut().poll(cx).is_ready() {
+                    if Instant::now() >= due {
+                        return Poll::Ready(None);
+                    }
+                    deadline.as_mut().reset(due);
+                }
+                Poll::Pending
+            })
+            .await
         };
         let (raw, mut body) = match sent {
             Some(Ok(r)) => r,
@@ -423,14 +445,6 @@ async fn admitted(mut g: Guard<AnyClock>) -> Result<Guard<AnyClock>, Block> {
 fn end(guard: Option<Guard<AnyClock>>, failed: bool) {
     if let Some(g) = guard {
         weir_tower::body::Held::end(g, failed);
-    }
-}
-
-/// Completes at `deadline`, never without one.
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }
 
