@@ -1197,6 +1197,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_body_in_hand_is_appended_whole_and_its_connection_given_back_at_once() {
+        let (port, _seen) = upstream(vec![vec![
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello",
+        ]])
+        .await;
+        let c = H1Client::new(8, Duration::from_secs(60), Duration::from_secs(5));
+        let uri: Uri = format!("http://127.0.0.1:{port}/").parse().unwrap();
+        let authority = format!("127.0.0.1:{port}");
+        let wire = format!("GET / HTTP/1.1\r\nhost: {authority}\r\n\r\n");
+        let (raw, mut body) = c
+            .send_wire(&uri, &authority, wire.as_bytes(), true, false)
+            .await
+            .unwrap();
+        assert_eq!(raw.length(), Some(5));
+        let mut out = b"head;".to_vec();
+        assert!(body.append_whole(&mut out));
+        assert_eq!(out, b"head;hello");
+        assert_eq!(c.idle(), 1, "given back before the body is dropped");
+        // Half of the stated length in hand: nothing appended, the body is read as it comes.
+        let (_, mut body) = c
+            .send_wire(&uri, &authority, wire.as_bytes(), true, false)
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        assert!(!body.append_whole(&mut out));
+        assert!(out.is_empty());
+        assert_eq!(c.idle(), 0, "still reading the body");
+    }
+
+    #[tokio::test]
     async fn a_sized_response_is_read_and_its_connection_reused() {
         let (port, seen) = upstream(vec![vec![
             b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-a: 1\r\n\r\nhello",
