@@ -120,17 +120,12 @@ impl ConcurrencyLimiter {
 
     /// At most `max_in_flight` units at once, no queue: a bound that cannot fail to build.
     pub fn bounded(max_in_flight: std::num::NonZeroU64) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                max: AtomicU64::new(max_in_flight.get()),
-                max_queue: 0,
-                order: QueueOrder::Fifo,
-                shares: None,
-                in_flight: AtomicU64::new(0),
-                waiting: AtomicU64::new(0),
-                queue: Mutex::new(VecDeque::new()),
-            }),
-        }
+        Self::build(ConcurrencyConfig {
+            max_in_flight: max_in_flight.get(),
+            max_queue: 0,
+            order: QueueOrder::Fifo,
+            shares: None,
+        })
     }
 
     /// At most `max_in_flight` units at once and at most `max_queue` waiters (FIFO).
@@ -148,7 +143,12 @@ impl ConcurrencyLimiter {
         if config.max_in_flight == 0 {
             return Err(ConfigError::ZeroPermits);
         }
-        Ok(Self {
+        Ok(Self::build(config))
+    }
+
+    /// The limiter of a checked `config` (a maximum of at least one).
+    fn build(config: ConcurrencyConfig) -> Self {
+        Self {
             inner: Arc::new(Inner {
                 max: AtomicU64::new(config.max_in_flight),
                 max_queue: config.max_queue,
@@ -158,7 +158,7 @@ impl ConcurrencyLimiter {
                 waiting: AtomicU64::new(0),
                 queue: Mutex::new(VecDeque::new()),
             }),
-        })
+        }
     }
 
     /// Changes the maximum (at least 1); units already in flight stay. A raise serves waiters.

@@ -625,12 +625,9 @@ impl RawHead {
             }
             return;
         }
-        let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut slots = header_room();
         let mut r = httparse::Response::new(&mut []);
-        if httparse::ParserConfig::default()
-            .parse_response_with_uninit_headers(&mut r, &self.head, &mut slots)
-            .is_ok()
-        {
+        if status_of(&mut r, &self.head, &mut slots).is_ok() {
             for h in r.headers.iter() {
                 f(h.name.as_bytes(), h.value);
             }
@@ -661,7 +658,7 @@ impl RawHead {
 /// Parses a response head at the start of `buf` as it came, taking its bytes; `None` while
 /// incomplete.
 fn parse_raw(buf: &mut BytesMut) -> Result<Option<Parsed<RawHead>>, H1Error> {
-    let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut slots = header_room();
     let mut r = httparse::Response::new(&mut []);
     let (len, status, version) = match status_of(&mut r, buf, &mut slots)? {
         Start::Partial => return Ok(None),
@@ -706,6 +703,12 @@ fn parse_raw(buf: &mut BytesMut) -> Result<Option<Parsed<RawHead>>, H1Error> {
         names_hops,
         spans,
     })))
+}
+
+/// Room for a response head's header lines, written only as httparse reads them (a head pays
+/// for the lines it has, not for the room).
+fn header_room<'b>() -> [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS] {
+    [const { MaybeUninit::uninit() }; MAX_HEADERS]
 }
 
 /// How a response head starts.
