@@ -170,10 +170,12 @@ async fn should_rate_limit(grpc: SocketAddr, traceparent: &str, ip: &str) -> i32
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weir_serve_continues_envoys_trace() {
     let (collector, mut spans) = receiver().await;
+    // A day's window: fixed windows start on the wall clock's unit, and the third call must
+    // meet the first two's count (a minute's window can turn over between them).
     let config = common::file(
         "traces",
         "edge.yaml",
-        "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+        "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: day, requests_per_unit: 2}\n",
     );
     let metrics = Arc::new(Metrics::new());
     let server = Server::builder()
